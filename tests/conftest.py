@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from tests.worker import start_worker
+
+
+def make_user(username: str = "alice", *, password: str = "a-long-passphrase-1", **extra):
+    return get_user_model().objects.create_user(username=username, password=password, **extra)
+
+
+@pytest.fixture
+def alice(db):
+    return make_user("alice")
+
+
+@pytest.fixture
+def bob(db):
+    return make_user("bob")
+
+
+@pytest.fixture
+def alice_client(client, alice):
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture
+def celery_worker(transactional_db):
+    """A real `celery worker` process on the default and sim queues, against the test database."""
+    worker = start_worker(["default", "labs.sim"])
+    yield worker
+    worker.stop()
