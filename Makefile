@@ -38,9 +38,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 run: setup
-	@trap 'kill 0' EXIT; \
-	$(VENV)/bin/celery -A config worker -Q labs.sim,default --concurrency=2 \
-	  --hostname=sim@%h --loglevel=INFO & \
+	@$(VENV)/bin/celery -A config worker -Q labs.sim,default --concurrency=2 \
+	  --hostname=sim@%h --loglevel=INFO & worker=$$!; \
+	trap 'kill -TERM $$worker 2>/dev/null; wait $$worker 2>/dev/null' EXIT; \
 	echo; echo "  Serving School: http://$(HOST):$(PORT)/"; \
 	echo "  Lab worker: sim queue (simulated on CPU). Press Ctrl-C to stop both."; \
 	echo "  First staff user: $(PY) manage.py createsuperuser"; echo; \
