@@ -195,3 +195,24 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# --- Labs -------------------------------------------------------------------------------------
+# Each lab backend has its own queue; a worker serves a backend by consuming its queue
+# (`celery -A config worker -Q labs.sim`, a GPU worker `-Q labs.gpu`).
+LABS_BACKEND_QUEUES = {"sim": "labs.sim", "vllm": "labs.gpu"}
+# Workers write a heartbeat row this often and count as online for LABS_WORKER_ONLINE_S after it.
+LABS_WORKER_HEARTBEAT_S = env_int("LABS_WORKER_HEARTBEAT_S", 10)
+LABS_WORKER_ONLINE_S = env_int("LABS_WORKER_ONLINE_S", 30)
+# A running run bumps heartbeat_at this often; the reaper (run from every worker's heartbeat
+# thread) fails a running run whose heartbeat is older than LABS_RUN_STALE_S (a killed worker).
+LABS_RUN_HEARTBEAT_S = env_int("LABS_RUN_HEARTBEAT_S", 5)
+LABS_RUN_STALE_S = env_int("LABS_RUN_STALE_S", 60)
+# A queued run nobody picked up this long, while no worker for its backend is online, is failed.
+LABS_QUEUED_STALE_S = env_int("LABS_QUEUED_STALE_S", 3600)
+# Quotas: runs (a sweep counts once) a learner may have queued or running; GPU runs in flight.
+LABS_MAX_ACTIVE_PER_LEARNER = env_int("LABS_MAX_ACTIVE_PER_LEARNER", 3)
+LABS_GPU_QUEUE_CAP = env_int("LABS_GPU_QUEUE_CAP", 4)
+LABS_SWEEP_MAX_VALUES = env_int("LABS_SWEEP_MAX_VALUES", 12)
+# Soft time limits (prefork pool); both below the Redis visibility timeout above.
+LABS_SIM_TIME_LIMIT_S = env_int("LABS_SIM_TIME_LIMIT_S", 900)
+LABS_GPU_TIME_LIMIT_S = env_int("LABS_GPU_TIME_LIMIT_S", 3600)

@@ -1,0 +1,148 @@
+"""Lab runs, sweeps and the workers that announce themselves.
+
+The `LabRun` row is the single truth about a run: Celery only carries its id. State changes are
+conditional UPDATEs in `labs.services` (claim, progress, finish, cancel, reap), so a duplicate
+message, a cancel and a reaper can race without one overwriting the other.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import models
+from django.urls import reverse
+from django.utils import timezone
+
+
+class RunState(models.TextChoices):
+    QUEUED = "queued", "queued"
+    RUNNING = "running", "running"
+    DONE = "done", "done"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+
+
+ACTIVE_STATES = (RunState.QUEUED, RunState.RUNNING)
+TERMINAL_STATES = (RunState.DONE, RunState.FAILED, RunState.CANCELLED)
+
+
+class LabRunQuerySet(models.QuerySet["LabRun"]):
+    def for_owner(self, user: object) -> LabRunQuerySet:
+        return self.filter(owner=user)
+
+    def active(self) -> LabRunQuerySet:
+        return self.filter(state__in=ACTIVE_STATES)
+
+
+class Sweep(models.Model):
+    """One setting varied over a list of values; each value is a `LabRun` of the sweep."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    lab = models.SlugField(max_length=40)
+    backend = models.CharField(max_length=20)
+    field = models.CharField(max_length=40)
+    values = models.JSONField(help_text="the swept values, normalised, in order")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"sweep {self.pk}: {self.field} over {len(self.values)} values"
+
+    def get_absolute_url(self) -> str:
+        return reverse("labs:sweep-detail", args=[self.pk])
+
+
+class LabRun(models.Model):
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    lab = models.SlugField(max_length=40)
+    preset = models.SlugField(max_length=80, blank=True)
+    backend = models.CharField(max_length=20)
+    params = models.JSONField(help_text="validated parameters: LabParams.as_dict()")
+    predicted = models.JSONField(default=dict, help_text="predict(params).as_dict() at submit")
+    state = models.CharField(max_length=12, choices=RunState.choices, default=RunState.QUEUED)
+    progress = models.FloatField(default=0.0)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    worker = models.CharField(max_length=200, blank=True, help_text="hostname that claimed it")
+    where = models.CharField(max_length=200, blank=True, help_text="'simulated on CPU', ...")
+    result = models.JSONField(null=True, blank=True, help_text="metrics.summarize(record)")
+    error = models.TextField(blank=True)
+    sweep = models.ForeignKey(
+        Sweep, null=True, blank=True, on_delete=models.CASCADE, related_name="runs"
+    )
+    sweep_index = models.PositiveSmallIntegerField(null=True, blank=True)
+
+    objects = LabRunQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["owner", "state"]),
+            models.Index(fields=["state", "heartbeat_at"]),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(progress__gte=0) & models.Q(progress__lte=1),
+                name="labrun_progress_0_1",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.lab}, {self.backend}, {self.state})"
+
+    def get_absolute_url(self) -> str:
+        return reverse("labs:run-detail", args=[self.pk])
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def can_cancel(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def percent(self) -> int:
+        return round(self.progress * 100)
+
+    @property
+    def duration(self) -> timedelta | None:
+        if self.started_at and self.finished_at:
+            return self.finished_at - self.started_at
+        return None
+
+
+class WorkerHeartbeatQuerySet(models.QuerySet["WorkerHeartbeat"]):
+    def online(self, now: object = None) -> WorkerHeartbeatQuerySet:
+        now = now or timezone.now()
+        return self.filter(last_seen__gte=now - timedelta(seconds=settings.LABS_WORKER_ONLINE_S))
+
+
+class WorkerHeartbeat(models.Model):
+    """A worker process serving one lab backend; `last_seen` is bumped every few seconds."""
+
+    hostname = models.CharField(max_length=200)
+    backend = models.CharField(max_length=20)
+    queue = models.CharField(max_length=60)
+    where = models.CharField(max_length=200, help_text="how its results are labelled")
+    gpu_name = models.CharField(max_length=200, blank=True)
+    versions = models.JSONField(default=dict)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    last_seen = models.DateTimeField(default=timezone.now)
+
+    objects = WorkerHeartbeatQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["backend", "hostname"]
+        constraints = [
+            models.UniqueConstraint(fields=["hostname", "backend"], name="one_heartbeat_per_worker")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hostname} ({self.backend})"

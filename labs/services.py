@@ -1,0 +1,410 @@
+"""Writes for lab runs: submit, execute (inside a worker), cancel, reap.
+
+Every state change is a conditional UPDATE on `LabRun.state`, so whoever gets there first wins
+and the others see 0 rows changed: a duplicate delivery does not run twice, a cancelled run is
+not overwritten by a late result, and the reaper never fails a run that just finished.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from celery import group
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connections, transaction
+from django.utils import timezone
+
+from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
+from labs.params import FIELDS_BY_NAME, LabParams, ParamError, parse_lab_params
+from labs.tasks import run_execute_task
+
+logger = logging.getLogger(__name__)
+
+# on_progress writes at most this often; the backend may call it far more.
+_PROGRESS_EVERY_S = 0.25
+
+
+class RunRefused(Exception):
+    """The run is valid but cannot be queued now (no worker, quota, GPU cap). Nothing is saved."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class RunStopped(Exception):
+    """Raised inside on_progress when the run is no longer ours (cancelled or reaped)."""
+
+
+# -- submit --------------------------------------------------------------------------------------
+
+
+def backend_queue(backend: str) -> str:
+    try:
+        return settings.LABS_BACKEND_QUEUES[backend]
+    except KeyError:
+        known = ", ".join(settings.LABS_BACKEND_QUEUES)
+        raise ParamError(
+            {"backend": f"backend must be one of {known}, got {backend[:40]}"}
+        ) from None
+
+
+def _predicted(params: LabParams) -> dict[str, object]:
+    from labs.predict import predict
+
+    return predict(params).as_dict()
+
+
+def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
+    """Refuse with a reason the learner can act on; called inside the submitting transaction."""
+    queue = backend_queue(backend)
+    if not WorkerHeartbeat.objects.online().filter(backend=backend).exists():
+        raise RunRefused(
+            f"No worker for the {backend} backend is online right now, so nothing was queued. "
+            f"Start one with `celery -A config worker -Q {queue}` and try again."
+        )
+    active = LabRun.objects.for_owner(owner).active()
+    # A sweep counts once: it is one thing the learner is waiting for.
+    in_flight = (
+        active.filter(sweep=None).count()
+        + active.exclude(sweep=None).values("sweep").distinct().count()
+    )
+    limit = settings.LABS_MAX_ACTIVE_PER_LEARNER
+    if in_flight >= limit:
+        raise RunRefused(
+            f"You already have {in_flight} runs or sweeps queued or running (the limit is "
+            f"{limit}). Wait for one to finish or cancel one, then run again."
+        )
+    gpu_backends = [b for b, q in settings.LABS_BACKEND_QUEUES.items() if q == "labs.gpu"]
+    if backend in gpu_backends:
+        cap = settings.LABS_GPU_QUEUE_CAP
+        busy = LabRun.objects.active().filter(backend__in=gpu_backends).count()
+        if busy + new_runs > cap:
+            raise RunRefused(
+                f"The GPU queue is full ({busy} of {cap} runs queued or running"
+                f"{f', this sweep needs {new_runs}' if new_runs > 1 else ''}). "
+                "Try the simulator, or run again in a few minutes."
+            )
+
+
+def _lock_owner(owner: object) -> None:
+    # Serialises one learner's submissions so two quick clicks cannot both pass the quota.
+    get_user_model().objects.select_for_update().filter(pk=owner.pk).first()  # type: ignore[attr-defined]
+
+
+def _enqueue(run_ids: Sequence[int], backend: str) -> None:
+    queue = backend_queue(backend)
+    soft = settings.LABS_GPU_TIME_LIMIT_S if queue == "labs.gpu" else settings.LABS_SIM_TIME_LIMIT_S
+    # The hard limit kills the process; the soft one lets the service record why it stopped.
+    options = {"queue": queue, "soft_time_limit": soft, "time_limit": soft + 60}
+    if len(run_ids) == 1:
+        run_execute_task.apply_async(args=[run_ids[0]], **options)
+    else:
+        group(run_execute_task.si(run_id).set(**options) for run_id in run_ids).apply_async()
+
+
+def run_request(
+    *, owner: object, lab: str, backend: str, data: Mapping[str, object], preset: str = ""
+) -> LabRun:
+    """Validate, check quotas and workers, save a queued run and enqueue it after commit.
+
+    Raises:
+        ParamError: bad parameters (or backend), one message per field.
+        RunRefused: valid, but it cannot run now; nothing was saved or enqueued.
+    """
+    backend_queue(backend)
+    params = parse_lab_params(data, ignore_unknown=True)
+    with transaction.atomic():
+        _lock_owner(owner)
+        _check_can_queue(owner=owner, backend=backend, new_runs=1)
+        run = LabRun.objects.create(
+            owner=owner,
+            lab=lab,
+            preset=preset[:80],
+            backend=backend,
+            params=params.as_dict(),
+            predicted=_predicted(params),
+        )
+        transaction.on_commit(lambda: _enqueue([run.pk], backend))
+    return run
+
+
+def sweep_values_parse(field: str, raw: str) -> list[str]:
+    """Split '1, 2, 4' into ['1', '2', '4'] or raise ParamError naming sweep_values."""
+    if field not in FIELDS_BY_NAME:
+        raise ParamError({"sweep_field": f"sweep_field must be a lab parameter, got {field[:40]}"})
+    items = [item.strip() for item in str(raw).replace(";", ",").split(",") if item.strip()]
+    limit = settings.LABS_SWEEP_MAX_VALUES
+    if not 2 <= len(items) <= limit:
+        raise ParamError(
+            {"sweep_values": f"sweep_values must list 2 to {limit} values, got {len(items)}"}
+        )
+    return items
+
+
+def sweep_request(
+    *,
+    owner: object,
+    lab: str,
+    backend: str,
+    data: Mapping[str, object],
+    field: str,
+    raw_values: str,
+) -> Sweep:
+    """Validate every point of the sweep, then queue one run per value as a Celery group.
+
+    Raises:
+        ParamError: bad base parameters, field or values; a bad value names itself.
+        RunRefused: as for `run_request`.
+    """
+    backend_queue(backend)
+    items = sweep_values_parse(field, raw_values)
+    points: list[LabParams] = []
+    errors: dict[str, str] = {}
+    for item in items:
+        try:
+            points.append(parse_lab_params({**data, field: item}, ignore_unknown=True))
+        except ParamError as exc:
+            # Report the first bad point; a bad swept value is named by its value.
+            for name, message in exc.errors.items():
+                key = "sweep_values" if name == field else name
+                errors[key] = f"sweep value {item[:30]}: {message}" if name == field else message
+            break
+    if errors:
+        raise ParamError(errors)
+    values = [p.as_dict()[field] for p in points]
+    if len(set(map(str, values))) != len(values):
+        raise ParamError({"sweep_values": "sweep_values must not repeat a value"})
+    with transaction.atomic():
+        _lock_owner(owner)
+        _check_can_queue(owner=owner, backend=backend, new_runs=len(points))
+        sweep = Sweep.objects.create(
+            owner=owner, lab=lab, backend=backend, field=field, values=values
+        )
+        runs = LabRun.objects.bulk_create(
+            LabRun(
+                owner=owner,
+                lab=lab,
+                backend=backend,
+                params=p.as_dict(),
+                predicted=_predicted(p),
+                sweep=sweep,
+                sweep_index=i,
+            )
+            for i, p in enumerate(points)
+        )
+        ids = [r.pk for r in runs]
+        transaction.on_commit(lambda: _enqueue(ids, backend))
+    return sweep
+
+
+# -- cancel --------------------------------------------------------------------------------------
+
+
+def run_cancel(*, run: LabRun) -> bool:
+    """Cancel a queued or running run. A running one stops at the backend's next progress call.
+
+    Returns False when the run had already finished.
+    """
+    now = timezone.now()
+    changed = LabRun.objects.filter(
+        pk=run.pk, state__in=[RunState.QUEUED, RunState.RUNNING]
+    ).update(state=RunState.CANCELLED, finished_at=now, error="Cancelled by the learner.")
+    return bool(changed)
+
+
+def sweep_cancel(*, sweep: Sweep) -> int:
+    now = timezone.now()
+    return sweep.runs.filter(state__in=[RunState.QUEUED, RunState.RUNNING]).update(
+        state=RunState.CANCELLED, finished_at=now, error="Cancelled by the learner."
+    )
+
+
+# -- execute (in the worker) ----------------------------------------------------------------
+
+
+class _RunHeartbeat:
+    """Bumps heartbeat_at from a side thread while the backend works, so a long step (or a slow
+    vLLM start) is not mistaken for a dead worker. Notices cancellation too."""
+
+    def __init__(self, run_id: int, interval_s: float) -> None:
+        self.run_id = run_id
+        self.interval_s = interval_s
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"run-{run_id}-heartbeat", daemon=True
+        )
+
+    def __enter__(self) -> _RunHeartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.wait(self.interval_s):
+                alive = LabRun.objects.filter(pk=self.run_id, state=RunState.RUNNING).update(
+                    heartbeat_at=timezone.now()
+                )
+                if not alive:
+                    self.lost.set()
+                    return
+        except Exception:
+            logger.exception("heartbeat of run %s failed", self.run_id)
+        finally:
+            # Django connections are per thread; this one would otherwise leak.
+            connections.close_all()
+
+
+def _progress_reporter(run_id: int, beat: _RunHeartbeat) -> Callable[[float], None]:
+    last = 0.0
+
+    def on_progress(fraction: float) -> None:
+        nonlocal last
+        if beat.lost.is_set():
+            raise RunStopped
+        now = time.monotonic()
+        if now - last < _PROGRESS_EVERY_S and fraction < 1:
+            return
+        last = now
+        value = min(1.0, max(0.0, float(fraction)))
+        alive = LabRun.objects.filter(pk=run_id, state=RunState.RUNNING).update(
+            progress=value, heartbeat_at=timezone.now()
+        )
+        if not alive:
+            raise RunStopped
+
+    return on_progress
+
+
+@dataclass
+class _Outcome:
+    result: dict[str, object]
+    where: str
+
+
+def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
+    from labs.backends import get_backend
+    from labs.metrics import summarize
+
+    params = parse_lab_params(run.params)
+    backend = get_backend(run.backend)
+    record = backend.run(params, _progress_reporter(run.pk, beat))
+    summary = summarize(record)
+    summary["meta"] = _json_safe(getattr(record, "meta", {}) or {})
+    return _Outcome(result=summary, where=str(record.where))
+
+
+def _json_safe(meta: Mapping[str, object]) -> dict[str, object]:
+    import json
+
+    return json.loads(json.dumps(dict(meta), default=str))
+
+
+def run_execute(*, run_id: int, hostname: str) -> str:
+    """Claim a queued run, run it on its backend, store the summary. Returns the final state.
+
+    Idempotent: a second delivery of the same id finds the run no longer queued and returns.
+    """
+    now = timezone.now()
+    claimed = LabRun.objects.filter(pk=run_id, state=RunState.QUEUED).update(
+        state=RunState.RUNNING, started_at=now, heartbeat_at=now, worker=hostname[:200], progress=0
+    )
+    if not claimed:
+        state = LabRun.objects.filter(pk=run_id).values_list("state", flat=True).first()
+        logger.info("run %s not claimed (state %s): duplicate or cancelled", run_id, state)
+        return str(state)
+    run = LabRun.objects.get(pk=run_id)
+    try:
+        with _RunHeartbeat(run_id, settings.LABS_RUN_HEARTBEAT_S) as beat:
+            outcome = _execute_backend(run, beat)
+    except RunStopped:
+        logger.info("run %s stopped: cancelled or reaped while running", run_id)
+        return str(LabRun.objects.values_list("state", flat=True).get(pk=run_id))
+    except SoftTimeLimitExceeded:
+        run_fail(run_id=run_id, error="The run took longer than the worker's time limit.")
+        return RunState.FAILED
+    except Exception as exc:
+        logger.exception("run %s failed", run_id)
+        run_fail(run_id=run_id, error=f"{type(exc).__name__}: {exc}")
+        return RunState.FAILED
+    done = timezone.now()
+    finished = LabRun.objects.filter(pk=run_id, state=RunState.RUNNING).update(
+        state=RunState.DONE,
+        progress=1.0,
+        finished_at=done,
+        heartbeat_at=done,
+        result=outcome.result,
+        where=outcome.where[:200],
+        error="",
+    )
+    if not finished:
+        logger.warning("run %s finished but was no longer running; result dropped", run_id)
+    return (
+        RunState.DONE
+        if finished
+        else str(LabRun.objects.values_list("state", flat=True).get(pk=run_id))
+    )
+
+
+def run_fail(*, run_id: int, error: str) -> bool:
+    """Mark a queued or running run failed with `error`; False if it had already ended."""
+    now = timezone.now()
+    return bool(
+        LabRun.objects.filter(pk=run_id, state__in=[RunState.QUEUED, RunState.RUNNING]).update(
+            state=RunState.FAILED, finished_at=now, error=error[:4000]
+        )
+    )
+
+
+# -- reap --------------------------------------------------------------------------------------
+
+
+def run_reap_stale(*, now: datetime | None = None, run_ids: Sequence[int] | None = None) -> int:
+    """Fail runs a dead worker left behind. Returns how many were failed.
+
+    - running, and no heartbeat for LABS_RUN_STALE_S: the worker was killed or lost;
+    - queued for LABS_QUEUED_STALE_S while no worker for its backend is online.
+    `run_ids` limits the check to those runs (a page watching one run).
+    """
+    now = now or timezone.now()
+    stale_s = settings.LABS_RUN_STALE_S
+    cutoff = now - timedelta(seconds=stale_s)
+    runs = LabRun.objects.all() if run_ids is None else LabRun.objects.filter(pk__in=run_ids)
+    reaped = 0
+    for run_id, worker, beat_at in runs.filter(
+        state=RunState.RUNNING, heartbeat_at__lt=cutoff
+    ).values_list("pk", "worker", "heartbeat_at"):
+        error = (
+            f"The worker {worker or '(unknown)'} stopped sending heartbeats at "
+            f"{beat_at:%H:%M:%S} UTC (killed or lost); marked failed after {stale_s} s of silence."
+        )
+        reaped += LabRun.objects.filter(
+            pk=run_id, state=RunState.RUNNING, heartbeat_at__lt=cutoff
+        ).update(state=RunState.FAILED, finished_at=now, error=error)
+    queued_cutoff = now - timedelta(seconds=settings.LABS_QUEUED_STALE_S)
+    old_queued = runs.filter(state=RunState.QUEUED, created_at__lt=queued_cutoff)
+    online = set(WorkerHeartbeat.objects.online(now).values_list("backend", flat=True))
+    for backend in set(old_queued.values_list("backend", flat=True)) - online:
+        reaped += old_queued.filter(backend=backend).update(
+            state=RunState.FAILED,
+            finished_at=now,
+            error=(
+                f"No {backend} worker took this run within "
+                f"{settings.LABS_QUEUED_STALE_S // 60} minutes and none is online."
+            ),
+        )
+    if reaped:
+        logger.warning("reaper marked %d lab run(s) failed", reaped)
+    return reaped

@@ -1,0 +1,147 @@
+"""Workers announce themselves: one `WorkerHeartbeat` row per (hostname, backend), written when
+the worker is ready and then every LABS_WORKER_HEARTBEAT_S by a daemon thread in the worker's
+main process (solo and prefork pools alike). The same thread runs the stale-run reaper, so any
+live worker fails the runs a killed one left behind; no celery beat is needed.
+
+A worker serves the backends whose queues it consumes (settings.LABS_BACKEND_QUEUES).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import threading
+from collections.abc import Iterable
+from importlib import metadata
+from typing import Any
+
+from celery.signals import worker_ready, worker_shutdown
+from django.conf import settings
+from django.db import connections
+from django.utils import timezone
+
+logger = logging.getLogger(__name__)
+
+_state: dict[str, Any] = {}
+
+
+def backends_for_queues(queues: Iterable[str]) -> list[str]:
+    wanted = set(queues)
+    return [b for b, q in settings.LABS_BACKEND_QUEUES.items() if q in wanted]
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def describe_backend(backend: str) -> dict[str, Any]:
+    """How results from this worker are labelled, its GPU and the versions that matter."""
+    versions = {
+        "python": platform.python_version(),
+        "celery": _version("celery"),
+        "django": _version("django"),
+        "numpy": _version("numpy"),
+    }
+    info: dict[str, Any] = {"where": "simulated on CPU", "gpu_name": "", "versions": versions}
+    if backend != "sim":
+        info["where"] = backend
+        try:
+            from labs.backends import get_backend
+
+            describe = getattr(get_backend(backend), "describe", None)
+            if callable(describe):
+                extra = dict(describe())
+                info["where"] = str(extra.pop("where", backend))
+                info["gpu_name"] = str(extra.pop("gpu_name", ""))
+                info["versions"] = {**versions, **extra.pop("versions", {}), **extra}
+        except Exception:
+            # Announce anyway: a worker that cannot describe itself can still run labs.
+            logger.exception("could not describe backend %s", backend)
+    return info
+
+
+def announce(hostname: str, backends: Iterable[str]) -> None:
+    """Create or refresh this worker's heartbeat rows (a flushed table is simply refilled)."""
+    from labs.models import WorkerHeartbeat
+
+    now = timezone.now()
+    for backend in backends:
+        info = _state.setdefault("info", {}).get(backend) or describe_backend(backend)
+        _state["info"][backend] = info
+        fields = {
+            "queue": settings.LABS_BACKEND_QUEUES[backend],
+            "where": info["where"][:200],
+            "gpu_name": info["gpu_name"][:200],
+            "versions": info["versions"],
+            "pid": os.getpid(),
+            "last_seen": now,
+        }
+        WorkerHeartbeat.objects.update_or_create(
+            hostname=hostname[:200],
+            backend=backend,
+            defaults=fields,
+            create_defaults={**fields, "started_at": now},
+        )
+
+
+def beat_once(hostname: str, backends: list[str]) -> None:
+    from labs.services import run_reap_stale
+
+    announce(hostname, backends)
+    run_reap_stale()
+
+
+def _heartbeat_loop(hostname: str, backends: list[str], stop: threading.Event) -> None:
+    interval = settings.LABS_WORKER_HEARTBEAT_S
+    while not stop.wait(interval):
+        try:
+            beat_once(hostname, backends)
+        except Exception:
+            # A database blip must not kill the thread: the next beat tries again.
+            logger.exception("worker heartbeat failed")
+            connections.close_all()
+    connections.close_all()
+
+
+@worker_ready.connect
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    hostname = str(getattr(sender, "hostname", "") or platform.node())
+    queues = sender.app.amqp.queues.consume_from if sender is not None else {}
+    backends = backends_for_queues(queues)
+    try:
+        beat_once(hostname, backends)
+    except Exception:
+        logger.exception("first worker heartbeat failed")
+    finally:
+        # This runs on the worker's main thread; do not keep a connection open across forks.
+        connections.close_all()
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=_heartbeat_loop, args=(hostname, backends, stop), name="labs-heartbeat", daemon=True
+    )
+    thread.start()
+    _state.update(hostname=hostname, backends=backends, stop=stop, thread=thread)
+    logger.info("labs: %s announced backends %s", hostname, ", ".join(backends) or "(none)")
+
+
+@worker_shutdown.connect
+def _on_worker_shutdown(**_: Any) -> None:
+    stop: threading.Event | None = _state.get("stop")
+    if stop is None:
+        return
+    stop.set()
+    thread: threading.Thread = _state["thread"]
+    thread.join(timeout=5)
+    from labs.models import WorkerHeartbeat
+
+    try:
+        # Offline at once, rather than after LABS_WORKER_ONLINE_S.
+        WorkerHeartbeat.objects.filter(hostname=_state["hostname"]).delete()
+    except Exception:
+        logger.exception("could not remove heartbeat rows")
+    finally:
+        connections.close_all()
