@@ -1,0 +1,361 @@
+"""Closed-form serving predictions: the numbers every lab shows as "predicted".
+
+The formulas are those of DESIGN.md ("What predicted means"):
+
+- KV bytes per token = 2 (K and V) x layers x KV heads x head dim x bytes per element.
+- Blocks per sequence = ceil(tokens / block_size); the last block wastes the rest. A contiguous
+  reservation holds prompt + max_tokens slots and wastes what the sequence does not use.
+- KV capacity = (HBM x gpu_memory_utilization - weights - activation reserve) / KV bytes per
+  token, in whole blocks; concurrent sequences = capacity / blocks per sequence.
+- A step takes max(compute, memory) + a fixed overhead, where compute = 2 x active parameters x
+  tokens / FLOP/s and memory = (weights read + KV read) / bandwidth (`step_time_s`). Prefill
+  is compute-bound, a decode step memory-bound; both come out of the same function.
+- E2E = TTFT + TPOT x (output tokens - 1).
+- Speculative decoding, k drafts accepted with probability alpha and costing c each relative to
+  a target pass: (1 - alpha^(k+1)) / (1 - alpha) tokens per pass, a speedup of that / (k c + 1).
+
+Left out on purpose: attention FLOPs (small next to 2 x parameters below ~10k tokens), tensor-
+parallel communication, and queueing; the simulator (labs/sim/) adds queueing and batching on top
+of the same `step_time_s`.
+
+Standard library and numpy only; never Django (a test checks it), so the simulator and the lab
+pages can call it on every step or slider change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from labs.catalog import KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, Hardware, ModelSpec
+from labs.params import EngineConfig, LabParams, Workload
+
+Bound = Literal["compute", "memory-bandwidth", "kv-capacity"]
+
+# -- memory ----------------------------------------------------------------------------------------
+
+
+def kv_bytes_per_token(model: ModelSpec, kv_dtype: str) -> int:
+    """KV cache bytes one token holds across all layers: 2 x layers x kv_heads x head_dim x
+    bytes per element."""
+    return 2 * model.layers * model.kv_heads * model.head_dim * KV_DTYPE_BYTES[kv_dtype]
+
+
+def kv_replication(model: ModelSpec, tp: int) -> int:
+    """How many copies of each KV head a replica keeps: vLLM copies KV heads when tp > kv_heads."""
+    return max(1, tp // model.kv_heads)
+
+
+def blocks_for_tokens(tokens: int, block_size: int) -> int:
+    """ceil(tokens / block_size): the blocks a sequence of `tokens` occupies (numpy ints too)."""
+    return -(-tokens // block_size)
+
+
+def slots_wasted(tokens: int, block_size: int) -> int:
+    """Empty slots in a sequence's last block."""
+    return blocks_for_tokens(tokens, block_size) * block_size - tokens
+
+
+def weight_bytes(model: ModelSpec, weight_dtype: str) -> float:
+    """Bytes of all weights: parameters x bytes per weight."""
+    return model.params * WEIGHT_DTYPE_BYTES[weight_dtype]
+
+
+def weight_bytes_read(model: ModelSpec, weight_dtype: str, num_tokens: int) -> float:
+    """Weight bytes one step reads when it processes `num_tokens` tokens.
+
+    A dense model reads every weight once per step. A mixture of experts reads its shared layers
+    and only the experts its tokens were routed to: with top-k of E experts, a given expert is
+    untouched by one token with chance 1 - k/E, so by n tokens with chance (1 - k/E)^n.
+    """
+    if not model.is_moe:
+        return weight_bytes(model, weight_dtype)
+    experts, top_k = model.num_experts, model.experts_per_token
+    per_expert = (model.params - model.active_params) / (experts - top_k)
+    shared = model.active_params - top_k * per_expert
+    touched = experts * (1 - (1 - top_k / experts) ** max(num_tokens, 1))
+    return (shared + touched * per_expert) * WEIGHT_DTYPE_BYTES[weight_dtype]
+
+
+def kv_memory_bytes(model: ModelSpec, hardware: Hardware, engine: EngineConfig) -> float:
+    """Memory left for the KV cache on one replica (may be negative: the weights do not fit)."""
+    per_gpu = hardware.hbm_bytes * engine.gpu_memory_utilization - engine.activation_reserve_bytes
+    return engine.tp * per_gpu - weight_bytes(model, engine.weight_dtype)
+
+
+def kv_capacity_tokens(model: ModelSpec, hardware: Hardware, engine: EngineConfig) -> int:
+    """Tokens the KV pool of one replica holds, in whole blocks; `engine.kv_capacity_tokens`
+    overrides the prediction (as vLLM's --kv-cache-memory-bytes would)."""
+    if engine.kv_capacity_tokens is not None:
+        return engine.kv_capacity_tokens
+    free = kv_memory_bytes(model, hardware, engine)
+    per_token = kv_bytes_per_token(model, engine.kv_dtype) * kv_replication(model, engine.tp)
+    if free <= 0:
+        return 0
+    return math.floor(free / (per_token * engine.block_size)) * engine.block_size
+
+
+def concurrent_seqs(capacity_tokens: int, tokens_per_seq: int, block_size: int) -> int:
+    """Sequences of `tokens_per_seq` that fit in the pool at once, each in whole blocks."""
+    return (capacity_tokens // block_size) // blocks_for_tokens(tokens_per_seq, block_size)
+
+
+# -- time --------------------------------------------------------------------------------------
+
+
+def compute_rate(hardware: Hardware, engine: EngineConfig) -> float:
+    """FLOP/s of one replica: FP8 tensor cores for FP8 weights where the GPU has them, else BF16
+    (weight-only int8/int4 and FP8 on an A100 compute in 16 bits)."""
+    peak = hardware.bf16_flops_per_s
+    if engine.weight_dtype == "fp8" and hardware.fp8_flops_per_s is not None:
+        peak = hardware.fp8_flops_per_s
+    return peak * engine.tp * engine.compute_efficiency
+
+
+def memory_rate(hardware: Hardware, engine: EngineConfig) -> float:
+    """Bytes/s one replica reads from memory."""
+    return hardware.bandwidth_bytes_per_s * engine.tp * engine.bandwidth_efficiency
+
+
+def step_compute_s(
+    hardware: Hardware, model: ModelSpec, engine: EngineConfig, num_tokens: int
+) -> float:
+    """Compute time of a step over `num_tokens` tokens: 2 x active parameters per token."""
+    return 2 * model.active_params * num_tokens / compute_rate(hardware, engine)
+
+
+def step_memory_s(
+    hardware: Hardware,
+    model: ModelSpec,
+    engine: EngineConfig,
+    num_tokens: int,
+    kv_tokens_read: int,
+) -> float:
+    """Memory time of a step: the weights once, plus the KV cache of `kv_tokens_read` tokens."""
+    kv = kv_tokens_read * kv_bytes_per_token(model, engine.kv_dtype)
+    kv *= kv_replication(model, engine.tp)
+    weights = weight_bytes_read(model, engine.weight_dtype, num_tokens)
+    return (weights + kv) / memory_rate(hardware, engine)
+
+
+def step_time_s(
+    hardware: Hardware,
+    model: ModelSpec,
+    engine: EngineConfig,
+    num_prefill_tokens: int,
+    num_decode_tokens: int,
+    kv_tokens_read: int,
+) -> float:
+    """Time of one engine step, from the batch's composition. Shared by predictor and simulator.
+
+    step_time_s(hardware, model, engine, num_prefill_tokens, num_decode_tokens, kv_tokens_read)
+        = max(compute, memory) + engine.step_overhead_s
+
+    Args:
+        hardware: one GPU; the replica has `engine.tp` of them, with FLOP/s and bandwidth added.
+        model: the model served (its active parameters set the FLOPs).
+        engine: dtypes, tp, efficiencies and the fixed per-step overhead.
+        num_prefill_tokens: prompt tokens computed in this step (all chunks in the batch).
+        num_decode_tokens: tokens decoded in this step: one per running sequence, or 1 + k per
+            sequence when k drafts are verified.
+        kv_tokens_read: tokens of KV cache the step's attention reads, summed over sequences
+            (a decode of a sequence holding 2,000 tokens reads 2,000).
+
+    Returns:
+        Seconds. compute = 2 x active params x (prefill + decode tokens) / FLOP/s; memory =
+        (weight bytes read + kv_tokens_read x KV bytes per token) / bandwidth.
+    """
+    num_tokens = num_prefill_tokens + num_decode_tokens
+    compute = step_compute_s(hardware, model, engine, num_tokens)
+    memory = step_memory_s(hardware, model, engine, num_tokens, kv_tokens_read)
+    return max(compute, memory) + engine.step_overhead_s
+
+
+def decode_step_time(
+    hardware: Hardware, model: ModelSpec, engine: EngineConfig, batch: int, context_tokens: int
+) -> float:
+    """One decode step for `batch` sequences each holding `context_tokens` of KV: the weights are
+    read once for all of them, each sequence's KV once."""
+    return step_time_s(hardware, model, engine, 0, batch, batch * context_tokens)
+
+
+def prefill_time_s(
+    hardware: Hardware,
+    model: ModelSpec,
+    engine: EngineConfig,
+    prompt_tokens: int,
+    cached_tokens: int = 0,
+) -> float:
+    """Time to prefill one prompt alone: the sum of its steps, chunked to the token budget when
+    chunked prefill is on. Tokens found in the prefix cache are not computed, only read.
+
+    Chunk i (of size b) reads the KV of every token before it, so its memory time grows by a
+    fixed amount per chunk; the sum over full chunks is taken in closed form, so a million-token
+    prompt costs no more than a short one.
+    """
+    todo = prompt_tokens - cached_tokens
+    if todo <= 0:
+        return 0.0
+    chunk = engine.max_num_batched_tokens if engine.chunked_prefill else todo
+    full, rest = divmod(todo, chunk)
+    total = 0.0
+    if full:
+        compute = step_compute_s(hardware, model, engine, chunk)
+        first_memory = step_memory_s(hardware, model, engine, chunk, cached_tokens)
+        growth = step_memory_s(hardware, model, engine, chunk, cached_tokens + chunk)
+        growth -= first_memory
+        # Chunks 0 .. n_compute - 1 are compute-bound, the later ones memory-bound.
+        if growth > 0:
+            n_compute = math.floor((compute - first_memory) / growth) + 1
+        else:
+            n_compute = full if first_memory <= compute else 0
+        n_compute = min(max(n_compute, 0), full)
+        later = full * (full - 1) // 2 - n_compute * (n_compute - 1) // 2
+        total += n_compute * compute + (full - n_compute) * first_memory + growth * later
+        total += full * engine.step_overhead_s
+    if rest:
+        total += step_time_s(hardware, model, engine, rest, 0, cached_tokens + full * chunk)
+    return total
+
+
+def e2e_time_s(ttft_s: float, tpot_s: float, output_tokens: int) -> float:
+    """End-to-end latency: the first token after TTFT, each later one TPOT apart."""
+    return ttft_s + tpot_s * (output_tokens - 1)
+
+
+def spec_tokens_per_step(k: int, alpha: float) -> float:
+    """Expected tokens one target pass yields with k drafts, each accepted with chance alpha
+    until the first rejection, plus the target's own token: (1 - alpha^(k+1)) / (1 - alpha)."""
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def spec_speedup(k: int, alpha: float, draft_cost: float) -> float:
+    """Decode speedup at small batch, where verifying k + 1 tokens costs one target pass:
+    tokens per pass / (k x c + 1)."""
+    return spec_tokens_per_step(k, alpha) / (k * draft_cost + 1)
+
+
+# -- the whole prediction ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Every predicted number of a lab. Bytes, tokens, seconds; None where nothing fits."""
+
+    kv_bytes_per_token: int
+    kv_bytes_per_seq: int
+    blocks_per_seq: int
+    prompt_blocks: int
+    slots_wasted_per_seq: int
+    contiguous_reserved_slots: int
+    contiguous_wasted_slots: int
+    contiguous_waste_fraction: float
+    weight_bytes: int
+    kv_memory_bytes: int
+    kv_capacity_tokens: int
+    max_concurrent_seqs: int
+    contiguous_max_concurrent_seqs: int
+    running_seqs: int
+    replicas_needed: int | None
+    gpus_needed: int | None
+    prefix_cached_tokens: int
+    prefill_s: float
+    ttft_s: float | None
+    weight_read_s: float
+    kv_read_s: float
+    decode_step_s: float | None
+    tpot_s: float | None
+    e2e_s: float | None
+    output_tokens_per_s: float | None
+    batch_speedup_vs_batch1: float | None
+    spec_tokens_per_step: float
+    spec_speedup: float
+    spec_speedup_at_batch: float | None
+    bound: Bound
+    fits: bool
+
+    def as_dict(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def prefix_cached_tokens(engine: EngineConfig, workload: Workload) -> int:
+    """Prompt tokens a warm prefix cache serves: whole blocks of the shared prefix, never the
+    prompt's last token (vLLM always computes it to get the first output token)."""
+    if not engine.prefix_caching:
+        return 0
+    whole = workload.shared_prefix_tokens // engine.block_size * engine.block_size
+    return min(whole, workload.prompt_tokens - 1)
+
+
+def predict(params: LabParams) -> Prediction:
+    """All predictions for one lab: one request alone for TTFT, `concurrency` sequences of
+    `context_tokens` for the batch, capacity and fleet figures."""
+    model, hw, engine, work = params.model, params.hardware, params.engine, params.workload
+    bs = engine.block_size
+    used = work.prompt_tokens + work.output_tokens
+    reserved = work.prompt_tokens + work.max_tokens
+    per_token = kv_bytes_per_token(model, engine.kv_dtype)
+    capacity = kv_capacity_tokens(model, hw, engine)
+    contiguous_seqs = capacity // reserved
+    paged_seqs = concurrent_seqs(capacity, work.context_tokens, bs)
+    max_seqs = contiguous_seqs if engine.kv_allocation == "contiguous" else paged_seqs
+    per_replica = min(max_seqs, engine.max_num_seqs)
+    running = min(work.concurrency, per_replica)
+    fits = running >= 1
+    batch = max(running, 1)
+
+    cached = prefix_cached_tokens(engine, work)
+    decode_s = decode_step_time(hw, model, engine, batch, work.context_tokens)
+    tpot = decode_s
+    k, alpha = engine.spec_tokens, engine.acceptance
+    if k:
+        verify = step_time_s(hw, model, engine, 0, batch * (k + 1), batch * work.context_tokens)
+        tpot = (verify + k * engine.draft_cost * decode_s) / spec_tokens_per_step(k, alpha)
+    ttft = prefill_time_s(hw, model, engine, work.prompt_tokens, cached)
+    single = decode_step_time(hw, model, engine, 1, work.context_tokens)
+    replicas = math.ceil(work.concurrency / per_replica) if fits else None
+
+    if not fits or work.concurrency > max_seqs:
+        bound: Bound = "kv-capacity"
+    elif step_compute_s(hw, model, engine, batch) > step_memory_s(
+        hw, model, engine, batch, batch * work.context_tokens
+    ):
+        bound = "compute"
+    else:
+        bound = "memory-bandwidth"
+
+    rate = memory_rate(hw, engine)
+    return Prediction(
+        kv_bytes_per_token=per_token,
+        kv_bytes_per_seq=blocks_for_tokens(work.context_tokens, bs) * bs * per_token,
+        blocks_per_seq=blocks_for_tokens(used, bs),
+        prompt_blocks=blocks_for_tokens(work.prompt_tokens, bs),
+        slots_wasted_per_seq=slots_wasted(used, bs),
+        contiguous_reserved_slots=reserved,
+        contiguous_wasted_slots=reserved - used,
+        contiguous_waste_fraction=(reserved - used) / reserved,
+        weight_bytes=round(weight_bytes(model, engine.weight_dtype)),
+        kv_memory_bytes=max(0, round(kv_memory_bytes(model, hw, engine))),
+        kv_capacity_tokens=capacity,
+        max_concurrent_seqs=max_seqs,
+        contiguous_max_concurrent_seqs=contiguous_seqs,
+        running_seqs=running,
+        replicas_needed=replicas,
+        gpus_needed=None if replicas is None else replicas * engine.tp,
+        prefix_cached_tokens=cached,
+        prefill_s=step_compute_s(hw, model, engine, work.prompt_tokens - cached),
+        ttft_s=ttft if fits else None,
+        weight_read_s=weight_bytes_read(model, engine.weight_dtype, batch) / rate,
+        kv_read_s=batch * work.context_tokens * per_token * kv_replication(model, engine.tp) / rate,
+        decode_step_s=decode_s if fits else None,
+        tpot_s=tpot if fits else None,
+        e2e_s=e2e_time_s(ttft, tpot, work.output_tokens) if fits else None,
+        output_tokens_per_s=batch / tpot if fits else None,
+        batch_speedup_vs_batch1=batch * single / decode_s if fits else None,
+        spec_tokens_per_step=spec_tokens_per_step(k, alpha),
+        spec_speedup=spec_speedup(k, alpha, engine.draft_cost),
+        spec_speedup_at_batch=decode_s / tpot if fits else None,
+        bound=bound,
+        fits=fits,
+    )
