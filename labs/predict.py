@@ -180,6 +180,16 @@ def decode_step_time(
     return step_time_s(hardware, model, engine, 0, batch, batch * context_tokens)
 
 
+def draft_time_s(
+    hardware: Hardware, model: ModelSpec, engine: EngineConfig, batch: int, kv_tokens_read: int
+) -> float:
+    """Time to propose `engine.spec_tokens` drafts for `batch` sequences: each draft token costs
+    `engine.draft_cost` of a plain decode step of the target at that batch. Add it to the
+    verifying step's `step_time_s` (whose decode tokens are batch x (1 + k))."""
+    plain = step_time_s(hardware, model, engine, 0, batch, kv_tokens_read)
+    return engine.spec_tokens * engine.draft_cost * plain
+
+
 def prefill_time_s(
     hardware: Hardware,
     model: ModelSpec,
@@ -310,8 +320,10 @@ def predict(params: LabParams) -> Prediction:
     tpot = decode_s
     k, alpha = engine.spec_tokens, engine.acceptance
     if k:
-        verify = step_time_s(hw, model, engine, 0, batch * (k + 1), batch * work.context_tokens)
-        tpot = (verify + k * engine.draft_cost * decode_s) / spec_tokens_per_step(k, alpha)
+        kv_read = batch * work.context_tokens
+        verify = step_time_s(hw, model, engine, 0, batch * (k + 1), kv_read)
+        drafts = draft_time_s(hw, model, engine, batch, kv_read)
+        tpot = (verify + drafts) / spec_tokens_per_step(k, alpha)
     ttft = prefill_time_s(hw, model, engine, work.prompt_tokens, cached)
     single = decode_step_time(hw, model, engine, 1, work.context_tokens)
     replicas = math.ceil(work.concurrency / per_replica) if fits else None
