@@ -5,5 +5,11 @@ from quiz import views
 app_name = "quiz"
 urlpatterns = [
     path("", views.today, name="today"),
+    path("answer/<str:token>/", views.answer_submit, name="answer-submit"),
+    path("grade/<str:token>/", views.review_grade, name="review-grade"),
+    path("undo/", views.review_undo, name="review-undo"),
+    path("cards/<slug:slug>/", views.card_detail, name="card-detail"),
+    path("cards/<slug:slug>/unsuspend/", views.card_unsuspend, name="card-unsuspend"),
     path("stats/", views.stats, name="stats"),
+    path("settings/", views.settings_edit, name="settings-edit"),
 ]

@@ -1,16 +1,235 @@
+"""Quiz pages. Each view parses input, calls one service or selector and renders the page, or its
+`#quiz-panel` partial for htmx. The forms are real, so everything also works without JavaScript."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.core.exceptions import ValidationError
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.middleware import HtmxDetails
+
+from quiz import scheduling, selectors, services
+from quiz.forms import AnswerForm, GradeForm, LearnerSettingsForm
+from quiz.models import Card, Showing
+
+RATING_NAMES = {1: "Again", 2: "Hard", 3: "Good", 4: "Easy"}
+TODAY = "quiz/today.html"
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+def _now() -> dt.datetime:
+    # The server's clock, always: a browser's clock must not choose the review time.
+    return timezone.now()
+
+
+def _grade_buttons(showing: Showing) -> list[dict[str, Any]]:
+    suggested = services.suggested_rating(showing)
+    buttons = []
+    for rating, name in RATING_NAMES.items():
+        outcome = scheduling.CardState.from_json(showing.outcomes[str(rating)])
+        buttons.append(
+            {
+                "rating": rating,
+                "name": name,
+                "interval": scheduling.format_interval(outcome.due - showing.revealed_at),
+                "suggested": rating == suggested,
+            }
+        )
+    return buttons
+
+
+def _card_context(card: Card, showing: Showing) -> dict[str, Any]:
+    by_id = {option.pk: option for option in card.options.all()}
+    # The showing's own order; an option deleted since is simply left out.
+    options = [by_id[pk] for pk in showing.option_order if pk in by_id]
+    chosen = None
+    if showing.answer and card.kind == Card.Kind.CHOICE:
+        chosen = "ABCDEF".index(showing.answer[0])
+    context: dict[str, Any] = {
+        "card": card,
+        "showing": showing,
+        "lettered": list(zip("ABCDEF", options, strict=False)),
+        "chosen_index": chosen,
+        "side": "answer" if showing.revealed_at else "question",
+    }
+    if showing.revealed_at:
+        context["buttons"] = _grade_buttons(showing)
+    return context
+
+
+def _render_panel(
+    request: HtmxHttpRequest, context: dict[str, Any], *, status: int = 200
+) -> HttpResponse:
+    template = f"{TODAY}#quiz-panel" if request.htmx else TODAY
+    return render(request, template, context, status=status)
+
+
+def _panel(
+    request: HtmxHttpRequest,
+    *,
+    notice: str = "",
+    card_id: int | None = None,
+    showing: Showing | None = None,
+    errors: list[str] | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    """Today's panel: the counts and the next card (or `card_id`, or `showing` as it stands)."""
+    now = _now()
+    queue = selectors.queue_today(user=request.user, now=now)
+    context: dict[str, Any] = {
+        "queue": queue,
+        "notice": notice,
+        "errors": errors or [],
+        "undo": selectors.undo_available(user=request.user, day=queue.day),
+        "side": "done",
+    }
+    if showing is None:
+        card_id = card_id or queue.next_card_id
+    if showing is not None or card_id:
+        card = selectors.card_for_quiz(card_id=showing.card_id if showing else card_id)
+        if showing is None:
+            showing = services.showing_open(user=request.user, card=card, now=now)
+        context.update(_card_context(card, showing))
+    elif queue.next_learning_due:
+        context["comes_back"] = queue.next_learning_due.astimezone(queue.day.tz)
+    return _render_panel(request, context, status=status)
+
+
+def _own_showing(request: HttpRequest, token: str) -> Showing:
+    try:
+        return selectors.showing_get(user=request.user, token=token)
+    except Showing.DoesNotExist:
+        raise Http404("No such card showing for you.") from None
 
 
 @require_GET
 @login_required
-def today(request: HttpRequest) -> HttpResponse:
-    return render(request, "quiz/today.html", {})
+def today(request: HtmxHttpRequest) -> HttpResponse:
+    return _panel(request)
+
+
+@require_POST
+@login_required
+def answer_submit(request: HtmxHttpRequest, token: str) -> HttpResponse:
+    """Reveal the answer side: judge the learner's answer and fix the four intervals."""
+    form = AnswerForm(request.POST)
+    if not form.is_valid():
+        showing = _own_showing(request, token)
+        errors = [e for field_errors in form.errors.values() for e in field_errors]
+        return _panel(request, showing=showing, errors=errors, status=400)
+    try:
+        showing = services.showing_reveal(
+            user=request.user, token=token, answer=form.answer(), now=_now()
+        )
+    except Showing.DoesNotExist:
+        raise Http404("No such card showing for you.") from None
+    except ValidationError as exc:
+        showing = _own_showing(request, token)
+        return _panel(request, showing=showing, errors=exc.messages, status=400)
+    except services.QuizConflict as exc:
+        return _panel(request, notice=str(exc), status=409)
+    return _panel(request, showing=showing)
+
+
+@require_POST
+@login_required
+def review_grade(request: HtmxHttpRequest, token: str) -> HttpResponse:
+    form = GradeForm(request.POST)
+    if not form.is_valid():
+        showing = _own_showing(request, token)
+        return _panel(request, showing=showing, errors=form.errors["rating"], status=400)
+    try:
+        result = services.review_grade(
+            user=request.user, token=token, rating=form.cleaned_data["rating"], now=_now()
+        )
+    except Showing.DoesNotExist:
+        raise Http404("No such card showing for you.") from None
+    except services.ShowingExpired as exc:
+        showing = services.showing_reveal(
+            user=request.user, token=token, answer=services.Answer(), now=_now(), refresh=True
+        )
+        return _panel(request, showing=showing, notice=str(exc), status=409)
+    except services.QuizConflict as exc:
+        return _panel(request, notice=str(exc), status=409)
+    notice = ""
+    if result.became_leech:
+        notice = (
+            f"“{result.log.card.slug}” has lapsed {scheduling.LEECH_THRESHOLD}+ times: it is now "
+            "tagged leech and suspended. Open it from Stats to read it again and unsuspend it."
+        )
+    if not request.htmx:
+        if notice:
+            messages.warning(request, notice)
+        return redirect("quiz:today")  # POST-redirect-GET: a refresh cannot grade again
+    return _panel(request, notice=notice)
+
+
+@require_POST
+@login_required
+def review_undo(request: HtmxHttpRequest) -> HttpResponse:
+    try:
+        card_id = services.review_undo(user=request.user, now=_now())
+    except services.NothingToUndo as exc:
+        return _panel(request, notice=str(exc), status=409)
+    if not request.htmx:
+        messages.info(request, "Undone: the card is back in today's queue.")
+        return redirect("quiz:today")
+    return _panel(request, card_id=card_id, notice="Undone: here is that card again.")
+
+
+@require_GET
+@login_required
+def card_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    try:
+        card, state = selectors.card_detail_get(slug=slug, user=request.user)
+    except Card.DoesNotExist:
+        raise Http404("No such card.") from None
+    context = {"card": card, "state": state}
+    if state and state.last_review:
+        context["due_local"] = state.due.astimezone(
+            selectors.study_day_for(selectors.learner_settings_get(user=request.user), _now()).tz
+        )
+    return render(request, "quiz/card_detail.html", context)
+
+
+@require_POST
+@login_required
+def card_unsuspend(request: HttpRequest, slug: str) -> HttpResponse:
+    try:
+        card = Card.objects.get(slug=slug, is_active=True)
+    except Card.DoesNotExist:
+        raise Http404("No such card.") from None
+    services.card_unsuspend(user=request.user, card=card)
+    messages.success(request, "Unsuspended: the card comes back when it is due.")
+    return redirect("quiz:card-detail", slug=slug)
 
 
 @require_GET
 @login_required
 def stats(request: HttpRequest) -> HttpResponse:
-    return render(request, "quiz/stats.html", {})
+    data = selectors.stats_for(user=request.user, now=_now())
+    return render(request, "quiz/stats.html", {"stats": data, "chart_data": data.chart_data()})
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def settings_edit(request: HttpRequest) -> HttpResponse:
+    current = selectors.learner_settings_get(user=request.user)
+    form = LearnerSettingsForm(request.POST or None, instance=current)
+    if request.method == "POST":
+        if form.is_valid():
+            services.learner_settings_update(user=request.user, **form.cleaned_data)
+            messages.success(request, "Settings saved.")
+            return redirect("quiz:settings-edit")
+        return render(request, "quiz/settings_edit.html", {"form": form}, status=400)
+    return render(request, "quiz/settings_edit.html", {"form": form})

@@ -1,0 +1,82 @@
+"""Input parsing for the quiz: one place per form, clear messages naming the field and range."""
+
+from __future__ import annotations
+
+import re
+import zoneinfo
+from functools import cache
+
+from django import forms
+
+from quiz.models import LearnerSettings
+from quiz.services import Answer
+
+# Thousands separators a learner may type: "1,748", "1 748", "1_748" (and thin spaces).
+_SEPARATORS = re.compile(r"[,\s_\u2009\u202f]")
+
+
+class AnswerForm(forms.Form):
+    option = forms.IntegerField(required=False, min_value=1)
+    value = forms.CharField(required=False, max_length=40, strip=True)
+
+    def clean_value(self) -> float | None:
+        raw = self.cleaned_data["value"]
+        if not raw:
+            return None
+        text = _SEPARATORS.sub("", raw).replace("\u2212", "-")
+        try:
+            number = float(text)
+        except ValueError:
+            raise forms.ValidationError("Type a number, such as 1748 or 10.3.") from None
+        if number != number or number in (float("inf"), float("-inf")):
+            raise forms.ValidationError("Type a finite number.")
+        return number
+
+    def answer(self) -> Answer:
+        return Answer(
+            option_id=self.cleaned_data.get("option"),
+            number=self.cleaned_data.get("value"),
+            raw=self.data.get("value", "").strip(),
+        )
+
+
+class GradeForm(forms.Form):
+    rating = forms.TypedChoiceField(
+        choices=[(1, "Again"), (2, "Hard"), (3, "Good"), (4, "Easy")],
+        coerce=int,
+        error_messages={
+            "invalid_choice": "Rating must be 1 (Again), 2 (Hard), 3 (Good) or 4 (Easy)."
+        },
+    )
+
+
+@cache
+def _zone_choices() -> list[tuple[str, str]]:
+    zones = sorted(z for z in zoneinfo.available_timezones() if "/" in z or z == "UTC")
+    return [(zone, zone.replace("_", " ")) for zone in zones]
+
+
+class LearnerSettingsForm(forms.ModelForm):
+    time_zone = forms.ChoiceField(choices=_zone_choices, help_text="Where you study.")
+
+    class Meta:
+        model = LearnerSettings
+        fields = [
+            "time_zone",
+            "rollover_hour",
+            "new_per_day",
+            "reviews_per_day",
+            "desired_retention",
+        ]
+        labels = {
+            "rollover_hour": "Next day starts at (hour)",
+            "new_per_day": "New cards a day",
+            "reviews_per_day": "Maximum reviews a day",
+            "desired_retention": "Desired retention",
+        }
+        widgets = {
+            "desired_retention": forms.NumberInput(
+                attrs={"step": "0.01", "min": "0.7", "max": "0.97"}
+            ),
+            "rollover_hour": forms.NumberInput(attrs={"min": "0", "max": "23"}),
+        }

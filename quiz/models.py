@@ -1,0 +1,299 @@
+"""Decks, cards and each learner's review state and history.
+
+FSRS state lives in real columns (not a blob), so "what is due for this learner" is one indexed
+query.
+py-fsrs has no "new" state: a card is new for a learner while `last_review` is NULL.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+
+class Deck(models.Model):
+    slug = models.SlugField(max_length=80, unique=True)
+    title = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.title
+
+
+class Tag(models.Model):
+    slug = models.SlugField(max_length=60, unique=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Card(models.Model):
+    class Kind(models.TextChoices):
+        CHOICE = "choice", "Multiple choice"
+        NUMERIC = "numeric", "Numeric"
+        RECALL = "recall", "Recall"
+
+    deck = models.ForeignKey(Deck, on_delete=models.PROTECT, related_name="cards")
+    slug = models.SlugField(max_length=120, unique=True)
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    prompt = models.TextField(help_text="Markdown.")
+    answer = models.TextField(help_text="Markdown: the short answer, one or two lines.")
+    steps = models.JSONField(
+        default=list, blank=True, help_text="Worked steps: a list of Markdown."
+    )
+    explanation = models.TextField(blank=True, help_text="Markdown.")
+    follow_up_question = models.TextField(blank=True)
+    follow_up_answer = models.TextField(blank=True)
+    # Ordered through models: the files list tags and related cards in the author's order, and
+    # export must write them back in that order so a round trip leaves no diff.
+    tags = models.ManyToManyField(Tag, through="CardTag", related_name="cards", blank=True)
+    related = models.ManyToManyField(
+        "self",
+        through="CardRelation",
+        through_fields=("from_card", "to_card"),
+        symmetrical=True,
+        blank=True,
+    )
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="follow_ups"
+    )
+    numeric_value = models.FloatField(null=True, blank=True)
+    numeric_unit = models.CharField(max_length=30, blank=True)
+    numeric_tolerance = models.FloatField(null=True, blank=True, help_text="Absolute, in the unit.")
+    # JSON as text, not JSONField: PostgreSQL's jsonb reorders keys, and export must not.
+    check_json = models.TextField(blank=True, help_text="The predictor check, as JSON.")
+    lab_preset = models.CharField(max_length=120, blank=True, help_text="A preset's slug.")
+    source = models.CharField(max_length=200, blank=True)
+    is_active = models.BooleanField(default=True, help_text="Retired cards keep their history.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(numeric_tolerance__isnull=True) | Q(numeric_tolerance__gte=0),
+                name="quiz_card_tolerance_non_negative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def check_spec(self) -> dict[str, Any] | None:
+        return json.loads(self.check_json) if self.check_json else None
+
+    def numeric_accepts(self, value: float) -> bool:
+        if self.numeric_value is None:
+            return False
+        return abs(value - self.numeric_value) <= (self.numeric_tolerance or 0.0)
+
+
+class CardTag(models.Model):
+    card = models.ForeignKey(Card, on_delete=models.CASCADE, related_name="card_tags")
+    tag = models.ForeignKey(Tag, on_delete=models.CASCADE, related_name="card_tags")
+    position = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        ordering = ["card", "position", "id"]
+        constraints = [models.UniqueConstraint(fields=["card", "tag"], name="quiz_cardtag_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.card_id}:{self.tag_id}"
+
+
+class CardRelation(models.Model):
+    from_card = models.ForeignKey(Card, on_delete=models.CASCADE, related_name="relations_out")
+    to_card = models.ForeignKey(Card, on_delete=models.CASCADE, related_name="relations_in")
+    position = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        ordering = ["from_card", "position", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["from_card", "to_card"], name="quiz_relation_unique"),
+            models.CheckConstraint(
+                condition=~Q(from_card=models.F("to_card")), name="quiz_relation_not_self"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.from_card_id}->{self.to_card_id}"
+
+
+class ChoiceOption(models.Model):
+    card = models.ForeignKey(Card, on_delete=models.CASCADE, related_name="options")
+    text = models.TextField(help_text="Markdown.")
+    is_correct = models.BooleanField(default=False)
+    why = models.TextField(blank=True, help_text="Why this option is wrong (Markdown).")
+    position = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        ordering = ["card", "position", "id"]
+
+    def __str__(self) -> str:
+        return self.text[:60]
+
+
+class FsrsState(models.IntegerChoices):
+    # The values are fsrs.State's, so they can be passed straight to the scheduler.
+    LEARNING = 1, "Learning"
+    REVIEW = 2, "Review"
+    RELEARNING = 3, "Relearning"
+
+
+class ReviewState(models.Model):
+    """One learner's FSRS state for one card. Created (as new) the first time the card is shown."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="review_states"
+    )
+    card = models.ForeignKey(Card, on_delete=models.CASCADE, related_name="review_states")
+    state = models.PositiveSmallIntegerField(choices=FsrsState.choices, default=FsrsState.LEARNING)
+    step = models.PositiveSmallIntegerField(null=True, blank=True, default=0)
+    stability = models.FloatField(null=True, blank=True)
+    difficulty = models.FloatField(null=True, blank=True)
+    due = models.DateTimeField()
+    last_review = models.DateTimeField(null=True, blank=True)
+    lapses = models.PositiveIntegerField(default=0)
+    reps = models.PositiveIntegerField(default=0)
+    suspended = models.BooleanField(default=False)
+    leech = models.BooleanField(
+        default=False, help_text="Lapsed too often; tagged for this learner."
+    )
+    # Optimistic lock: every write bumps it, a grade computed from an older version is refused.
+    version = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "card"], name="quiz_reviewstate_user_card"),
+        ]
+        indexes = [models.Index(fields=["user", "due"], name="quiz_state_user_due")]
+
+    def __str__(self) -> str:
+        return f"{self.user_id}:{self.card_id} {self.get_state_display()}"
+
+    @property
+    def is_new(self) -> bool:
+        return self.last_review is None
+
+
+class ReviewLog(models.Model):
+    class Kind(models.IntegerChoices):
+        # The state before the review (Anki revlog "type"); NEW counts against the new-card limit.
+        NEW = 0, "New"
+        LEARNING = 1, "Learning"
+        REVIEW = 2, "Review"
+        RELEARNING = 3, "Relearning"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="review_logs"
+    )
+    card = models.ForeignKey(Card, on_delete=models.CASCADE, related_name="review_logs")
+    rating = models.PositiveSmallIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(4)]
+    )
+    kind = models.PositiveSmallIntegerField(choices=Kind.choices)
+    reviewed_at = models.DateTimeField()
+    # The learner's local date after the rollover, fixed at write time: DST or travel later
+    # must not move a review to another day.
+    study_date = models.DateField()
+    duration_ms = models.PositiveIntegerField()
+    answer = models.TextField(blank=True)
+    correct = models.BooleanField(null=True)
+    state_before = models.JSONField()
+    token = models.CharField(max_length=64, unique=True)
+
+    class Meta:
+        ordering = ["-reviewed_at", "-id"]
+        indexes = [
+            models.Index(fields=["user", "study_date"], name="quiz_log_user_day"),
+            models.Index(fields=["user", "-reviewed_at"], name="quiz_log_user_latest"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(rating__gte=1, rating__lte=4), name="quiz_log_rating_1_4"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id}:{self.card_id} {self.rating} @ {self.reviewed_at:%Y-%m-%d %H:%M}"
+
+
+class LearnerSettings(models.Model):
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="quiz_settings"
+    )
+    time_zone = models.CharField(max_length=64, default="UTC", help_text="IANA zone.")
+    rollover_hour = models.PositiveSmallIntegerField(
+        default=4,
+        validators=[MaxValueValidator(23)],
+        help_text="The hour (local time) at which a new study day starts.",
+    )
+    new_per_day = models.PositiveSmallIntegerField(
+        default=20, validators=[MaxValueValidator(999)], help_text="New cards a day."
+    )
+    reviews_per_day = models.PositiveSmallIntegerField(
+        default=200, validators=[MaxValueValidator(9999)], help_text="Reviews a day."
+    )
+    desired_retention = models.FloatField(
+        default=0.9,
+        validators=[MinValueValidator(0.70), MaxValueValidator(0.97)],
+        help_text="0.70 to 0.97; higher means more reviews.",
+    )
+
+    class Meta:
+        verbose_name_plural = "learner settings"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(desired_retention__gte=0.70, desired_retention__lte=0.97),
+                name="quiz_settings_retention_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(rollover_hour__lte=23), name="quiz_settings_rollover_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"settings of {self.user_id}"
+
+
+class Showing(models.Model):
+    """One presentation of a card to a learner, named by a one-time token.
+
+    The four outcomes are computed once, with the real (fuzzed) scheduler, when the answer is shown;
+    grading applies the stored one, so each button's interval is exactly what happens.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="showings"
+    )
+    card = models.ForeignKey(Card, on_delete=models.CASCADE, related_name="showings")
+    token = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField()
+    state_version = models.PositiveIntegerField()
+    option_order = models.JSONField(default=list, blank=True)
+    revealed_at = models.DateTimeField(null=True, blank=True)
+    answer = models.TextField(blank=True)
+    correct = models.BooleanField(null=True)
+    outcomes = models.JSONField(null=True, blank=True)
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["user", "card", "used_at"], name="quiz_showing_open")]
+
+    def __str__(self) -> str:
+        return f"{self.user_id}:{self.card_id} {self.token[:6]}"

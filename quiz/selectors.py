@@ -1,0 +1,366 @@
+"""Reads: today's queue, the card to show, stats, and the deck as content specs.
+
+Every function here runs a fixed number of queries whatever the deck size (a test counts them).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db.models import Count, Exists, Min, OuterRef, Prefetch, Q
+
+from quiz import scheduling
+from quiz.content import CardSpec, ContentTree, DeckSpec, OptionSpec
+from quiz.models import (
+    Card,
+    CardRelation,
+    CardTag,
+    ChoiceOption,
+    Deck,
+    FsrsState,
+    LearnerSettings,
+    ReviewLog,
+    ReviewState,
+    Showing,
+)
+
+INTRADAY = (FsrsState.LEARNING, FsrsState.RELEARNING)
+
+
+def learner_settings_get(*, user: AbstractBaseUser) -> LearnerSettings:
+    """The learner's settings, or unsaved defaults (reading a page must not write)."""
+    found = LearnerSettings.objects.filter(user=user).first()
+    return found or LearnerSettings(user=user)
+
+
+@dataclass(frozen=True)
+class StudyDay:
+    tz: ZoneInfo
+    rollover_hour: int
+    date: dt.date
+    start: dt.datetime
+    end: dt.datetime
+
+
+def study_day_for(settings: LearnerSettings, now: dt.datetime) -> StudyDay:
+    tz = ZoneInfo(settings.time_zone)
+    day = scheduling.study_date(now, tz, settings.rollover_hour)
+    return StudyDay(
+        tz=tz,
+        rollover_hour=settings.rollover_hour,
+        date=day,
+        start=scheduling.day_start(day, tz, settings.rollover_hour),
+        end=scheduling.day_start(day + dt.timedelta(days=1), tz, settings.rollover_hour),
+    )
+
+
+@dataclass(frozen=True)
+class TodayQueue:
+    settings: LearnerSettings
+    day: StudyDay
+    new_left: int
+    learning_left: int
+    review_left: int
+    next_card_id: int | None
+    # When nothing is left now but a learning card comes due later today.
+    next_learning_due: dt.datetime | None
+
+    @property
+    def total_left(self) -> int:
+        return self.new_left + self.learning_left + self.review_left
+
+
+def _new_cards(user: AbstractBaseUser):
+    """Active cards this learner has never reviewed (and has not suspended). A follow-up card
+    waits until its parent has been reviewed once."""
+    seen = ReviewState.objects.filter(user=user, card=OuterRef("pk")).filter(
+        Q(last_review__isnull=False) | Q(suspended=True)
+    )
+    parent_seen = ReviewState.objects.filter(
+        user=user, card=OuterRef("parent"), last_review__isnull=False
+    )
+    return (
+        Card.objects.filter(is_active=True)
+        .filter(Q(parent__isnull=True) | Q(parent__is_active=False) | Exists(parent_seen))
+        .exclude(Exists(seen))
+    )
+
+
+def queue_today(*, user: AbstractBaseUser, now: dt.datetime) -> TodayQueue:
+    """What is left today and which card comes next (five queries).
+
+    Order, as in Anki: learning cards already due, then reviews due before the day ends, then new
+    cards; learning cards due within the learn-ahead limit only when nothing else is left. New
+    cards stop when the review limit is reached (Anki's default).
+    """
+    settings = learner_settings_get(user=user)
+    day = study_day_for(settings, now)
+    done = ReviewLog.objects.filter(user=user, study_date=day.date).aggregate(
+        new=Count("id", filter=Q(kind=ReviewLog.Kind.NEW)),
+        review=Count("id", filter=Q(kind=ReviewLog.Kind.REVIEW)),
+    )
+    ahead = now + scheduling.LEARN_AHEAD
+    intraday = Q(state__in=INTRADAY, last_review__isnull=False)
+    live = ReviewState.objects.filter(user=user, suspended=False, card__is_active=True)
+    counts = live.aggregate(
+        learning_now=Count("id", filter=intraday & Q(due__lte=now)),
+        learning_ahead=Count("id", filter=intraday & Q(due__lte=ahead)),
+        review_due=Count("id", filter=Q(state=FsrsState.REVIEW, due__lt=day.end)),
+        learning_next=Min("due", filter=intraday & Q(due__lt=day.end)),
+    )
+    review_quota = max(0, settings.reviews_per_day - done["review"])
+    review_left = min(counts["review_due"], review_quota)
+    new_quota = max(0, min(settings.new_per_day - done["new"], review_quota - review_left))
+    new_left = min(_new_cards(user).count(), new_quota) if new_quota else 0
+
+    next_id: int | None = None
+    learning_left = counts["learning_now"]
+    if counts["learning_now"]:
+        next_id = _first_state_card(live.filter(intraday, due__lte=now))
+    elif review_left:
+        next_id = _first_state_card(live.filter(state=FsrsState.REVIEW, due__lt=day.end))
+    elif new_left:
+        next_id = _new_cards(user).order_by("id").values_list("id", flat=True).first()
+    elif counts["learning_ahead"]:
+        learning_left = counts["learning_ahead"]
+        next_id = _first_state_card(live.filter(intraday, due__lte=ahead))
+    return TodayQueue(
+        settings=settings,
+        day=day,
+        new_left=new_left,
+        learning_left=learning_left,
+        review_left=review_left,
+        next_card_id=next_id,
+        next_learning_due=counts["learning_next"] if next_id is None else None,
+    )
+
+
+def _first_state_card(states) -> int | None:
+    return states.order_by("due", "id").values_list("card_id", flat=True).first()
+
+
+def _active_relations() -> Prefetch:
+    return Prefetch(
+        "relations_out",
+        queryset=CardRelation.objects.filter(to_card__is_active=True).select_related("to_card"),
+    )
+
+
+def card_for_quiz(*, card_id: int) -> Card:
+    """A card with what both sides show: options, tags and active related cards (4 queries)."""
+    return (
+        Card.objects.select_related("deck")
+        .prefetch_related(
+            Prefetch("options", queryset=ChoiceOption.objects.order_by("position", "id")),
+            Prefetch("card_tags", queryset=CardTag.objects.select_related("tag")),
+            _active_relations(),
+        )
+        .get(pk=card_id)
+    )
+
+
+def card_detail_get(*, slug: str, user: AbstractBaseUser) -> tuple[Card, ReviewState | None]:
+    card = card_for_quiz(card_id=Card.objects.get(slug=slug, is_active=True).pk)
+    state = ReviewState.objects.filter(user=user, card=card).first()
+    return card, state
+
+
+def showing_get(*, user: AbstractBaseUser, token: str) -> Showing:
+    """A learner's own showing; anyone else's token is simply not found."""
+    return Showing.objects.get(user=user, token=token)
+
+
+def undo_available(*, user: AbstractBaseUser, day: StudyDay) -> bool:
+    return ReviewLog.objects.filter(user=user, study_date=day.date).exists()
+
+
+# --- Stats ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class TagStat:
+    tag: str
+    reviews: int
+    passed: int
+
+    @property
+    def pass_rate(self) -> float:
+        return self.passed / self.reviews if self.reviews else 0.0
+
+
+@dataclass
+class Stats:
+    settings: LearnerSettings
+    today: dt.date
+    days: list[str] = field(default_factory=list)
+    reviews_per_day: list[int] = field(default_factory=list)
+    again_per_day: list[int] = field(default_factory=list)
+    retention_per_day: list[float | None] = field(default_factory=list)
+    true_retention: float | None = None
+    true_retention_n: int = 0
+    forecast_days: list[str] = field(default_factory=list)
+    forecast: list[int] = field(default_factory=list)
+    streak: int = 0
+    reviews_today: int = 0
+    total_reviews: int = 0
+    cards_seen: int = 0
+    leeches: list[Card] = field(default_factory=list)
+    weak_tags: list[TagStat] = field(default_factory=list)
+
+    def chart_data(self) -> dict[str, Any]:
+        return {
+            "days": self.days,
+            "reviews": self.reviews_per_day,
+            "again": self.again_per_day,
+            "retention": self.retention_per_day,
+            "desired": self.settings.desired_retention,
+            "forecastDays": self.forecast_days,
+            "forecast": self.forecast,
+            "tags": [t.tag for t in self.weak_tags],
+            "tagPass": [round(t.pass_rate, 3) for t in self.weak_tags],
+            "tagReviews": [t.reviews for t in self.weak_tags],
+        }
+
+
+def stats_for(*, user: AbstractBaseUser, now: dt.datetime, days: int = 30) -> Stats:
+    """The stats page: a fixed handful of queries, aggregated in Python over the last `days`."""
+    settings = learner_settings_get(user=user)
+    day = study_day_for(settings, now)
+    first = day.date - dt.timedelta(days=days - 1)
+    stats = Stats(settings=settings, today=day.date)
+
+    logs = list(
+        ReviewLog.objects.filter(user=user, study_date__gte=first)
+        .order_by("reviewed_at", "id")
+        .values("card_id", "study_date", "rating", "kind")
+    )
+    per_day = Counter(log["study_date"] for log in logs)
+    again = Counter(log["study_date"] for log in logs if log["rating"] == 1)
+    # True retention (Anki): only the first review of a card each day, only cards in Review;
+    # Again fails, Hard/Good/Easy pass.
+    firsts: dict[tuple[int, dt.date], dict[str, Any]] = {}
+    for log in logs:
+        if log["kind"] == ReviewLog.Kind.REVIEW:
+            firsts.setdefault((log["card_id"], log["study_date"]), log)
+    passed_day: dict[dt.date, list[bool]] = defaultdict(list)
+    for log in firsts.values():
+        passed_day[log["study_date"]].append(log["rating"] > 1)
+    for offset in range(days):
+        d = first + dt.timedelta(days=offset)
+        stats.days.append(d.isoformat())
+        stats.reviews_per_day.append(per_day[d])
+        stats.again_per_day.append(again[d])
+        outcomes = passed_day.get(d)
+        stats.retention_per_day.append(
+            round(sum(outcomes) / len(outcomes), 3) if outcomes else None
+        )
+    all_firsts = [passed for outcomes in passed_day.values() for passed in outcomes]
+    stats.true_retention_n = len(all_firsts)
+    if all_firsts:
+        stats.true_retention = sum(all_firsts) / len(all_firsts)
+    stats.reviews_today = per_day[day.date]
+
+    totals = ReviewLog.objects.filter(user=user).aggregate(
+        n=Count("id"), cards=Count("card", distinct=True)
+    )
+    stats.total_reviews, stats.cards_seen = totals["n"], totals["cards"]
+
+    # Streak: consecutive study days with a review, ending today (or yesterday, before studying).
+    studied = set(
+        ReviewLog.objects.filter(user=user, study_date__gte=day.date - dt.timedelta(days=400))
+        .values_list("study_date", flat=True)
+        .distinct()
+    )
+    cursor = day.date if day.date in studied else day.date - dt.timedelta(days=1)
+    while cursor in studied:
+        stats.streak += 1
+        cursor -= dt.timedelta(days=1)
+
+    # Forecast: reviewed cards falling due on each of the next 30 study days (overdue → today).
+    dues = ReviewState.objects.filter(
+        user=user, suspended=False, card__is_active=True, last_review__isnull=False
+    ).values_list("due", flat=True)
+    horizon = Counter()
+    for due in dues:
+        offset = max(0, (scheduling.study_date(due, day.tz, day.rollover_hour) - day.date).days)
+        if offset < 30:
+            horizon[offset] += 1
+    for offset in range(30):
+        stats.forecast_days.append((day.date + dt.timedelta(days=offset)).isoformat())
+        stats.forecast.append(horizon[offset])
+
+    stats.leeches = list(
+        Card.objects.filter(review_states__user=user, review_states__leech=True).order_by("slug")
+    )
+    stats.weak_tags = _weak_tags(firsts.values())
+    return stats
+
+
+def _weak_tags(firsts) -> list[TagStat]:
+    """Tags ranked by true-retention pass rate over the window, worst first."""
+    firsts = list(firsts)
+    card_ids = {log["card_id"] for log in firsts}
+    tags_of: dict[int, list[str]] = defaultdict(list)
+    for card_id, tag in CardTag.objects.filter(card_id__in=card_ids).values_list(
+        "card_id", "tag__slug"
+    ):
+        tags_of[card_id].append(tag)
+    by_tag: dict[str, TagStat] = {}
+    for log in firsts:
+        for tag in tags_of[log["card_id"]]:
+            stat = by_tag.setdefault(tag, TagStat(tag=tag, reviews=0, passed=0))
+            stat.reviews += 1
+            stat.passed += log["rating"] > 1
+    return sorted(by_tag.values(), key=lambda s: (s.pass_rate, -s.reviews, s.tag))[:8]
+
+
+# --- Content export ------------------------------------------------------------------------------
+
+
+def content_snapshot() -> tuple[ContentTree, set[str]]:
+    """The deck as content specs (active cards) and the slugs of retired cards."""
+    decks = [DeckSpec(d.slug, d.title, d.description) for d in Deck.objects.order_by("id")]
+    cards = (
+        Card.objects.filter(is_active=True)
+        .select_related("deck", "parent")
+        .prefetch_related(
+            Prefetch("options", queryset=ChoiceOption.objects.order_by("position", "id")),
+            Prefetch("card_tags", queryset=CardTag.objects.select_related("tag")),
+            _active_relations(),
+        )
+        .order_by("slug")
+    )
+    specs = [_card_spec(card) for card in cards]
+    retired = set(Card.objects.filter(is_active=False).values_list("slug", flat=True))
+    return ContentTree(decks=decks, cards=specs), retired
+
+
+def _card_spec(card: Card) -> CardSpec:
+    parent = card.parent.slug if card.parent and card.parent.is_active else None
+    return CardSpec(
+        slug=card.slug,
+        deck=card.deck.slug,
+        kind=card.kind,
+        prompt=card.prompt,
+        answer=card.answer,
+        tags=[ct.tag.slug for ct in card.card_tags.all()],
+        source=card.source,
+        parent=parent,
+        numeric_value=card.numeric_value,
+        numeric_unit=card.numeric_unit,
+        numeric_tolerance=card.numeric_tolerance,
+        choice=[OptionSpec(o.text, o.is_correct, o.why) for o in card.options.all()],
+        steps=list(card.steps or []),
+        explanation=card.explanation,
+        follow_up_question=card.follow_up_question,
+        follow_up_answer=card.follow_up_answer,
+        related=[rel.to_card.slug for rel in card.relations_out.all()],
+        lab_preset=card.lab_preset,
+        check=json.loads(card.check_json) if card.check_json else None,
+    )

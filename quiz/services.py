@@ -1,0 +1,466 @@
+"""Writes: showing a card, revealing its answer, grading, undo, settings, and loading the deck.
+
+Grading is safe against double clicks, retries and a second tab:
+- each presentation has a one-time token (Showing); a second grade with the same token returns the
+  first result and never writes a second log (ReviewLog.token is UNIQUE as a last line of defence);
+- the review state row is locked (SELECT ... FOR UPDATE on PostgreSQL) and carries a version; a
+  grade computed from an older version is refused, which also covers SQLite, where FOR UPDATE is a
+  no-op (there the IMMEDIATE transaction mode serialises writers).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import secrets
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import F
+
+from quiz import scheduling
+from quiz.content import CardSpec, ContentTree
+from quiz.models import (
+    Card,
+    CardRelation,
+    CardTag,
+    ChoiceOption,
+    Deck,
+    LearnerSettings,
+    ReviewLog,
+    ReviewState,
+    Showing,
+    Tag,
+)
+from quiz.scheduling import CardState
+from quiz.selectors import learner_settings_get, study_day_for
+
+FSRS_COLUMNS = tuple(f.name for f in fields(CardState))  # also ReviewState's column names
+# Outcomes older than this are recomputed before grading rather than applied stale.
+REVEAL_TTL = dt.timedelta(hours=1)
+# An unanswered showing is reused on reload for this long (no new token per refresh).
+SHOWING_REUSE = dt.timedelta(hours=12)
+
+
+class QuizConflict(Exception):
+    """The request is well formed but the card moved on (already graded, undone, stale)."""
+
+
+class ShowingExpired(QuizConflict):
+    """The answer was shown too long ago; its intervals must be recomputed first."""
+
+
+class NothingToUndo(QuizConflict):
+    pass
+
+
+# --- Showing a card ------------------------------------------------------------------------------
+
+
+def _token() -> str:
+    return secrets.token_urlsafe(16)
+
+
+def _state_columns(state: ReviewState) -> CardState:
+    return CardState(**{name: getattr(state, name) for name in FSRS_COLUMNS})
+
+
+def _fsrs_values(card_state: CardState) -> dict[str, Any]:
+    return {name: getattr(card_state, name) for name in FSRS_COLUMNS}
+
+
+def showing_open(*, user: AbstractBaseUser, card: Card, now: dt.datetime) -> Showing:
+    """Present `card`: reuse the learner's open showing of it (a reload keeps its token, option
+    order and revealed answer), or issue a new token. The first showing creates the (new) state."""
+    fresh = scheduling.new_card_state(now)
+    state, _ = ReviewState.objects.get_or_create(
+        user=user,
+        card=card,
+        defaults={"state": fresh.state, "step": fresh.step, "due": fresh.due},
+    )
+    showing = (
+        Showing.objects.filter(
+            user=user,
+            card=card,
+            used_at__isnull=True,
+            state_version=state.version,
+            created_at__gte=now - SHOWING_REUSE,
+        )
+        .order_by("-created_at")
+        .first()
+    )
+    if showing is not None:
+        return showing
+    option_ids = [option.pk for option in card.options.all()]
+    random.SystemRandom().shuffle(option_ids)
+    return Showing.objects.create(
+        user=user,
+        card=card,
+        token=_token(),
+        created_at=now,
+        state_version=state.version,
+        option_order=option_ids,
+    )
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the learner gave on the question side; all None means "show me" (no attempt)."""
+
+    option_id: int | None = None
+    number: float | None = None
+    raw: str = ""
+
+
+def _judge(card: Card, showing: Showing, answer: Answer) -> tuple[str, bool | None]:
+    if card.kind == Card.Kind.CHOICE:
+        if answer.option_id is None:
+            return "", False
+        if answer.option_id not in showing.option_order:
+            raise ValidationError({"option": "That option is not one of this card's."})
+        option = next(o for o in card.options.all() if o.pk == answer.option_id)
+        letter = "ABCDEF"[showing.option_order.index(option.pk)]
+        return f"{letter}. {option.text}", option.is_correct
+    if card.kind == Card.Kind.NUMERIC:
+        if answer.number is None:
+            return "", False
+        return answer.raw, card.numeric_accepts(answer.number)
+    return "", None
+
+
+def _compute_outcomes(
+    showing: Showing, state: ReviewState, settings: LearnerSettings, now: dt.datetime
+) -> dict[str, Any]:
+    scheduler = scheduling.make_scheduler(settings.desired_retention)
+    result = scheduling.outcomes(
+        _state_columns(state), card_id=showing.card_id, now=now, scheduler=scheduler
+    )
+    return {str(rating): outcome.to_json() for rating, outcome in result.items()}
+
+
+def showing_reveal(
+    *, user: AbstractBaseUser, token: str, answer: Answer, now: dt.datetime, refresh: bool = False
+) -> Showing:
+    """Record the learner's answer and compute the four outcomes with the real scheduler.
+
+    Idempotent: revealing again returns the first answer and the same outcomes (unless `refresh`,
+    used when they have gone stale). Raises Showing.DoesNotExist for another learner's token,
+    QuizConflict when the showing was used or the card changed since, ValidationError for an
+    option that is not the card's.
+    """
+    with transaction.atomic():
+        showing = Showing.objects.select_for_update().get(user=user, token=token)
+        if showing.used_at is not None:
+            raise QuizConflict("This card has already been graded.")
+        if showing.revealed_at is not None and not refresh:
+            return showing
+        state = ReviewState.objects.get(user=user, card_id=showing.card_id)
+        if state.version != showing.state_version:
+            raise QuizConflict("This card was answered in another tab.")
+        if showing.revealed_at is None:
+            card = Card.objects.prefetch_related("options").get(pk=showing.card_id)
+            showing.answer, showing.correct = _judge(card, showing, answer)
+        settings = learner_settings_get(user=user)
+        showing.outcomes = _compute_outcomes(showing, state, settings, now)
+        showing.revealed_at = now
+        showing.save(update_fields=["answer", "correct", "outcomes", "revealed_at"])
+    return showing
+
+
+def suggested_rating(showing: Showing) -> int:
+    """A wrong pick or number suggests Again; otherwise Good."""
+    return 1 if showing.correct is False else 3
+
+
+# --- Grading and undo ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GradeResult:
+    log: ReviewLog
+    replayed: bool = False
+    became_leech: bool = False
+
+
+def _snapshot(state: ReviewState) -> dict[str, Any]:
+    """Everything undo must restore, not just the FSRS columns."""
+    return {
+        **_state_columns(state).to_json(),
+        "lapses": state.lapses,
+        "reps": state.reps,
+        "suspended": state.suspended,
+        "leech": state.leech,
+    }
+
+
+def _log_kind(state: ReviewState) -> int:
+    return ReviewLog.Kind.NEW if state.last_review is None else int(state.state)
+
+
+def review_grade(
+    *, user: AbstractBaseUser, token: str, rating: int, now: dt.datetime
+) -> GradeResult:
+    """Apply the stored outcome for `rating` to the learner's card and log the review.
+
+    Raises Showing.DoesNotExist (not this learner's token), ValueError (rating outside 1-4),
+    ShowingExpired (answer shown more than an hour ago), QuizConflict (not revealed yet, undone,
+    or the card changed since it was shown).
+    """
+    if rating not in (1, 2, 3, 4):
+        raise ValueError("rating must be 1, 2, 3 or 4")
+    with transaction.atomic():
+        showing = Showing.objects.select_for_update().get(user=user, token=token)
+        if showing.used_at is not None:
+            log = ReviewLog.objects.filter(user=user, token=token).first()
+            if log is None:
+                raise QuizConflict("That answer was undone; the card is shown again.")
+            return GradeResult(log=log, replayed=True)
+        if showing.revealed_at is None or not showing.outcomes:
+            raise QuizConflict("Show the answer before grading.")
+        if now - showing.revealed_at > REVEAL_TTL:
+            raise ShowingExpired("The answer was shown a while ago; the intervals were updated.")
+        state = ReviewState.objects.select_for_update().get(user=user, card_id=showing.card_id)
+        if state.version != showing.state_version:
+            raise QuizConflict("This card was already graded in another tab.")
+
+        before = _snapshot(state)
+        after = CardState.from_json(showing.outcomes[str(rating)])
+        lapses = state.lapses + scheduling.is_lapse(_state_columns(state), rating)
+        became_leech = lapses != state.lapses and scheduling.is_leech_event(lapses)
+        # The version in the WHERE clause makes this safe even where the lock above is a no-op.
+        updated = ReviewState.objects.filter(pk=state.pk, version=state.version).update(
+            **_fsrs_values(after),
+            lapses=lapses,
+            reps=F("reps") + 1,
+            suspended=state.suspended or became_leech,
+            leech=state.leech or became_leech,
+            version=F("version") + 1,
+        )
+        if updated != 1:
+            raise QuizConflict("This card was already graded in another tab.")
+        settings = learner_settings_get(user=user)
+        day = study_day_for(settings, now)
+        elapsed_ms = int((now - showing.created_at).total_seconds() * 1000)
+        log = ReviewLog.objects.create(
+            user=user,
+            card_id=showing.card_id,
+            rating=rating,
+            kind=_log_kind(state),
+            reviewed_at=now,
+            study_date=day.date,
+            duration_ms=max(0, min(elapsed_ms, scheduling.MAX_ANSWER_MS)),
+            answer=showing.answer,
+            correct=showing.correct,
+            state_before=before,
+            token=token,
+        )
+        showing.used_at = now
+        showing.save(update_fields=["used_at"])
+    return GradeResult(log=log, became_leech=became_leech)
+
+
+def review_undo(*, user: AbstractBaseUser, now: dt.datetime) -> int:
+    """Undo the learner's latest review of the current study day: restore the state exactly as it
+    was before and delete the log (the quota reopens). Returns the card id to show again."""
+    settings = learner_settings_get(user=user)
+    day = study_day_for(settings, now)
+    with transaction.atomic():
+        log = (
+            ReviewLog.objects.select_for_update()
+            .filter(user=user, study_date=day.date)
+            .order_by("-reviewed_at", "-id")
+            .first()
+        )
+        if log is None:
+            raise NothingToUndo("There is no answer to undo today.")
+        state = ReviewState.objects.select_for_update().get(user=user, card_id=log.card_id)
+        before = CardState.from_json(log.state_before)
+        ReviewState.objects.filter(pk=state.pk).update(
+            **_fsrs_values(before),
+            lapses=log.state_before["lapses"],
+            reps=log.state_before["reps"],
+            suspended=log.state_before["suspended"],
+            leech=log.state_before["leech"],
+            # Bumped, not restored: showings made after the review must not grade the old state.
+            version=F("version") + 1,
+        )
+        card_id = log.card_id
+        log.delete()
+    return card_id
+
+
+def card_unsuspend(*, user: AbstractBaseUser, card: Card) -> None:
+    ReviewState.objects.filter(user=user, card=card).update(
+        suspended=False, version=F("version") + 1
+    )
+
+
+def learner_settings_update(*, user: AbstractBaseUser, **values: Any) -> LearnerSettings:
+    settings, _ = LearnerSettings.objects.get_or_create(user=user)
+    for name, value in values.items():
+        setattr(settings, name, value)
+    settings.full_clean()
+    settings.save()
+    return settings
+
+
+# --- Content sync --------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadReport:
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)
+    decks_changed: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.created or self.updated or self.retired or self.decks_changed)
+
+
+def _card_fields(spec: CardSpec, deck: Deck) -> dict[str, Any]:
+    return {
+        "deck_id": deck.pk,
+        "kind": spec.kind,
+        "prompt": spec.prompt,
+        "answer": spec.answer,
+        "steps": spec.steps,
+        "explanation": spec.explanation,
+        "follow_up_question": spec.follow_up_question,
+        "follow_up_answer": spec.follow_up_answer,
+        "numeric_value": spec.numeric_value,
+        "numeric_unit": spec.numeric_unit,
+        "numeric_tolerance": spec.numeric_tolerance,
+        "check_json": json.dumps(spec.check, ensure_ascii=False) if spec.check else "",
+        "lab_preset": spec.lab_preset,
+        "source": spec.source,
+        "is_active": True,
+    }
+
+
+def _assign(obj: Any, values: dict[str, Any]) -> bool:
+    """Set only what differs; True if anything did (so unchanged rows keep their updated_at)."""
+    changed = False
+    for name, value in values.items():
+        if getattr(obj, name) != value:
+            setattr(obj, name, value)
+            changed = True
+    return changed
+
+
+def _sync_options(card: Card, spec: CardSpec, existing: list[ChoiceOption]) -> bool:
+    changed = False
+    for position, option in enumerate(spec.choice):
+        values = {
+            "text": option.text,
+            "is_correct": option.correct,
+            "why": option.why,
+            "position": position,
+        }
+        if position < len(existing):
+            row = existing[position]
+            if _assign(row, values):
+                row.save()
+                changed = True
+        else:
+            ChoiceOption.objects.create(card=card, **values)
+            changed = True
+    surplus = [row.pk for row in existing[len(spec.choice) :]]
+    if surplus:
+        ChoiceOption.objects.filter(pk__in=surplus).delete()
+        changed = True
+    return changed
+
+
+def _related_lists(tree: ContentTree) -> dict[str, list[str]]:
+    """Each card's related slugs: its own list, then cards that list it but it does not (sorted),
+    so links go both ways and a well-formed deck keeps its written order."""
+    out = {card.slug: list(card.related) for card in tree.cards}
+    back: dict[str, set[str]] = {slug: set() for slug in out}
+    for card in tree.cards:
+        for other in card.related:
+            back[other].add(card.slug)
+    for slug, listed in out.items():
+        listed.extend(sorted(back[slug] - set(listed)))
+    return out
+
+
+@transaction.atomic
+def content_load(*, tree: ContentTree) -> LoadReport:
+    """Upsert decks and cards by slug, retire cards that left the files, link related cards both
+    ways. Loading the same tree twice writes nothing the second time."""
+    report = LoadReport()
+    decks = {d.slug: d for d in Deck.objects.all()}
+    for deck_spec in tree.decks:
+        values = {"title": deck_spec.title, "description": deck_spec.description}
+        deck = decks.get(deck_spec.slug)
+        if deck is None:
+            decks[deck_spec.slug] = Deck.objects.create(slug=deck_spec.slug, **values)
+            report.decks_changed.append(deck_spec.slug)
+        elif _assign(deck, values):
+            deck.save()
+            report.decks_changed.append(deck_spec.slug)
+
+    tags = {t.slug: t for t in Tag.objects.all()}
+    for slug in sorted({tag for card in tree.cards for tag in card.tags} - set(tags)):
+        tags[slug] = Tag.objects.create(slug=slug)
+
+    cards = {c.slug: c for c in Card.objects.prefetch_related("options", "card_tags")}
+    touched: set[str] = set()
+    for spec in tree.cards:
+        values = _card_fields(spec, decks[spec.deck])
+        card = cards.get(spec.slug)
+        if card is None:
+            card = cards[spec.slug] = Card.objects.create(slug=spec.slug, **values)
+            report.created.append(spec.slug)
+            _sync_options(card, spec, [])
+            have_tags: list[int] = []
+        else:
+            if _assign(card, values):
+                card.save()
+                touched.add(spec.slug)
+            if _sync_options(card, spec, list(card.options.all())):
+                touched.add(spec.slug)
+            have_tags = [ct.tag_id for ct in card.card_tags.all()]
+        wanted_tags = [tags[slug].pk for slug in spec.tags]
+        if wanted_tags != have_tags:
+            CardTag.objects.filter(card=card).delete()
+            CardTag.objects.bulk_create(
+                CardTag(card=card, tag_id=tag_id, position=i)
+                for i, tag_id in enumerate(wanted_tags)
+            )
+            touched.add(spec.slug)
+
+    # Parents and related cards need every card to exist first.
+    relations: dict[int, list[int]] = {}
+    for rel in CardRelation.objects.order_by("from_card", "position", "id"):
+        relations.setdefault(rel.from_card_id, []).append(rel.to_card_id)
+    parents = {spec.slug: spec.parent for spec in tree.cards}
+    for slug, related in _related_lists(tree).items():
+        card = cards[slug]
+        parent_id = cards[parents[slug]].pk if parents[slug] else None
+        if card.parent_id != parent_id:
+            card.parent_id = parent_id
+            card.save(update_fields=["parent", "updated_at"])
+            touched.add(slug)
+        wanted = [cards[other].pk for other in related]
+        if relations.get(card.pk, []) != wanted:
+            CardRelation.objects.filter(from_card=card).delete()
+            CardRelation.objects.bulk_create(
+                CardRelation(from_card=card, to_card_id=to_id, position=i)
+                for i, to_id in enumerate(wanted)
+            )
+            touched.add(slug)
+    report.updated = sorted(touched - set(report.created))
+
+    for slug, card in sorted(cards.items()):
+        if slug not in parents and card.is_active:
+            card.is_active = False
+            card.save(update_fields=["is_active", "updated_at"])
+            report.retired.append(slug)
+    return report

@@ -1,0 +1,52 @@
+"""Template helpers: sanitised Markdown and the optional link into the labs."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import markdown
+import nh3
+from django import template
+from django.urls import NoReverseMatch, reverse
+from django.utils.safestring import SafeString, mark_safe
+
+register = template.Library()
+
+_EXTENSIONS = ["fenced_code", "tables", "sane_lists"]
+_ONE_PARAGRAPH = re.compile(r"^<p>(.*)</p>$", re.DOTALL)
+
+
+@lru_cache(maxsize=4096)
+def render_markdown(text: str) -> str:
+    """Markdown to HTML, then nh3 (ammonia) keeps only safe tags and attributes: no script, style,
+    event handlers or javascript: URLs survive, whatever the content says."""
+    html = markdown.markdown(text or "", extensions=_EXTENSIONS, output_format="html")
+    return nh3.clean(html)
+
+
+@register.filter
+def md(text: str) -> SafeString:
+    return mark_safe(render_markdown(text))  # noqa: S308 - sanitised by nh3 above
+
+
+@register.filter
+def md_inline(text: str) -> SafeString:
+    """For places that take phrasing content only (inside a button, a summary): one paragraph
+    unwrapped."""
+    html = render_markdown(text).strip()
+    match = _ONE_PARAGRAPH.match(html)
+    if match and "<p>" not in match.group(1):
+        html = match.group(1)
+    return mark_safe(html)  # noqa: S308 - sanitised by nh3 above
+
+
+@register.simple_tag
+def lab_preset_url(slug: str) -> str:
+    """The labs page for a preset, or "" until the labs app serves `labs:preset-open`."""
+    if not slug:
+        return ""
+    try:
+        return reverse("labs:preset-open", args=[slug])
+    except NoReverseMatch:
+        return ""

@@ -1,0 +1,265 @@
+/* Serving School quiz: keyboard shortcuts, focus after htmx swaps, stats charts, browser time zone.
+ * Everything here is an enhancement; the quiz pages are plain forms without it. */
+(function () {
+  "use strict";
+
+  function panel() {
+    return document.getElementById("quiz-panel");
+  }
+
+  function press(el) {
+    if (el && !el.disabled) {
+      el.click();
+      return true;
+    }
+    return false;
+  }
+
+  function isTyping(target) {
+    if (!target || !target.tagName) return false;
+    const tag = target.tagName;
+    return tag === "INPUT" || tag === "TEXTAREA" || tag === "SELECT" || target.isContentEditable;
+  }
+
+  // Anki's keys: Space/Enter show the answer, then Space/Enter takes the suggested grade (Good,
+  // or Again after a wrong pick); 1-4 grade; options by digit or letter; u undoes.
+  function onKey(event) {
+    const root = panel();
+    if (!root || event.ctrlKey || event.metaKey || event.altKey || event.isComposing) return;
+    if (isTyping(event.target)) return; // Enter in the number box submits its own form
+    const key = event.key;
+    const side = root.dataset.side;
+    const activate = key === " " || key === "Enter";
+    // Enter/Space on a focused link or button already activates it; do not do it twice.
+    if (activate && event.target.closest && event.target.closest("a, button, summary")) return;
+    let handled = false;
+
+    if (key === "u" || key === "U") {
+      handled = press(root.querySelector("[data-undo]"));
+    } else if (side === "question") {
+      if (activate) {
+        handled = press(root.querySelector("[data-reveal]"));
+      } else if (root.dataset.kind === "choice") {
+        let index = -1;
+        if (/^[1-6]$/.test(key)) index = Number(key);
+        else if (/^[a-fA-F]$/.test(key)) index = key.toLowerCase().charCodeAt(0) - 96;
+        if (index > 0) handled = press(root.querySelector('[data-option="' + index + '"]'));
+      } else if (root.dataset.kind === "numeric" && /^[0-9.,-]$/.test(key)) {
+        const input = root.querySelector("#answer-value");
+        if (input) input.focus(); // the key itself then lands in the box
+      }
+    } else if (side === "answer") {
+      if (activate) handled = press(root.querySelector("[data-suggested]"));
+      else if (/^[1-4]$/.test(key)) handled = press(root.querySelector('[data-rating="' + key + '"]'));
+    }
+    if (handled) event.preventDefault();
+  }
+
+  // After each swap, put focus where the next key is expected, without scrolling the page around.
+  function focusPanel() {
+    const root = panel();
+    if (!root) return;
+    const input = root.querySelector("[data-autofocus]");
+    if (input) input.focus({ preventScroll: true });
+    else if (!isTyping(document.activeElement)) root.focus({ preventScroll: true });
+  }
+
+  document.addEventListener("keydown", onKey);
+  document.addEventListener("htmx:afterSettle", function (event) {
+    if (event.target && event.target.id === "quiz-panel") {
+      focusPanel();
+      const top = panel().getBoundingClientRect().top;
+      if (top < 0) panel().scrollIntoView({ block: "start" });
+    }
+  });
+  // A failure htmx does not swap (403, 404, 500, offline): say so instead of doing nothing.
+  document.addEventListener("htmx:responseError", function (event) {
+    showProblem("That did not work (" + event.detail.xhr.status + "). Reload the page to continue.");
+  });
+  document.addEventListener("htmx:sendError", function () {
+    showProblem("The server could not be reached. Check the connection and try again.");
+  });
+
+  function showProblem(text) {
+    const root = panel();
+    if (!root) return;
+    let box = root.querySelector(".quiz-problem");
+    if (!box) {
+      box = document.createElement("p");
+      box.className = "quiz-notice quiz-problem";
+      box.setAttribute("role", "alert");
+      root.prepend(box);
+    }
+    box.textContent = text;
+  }
+
+  // --- Settings: offer the browser's time zone ---------------------------------------------------
+  function offerBrowserZone() {
+    const hint = document.getElementById("tz-hint");
+    const select = document.getElementById("id_time_zone");
+    if (!hint || !select) return;
+    let zone = "";
+    try {
+      zone = Intl.DateTimeFormat().resolvedOptions().timeZone || "";
+    } catch (e) {
+      return;
+    }
+    if (!zone || zone === select.value || !select.querySelector('option[value="' + zone + '"]')) return;
+    const button = hint.querySelector("[data-use-browser-zone]");
+    button.textContent = zone.replace(/_/g, " ");
+    button.addEventListener("click", function () {
+      select.value = zone;
+      hint.hidden = true;
+    });
+    hint.hidden = false;
+  }
+
+  // --- Stats charts -------------------------------------------------------------------------------
+  function cssVar(name, fallback) {
+    const value = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+    return value || fallback;
+  }
+
+  function shortDay(iso) {
+    const parts = iso.split("-");
+    return Number(parts[2]) + "/" + Number(parts[1]);
+  }
+
+  function drawCharts() {
+    const node = document.getElementById("stats-data");
+    if (!node || !window.Chart) return;
+    const data = JSON.parse(node.textContent);
+    const accent = cssVar("--accent", "#2c5fd4");
+    const bad = cssVar("--bad", "#b42318");
+    const good = cssVar("--good", "#1f7a4d");
+    const muted = cssVar("--muted", "#5d636e");
+    const line = cssVar("--line", "#dfe1e5");
+    Chart.defaults.color = muted;
+    Chart.defaults.borderColor = line;
+    Chart.defaults.font.family = getComputedStyle(document.body).fontFamily;
+    const base = {
+      responsive: true,
+      maintainAspectRatio: false,
+      animation: false,
+      plugins: { legend: { position: "bottom", labels: { boxWidth: 12 } } },
+      scales: { x: { grid: { display: false }, ticks: { maxRotation: 0, autoSkipPadding: 8 } } },
+    };
+    const days = data.days.map(shortDay);
+
+    new Chart(document.getElementById("chart-reviews"), {
+      type: "bar",
+      data: {
+        labels: days,
+        datasets: [
+          {
+            label: "Passed",
+            data: data.reviews.map(function (n, i) { return n - data.again[i]; }),
+            backgroundColor: accent,
+            stack: "r",
+          },
+          { label: "Again", data: data.again, backgroundColor: bad, stack: "r" },
+        ],
+      },
+      options: Object.assign({}, base, {
+        scales: Object.assign({}, base.scales, {
+          x: Object.assign({}, base.scales.x, { stacked: true }),
+          y: { stacked: true, beginAtZero: true, ticks: { precision: 0 } },
+        }),
+      }),
+    });
+
+    new Chart(document.getElementById("chart-retention"), {
+      type: "line",
+      data: {
+        labels: days,
+        datasets: [
+          {
+            label: "True retention",
+            data: data.retention,
+            borderColor: good,
+            backgroundColor: good,
+            spanGaps: true,
+            tension: 0.2,
+          },
+          {
+            label: "Desired",
+            data: days.map(function () { return data.desired; }),
+            borderColor: muted,
+            borderDash: [6, 4],
+            pointRadius: 0,
+            borderWidth: 1.5,
+          },
+        ],
+      },
+      options: Object.assign({}, base, {
+        scales: Object.assign({}, base.scales, {
+          y: {
+            min: 0.5,
+            max: 1,
+            ticks: { callback: function (v) { return Math.round(v * 100) + "%"; } },
+          },
+        }),
+      }),
+    });
+
+    new Chart(document.getElementById("chart-forecast"), {
+      type: "bar",
+      data: {
+        labels: data.forecastDays.map(function (d, i) { return i === 0 ? "today" : shortDay(d); }),
+        datasets: [{ label: "Cards due", data: data.forecast, backgroundColor: accent }],
+      },
+      options: Object.assign({}, base, {
+        plugins: { legend: { display: false } },
+        scales: Object.assign({}, base.scales, {
+          y: { beginAtZero: true, ticks: { precision: 0 } },
+        }),
+      }),
+    });
+
+    const tags = document.getElementById("chart-tags");
+    if (tags) {
+      new Chart(tags, {
+        type: "bar",
+        data: {
+          labels: data.tags,
+          datasets: [
+            {
+              label: "Passed",
+              data: data.tagPass,
+              backgroundColor: data.tagPass.map(function (p) {
+                return p < data.desired ? bad : good;
+              }),
+            },
+          ],
+        },
+        options: Object.assign({}, base, {
+          indexAxis: "y",
+          plugins: {
+            legend: { display: false },
+            tooltip: {
+              callbacks: {
+                label: function (ctx) {
+                  return Math.round(ctx.raw * 100) + "% of " + data.tagReviews[ctx.dataIndex];
+                },
+              },
+            },
+          },
+          scales: {
+            x: {
+              min: 0,
+              max: 1,
+              ticks: { callback: function (v) { return Math.round(v * 100) + "%"; } },
+            },
+            y: { grid: { display: false } },
+          },
+        }),
+      });
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    focusPanel();
+    offerBrowserZone();
+    drawCharts();
+  });
+})();
