@@ -23,8 +23,7 @@ setup: $(STAMP)
 	@mkdir -p var
 	$(PY) manage.py preflight
 	$(PY) manage.py migrate --noinput
-	@# The deck loader arrives with the quiz app; until then there is nothing to load.
-	@if $(PY) manage.py help load_content >/dev/null 2>&1; then $(PY) manage.py load_content; fi
+	$(PY) manage.py load_content
 
 # Debian's Chromium for the browser tests (Playwright drives it; nothing is downloaded by a test tool).
 browsers:
