@@ -5,6 +5,7 @@ Unset, everything is embedded: SQLite and Celery's filesystem broker under var/,
 
 from __future__ import annotations
 
+import os
 import zoneinfo
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -103,8 +104,9 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 20,
         "init_command": "PRAGMA journal_mode=WAL;",
     }
-    # A file, not :memory:, so a worker process started by a test sees the test database.
-    _db["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}
+    # A file, not :memory:, so a worker process started by a test sees the test database; one
+    # per test process, so two suites running side by side do not share it.
+    _db["TEST"] = {"NAME": str(VAR_DIR / f"test-db-{os.getpid()}.sqlite3")}
 elif _db["ENGINE"] == "django.db.backends.postgresql":
     _db.setdefault("OPTIONS", {})["connect_timeout"] = env_int("DB_CONNECT_TIMEOUT", 5)
 DATABASES = {"default": _db}
