@@ -1,0 +1,12 @@
+"""A discrete-event simulator of one vLLM-style engine replica, in virtual time.
+
+Pure Python and numpy; never imports Django (tests/labs/sim/test_purity.py checks it).
+
+    workload.py    requests like `vllm bench serve` (lengths, shared prefix, arrivals)
+    entities.py    per-request counters (RequestTable) and a view of one request (SimRequest)
+    block_pool.py  fixed KV blocks: free queue, reference counts, prefix-cache map
+    kv_cache.py    per-request block tables, paged or contiguous
+    scheduler.py   token budget, running first, FCFS admission, preemption, speculation
+    cost_model.py  step time from the batch, via labs.predict.step_time_s
+    simulator.py   the event loop; returns a RunRecord (labs/backends/base.py)
+"""

@@ -1,0 +1,178 @@
+"""Per-request block tables on top of a BlockPool: paged or contiguous.
+
+Paged (vLLM): a request holds ceil(computed + scheduled tokens / block_size) blocks, taken one at
+a time as it grows.
+
+    block table of a request with 37 tokens, block_size 16
+    [b3: 16 full] [b8: 16 full] [b1: 5 used, 11 empty]
+
+Contiguous (servers before paged attention): admission reserves prompt + max_tokens slots at
+once and the request never needs more, so it is never preempted; the unused part of the
+reservation is the waste paging removes. Only the reservation's size is modelled, not where it
+sits, so external fragmentation (which makes contiguous allocation worse still) is left out.
+
+Prefix caching keys a full block by its position and content. Here only the shared prefix is
+identical across requests; every other block is unique to its request, so the only other hits
+are a preempted request finding its own blocks again when it is recomputed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from labs.predict import blocks_for_tokens
+from labs.sim.block_pool import BlockKey, BlockPool
+from labs.sim.entities import RequestTable
+
+
+class KVCacheManager:
+    """Allocates and frees the blocks of each request.
+
+    Args:
+        pool: the replica's blocks.
+        table: the run's requests.
+        block_size: tokens per block.
+        contiguous: reserve prompt + max_tokens at admission instead of paging.
+    """
+
+    def __init__(
+        self, pool: BlockPool, table: RequestTable, block_size: int, *, contiguous: bool = False
+    ) -> None:
+        self.pool = pool
+        self.table = table
+        self.block_size = block_size
+        self.contiguous = contiguous
+        # NOTE: a contiguous reservation is private to its request, so nothing is shared.
+        self.caching = pool.enable_caching and not contiguous
+        self.block_tables: list[list[int]] = [[] for _ in range(len(table))]
+        self._num_shared_blocks = table.num_shared_prefix_tokens // block_size
+
+    def _keys(self, idx: int, start: int, end: int) -> range | list[BlockKey]:
+        """Prefix-cache keys of blocks start..end-1 of request `idx`.
+
+        Blocks wholly inside the shared prefix hold the same tokens in every request, so their
+        key is their position; any other block is keyed by (request, position), as an int.
+        """
+        shared = self._num_shared_blocks
+        own = range(((idx + 1) << 32) + max(start, shared), ((idx + 1) << 32) + end)
+        if start >= shared:
+            return own
+        return [*range(start, min(end, shared)), *own]
+
+    def blocks_to_reserve(self, idx: int) -> int:
+        """Blocks a contiguous reservation takes: prompt + max_tokens slots."""
+        t = self.table
+        return blocks_for_tokens(int(t.num_prompt_tokens[idx] + t.max_tokens[idx]), self.block_size)
+
+    def get_computed_blocks(self, idx: int) -> list[int]:
+        """The longest run of cached full blocks at the start of the request's tokens.
+
+        NOTE: capped at (num_tokens - 1) // block_size blocks, so at least the last token is
+        computed and yields the next token's logits (vLLM does the same).
+        """
+        if not self.caching:
+            return []
+        max_blocks = (int(self.table.num_tokens(idx)) - 1) // self.block_size
+        hits = []
+        for key in self._keys(idx, 0, max_blocks):
+            block = self.pool.lookup(key)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def admit(self, idx: int, hits: list[int], num_new_tokens: int) -> bool:
+        """Give a waiting request its first blocks: the cache hits plus enough for
+        `num_new_tokens`, or its whole contiguous reservation.
+
+        NOTE: a paged request is admitted only if its whole prompt (all its tokens, when it is
+        recomputed) fits in the free blocks, as vLLM's scheduler_reserve_full_isl does, so a
+        chunked prefill does not start only to be preempted halfway.
+
+        Returns:
+            False, with nothing taken, if the blocks are not there.
+        """
+        t, bs = self.table, self.block_size
+        if self.contiguous:
+            blocks = self.pool.allocate(self.blocks_to_reserve(idx))
+            if blocks is None:
+                return False
+            num_hit = 0
+        else:
+            num_hit = len(hits)
+            # Hit blocks in the free queue stop being free once touched.
+            evictable = sum(1 for b in hits if self.pool.is_free(b))
+            whole = blocks_for_tokens(int(t.num_tokens(idx)), bs) - num_hit
+            if whole + evictable > self.pool.num_free_blocks:
+                return False
+            self.pool.touch(hits)
+            blocks = self.pool.allocate(
+                blocks_for_tokens(num_hit * bs + num_new_tokens, bs) - num_hit
+            )
+            assert blocks is not None  # guaranteed by the whole-prompt check above
+            blocks = hits + blocks
+        self.block_tables[idx] = blocks
+        t.num_blocks[idx] = len(blocks)
+        t.num_cached_blocks[idx] = num_hit
+        t.num_computed_tokens[idx] = num_hit * bs
+        return True
+
+    def blocks_needed(self, idx: np.ndarray, num_new_tokens: np.ndarray) -> np.ndarray:
+        """Blocks each running request lacks to hold its computed plus `num_new_tokens` tokens
+        (zero or negative when it has enough)."""
+        t = self.table
+        total = t.num_computed_tokens[idx] + num_new_tokens
+        return blocks_for_tokens(total, self.block_size) - t.num_blocks[idx]
+
+    def allocate(self, idx: list[int], num_blocks: list[int]) -> bool:
+        """Append new blocks to the tables of requests `idx` (`num_blocks` each), all or
+        nothing; False if the pool is short."""
+        blocks = self.pool.allocate(sum(num_blocks))
+        if blocks is None:
+            return False
+        tables, start = self.block_tables, 0
+        for r, k in zip(idx, num_blocks, strict=True):
+            tables[r].extend(blocks[start : start + k])
+            start += k
+        self.table.num_blocks[idx] += num_blocks
+        return True
+
+    def free(self, idx: int, *, preempted: bool = False) -> None:
+        """Release all of a request's blocks (tail first, so its tail is evicted first).
+
+        A preempted request's full blocks are registered first, so its recompute can find
+        those not yet evicted.
+        """
+        t = self.table
+        if preempted and self.caching:
+            self._cache(idx, int(t.num_cached_blocks[idx]), int(t.num_computed_tokens[idx]))
+        table = self.block_tables[idx]
+        self.pool.free(reversed(table))
+        table.clear()
+        t.num_blocks[idx] = 0
+        t.num_cached_blocks[idx] = 0
+
+    def _cache(self, idx: int, start: int, num_computed_tokens: int) -> None:
+        end = num_computed_tokens // self.block_size
+        if end > start:
+            self.pool.cache(self.block_tables[idx][start:end], self._keys(idx, start, end))
+            self.table.num_cached_blocks[idx] = end
+
+    def cache_full_blocks(self, idx: np.ndarray) -> None:
+        """Register the shared-prefix blocks of requests `idx` that became full of computed
+        tokens.
+
+        NOTE: a block past the shared prefix is unique to its request, so only that request can
+        hit it, and only after a preemption: such blocks are registered when the request is
+        preempted (`free`) rather than as they fill. The hits are the same; the bookkeeping of
+        a block per 16 decoded tokens is saved.
+        """
+        shared = self._num_shared_blocks
+        if not self.caching or not shared:
+            return
+        t = self.table
+        cached = t.num_cached_blocks[idx]
+        grown = np.flatnonzero((cached < shared) & (t.num_computed_tokens[idx] >= self.block_size))
+        end_tokens = np.minimum(t.num_computed_tokens[idx], shared * self.block_size)
+        for i in grown.tolist():
+            self._cache(int(idx[i]), int(cached[i]), int(end_tokens[i]))

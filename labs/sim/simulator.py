@@ -1,0 +1,259 @@
+"""The event loop: one engine replica in virtual time.
+
+Two kinds of event drive it: a request is issued (at its intended time, or, in a closed loop,
+when a slot frees up), and a step ends. The engine is busy whenever it has requests; a step's
+tokens all appear at the step's end, and a request issued during a step waits for the next.
+
+    t ->  |step 1 ...|step 2 ....|  idle  |step 3 ..|
+    issue  r0 r1 r2      r3                r4
+
+The clock only moves forward by step times (from the cost model) or by jumping over idle gaps
+to the next issue time. Nothing here reads the wall clock except `wall_s` and the throttle of
+the progress callback, so a seed fixes the result.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from labs.backends.base import EngineSample, RequestRecord, RunRecord
+from labs.predict import blocks_for_tokens
+from labs.sim.cost_model import CostModel
+from labs.sim.entities import RequestTable, SimRequest
+from labs.sim.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepResult
+from labs.sim.workload import GeneratedWorkload
+
+WHERE = "simulated on CPU"
+
+
+class SimConfigError(ValueError):
+    """The run cannot be simulated as configured. `field` names the lab parameter to change."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+@dataclass
+class StepInfo:
+    """One step, for observers (tests check invariants on every step with it)."""
+
+    start_s: float
+    end_s: float
+    output: SchedulerOutput
+    result: StepResult
+    num_blocks_used: int  # during the step, before finished requests freed theirs
+    scheduler: Scheduler
+
+
+class _SampleRecorder:
+    """Engine samples, one per step until `max_samples`; then pairs are merged and each sample
+    stands for twice as many steps.
+
+    NOTE: merging keeps the sample with the most running requests (then the fullest KV), so
+    the series' peaks, which `max_running_seqs` and `kv_usage_peak` read, survive thinning.
+    """
+
+    def __init__(self, max_samples: int) -> None:
+        self.samples: list[EngineSample] = []
+        self.max_samples = max(2, max_samples)
+        self._stride = 1
+        self._pending: EngineSample | None = None
+        self._pending_steps = 0
+
+    @staticmethod
+    def _peak(a: EngineSample, b: EngineSample) -> EngineSample:
+        return b if (b.running, b.kv_usage) > (a.running, a.kv_usage) else a
+
+    def add(self, sample: EngineSample) -> None:
+        self._pending = sample if self._pending is None else self._peak(self._pending, sample)
+        self._pending_steps += 1
+        if self._pending_steps < self._stride:
+            return
+        self.samples.append(self._pending)
+        self._pending, self._pending_steps = None, 0
+        if len(self.samples) >= self.max_samples:
+            pairs = zip(self.samples[0::2], self.samples[1::2], strict=False)
+            self.samples = [self._peak(a, b) for a, b in pairs]
+            self._stride *= 2
+
+    def finish(self) -> list[EngineSample]:
+        if self._pending is not None:
+            self.samples.append(self._pending)
+            self._pending = None
+        return self.samples
+
+
+class Simulator:
+    """Runs a workload through a Scheduler, pricing each step with a cost model.
+
+    Args:
+        config: the scheduler's settings and KV pool.
+        workload: the requests (lengths and intended arrival times).
+        cost_model: seconds per step.
+        rng: the randomness of the run itself (draft acceptance).
+        on_step: called after every step (tests use it to check invariants).
+        on_progress: called with the fraction of requests finished, at most every
+            `progress_interval_s` of wall time, and with 1.0 at the end.
+        max_samples: engine samples kept at most.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        workload: GeneratedWorkload,
+        cost_model: CostModel,
+        rng: np.random.Generator,
+        *,
+        on_step: Callable[[StepInfo], None] | None = None,
+        on_progress: Callable[[float], None] | None = None,
+        progress_interval_s: float = 0.25,
+        max_samples: int = 4096,
+    ) -> None:
+        self.config = config
+        self.workload = workload
+        self.cost_model = cost_model
+        self.table = RequestTable(
+            workload.prompt_tokens,
+            workload.output_tokens,
+            workload.max_tokens,
+            num_shared_prefix_tokens=workload.shared_prefix_tokens,
+        )
+        self._check_fits()
+        self.scheduler = Scheduler(config, self.table, rng)
+        self.on_step = on_step
+        self.on_progress = on_progress
+        self.progress_interval_s = progress_interval_s
+        self.max_samples = max_samples
+        self.num_steps = 0
+
+    def _check_fits(self) -> None:
+        """Every request must fit the pool on its own, or the engine could never finish it."""
+        cfg, t = self.config, self.table
+        if cfg.kv_allocation == "contiguous":
+            longest = int((t.num_prompt_tokens + t.max_tokens).max())
+            what = "prompt + max_tokens"
+        else:
+            longest = int((t.num_prompt_tokens + t.num_output_tokens_target).max())
+            what = "prompt + output"
+        if blocks_for_tokens(longest, cfg.block_size) > cfg.num_gpu_blocks:
+            raise SimConfigError(
+                "kv_capacity_tokens",
+                f"kv_capacity_tokens must hold the longest request ({what} = {longest:,} tokens),"
+                f" got {cfg.num_gpu_blocks * cfg.block_size:,}",
+            )
+
+    def request(self, idx: int) -> SimRequest:
+        return SimRequest(self.table, idx, f"sim-{idx}")
+
+    def run(self) -> RunRecord:
+        """Simulate until every request has finished.
+
+        Returns:
+            The run record: per-request chunks at step ends, engine samples, counters.
+        """
+        wall_start = time.perf_counter()
+        sched, table, wl = self.scheduler, self.table, self.workload
+        n = wl.num_requests
+        intended = wl.intended_arrival_s.tolist()
+        # Closed loop: the times at which each of the client's slots became free.
+        slots: list[float] | None = None
+        if wl.max_concurrency is not None:
+            slots = [0.0] * min(wl.max_concurrency, n)
+        recorder = _SampleRecorder(self.max_samples)
+        log_idx: list[np.ndarray] = []
+        log_tokens: list[np.ndarray] = []
+        log_times: list[float] = []
+        now, next_req, num_finished = 0.0, 0, 0
+        last_progress = wall_start
+        while num_finished < n:
+            while next_req < n and intended[next_req] <= now and (slots is None or slots):
+                slot_s = heapq.heappop(slots) if slots is not None else 0.0
+                sched.add_request(next_req, max(intended[next_req], slot_s))
+                next_req += 1
+            if not sched.has_unfinished_requests():
+                now = max(now, intended[next_req])  # idle until the next request is issued
+                continue
+            out = sched.schedule()
+            if out.req_indices.size == 0:
+                raise RuntimeError("the scheduler found nothing to run: the simulation is stuck")
+            blocks_used = sched.pool.num_used_blocks
+            recorder.add(
+                EngineSample(
+                    t_s=now,
+                    running=sched.num_running,
+                    waiting=sched.num_waiting,
+                    kv_usage=blocks_used / sched.pool.num_blocks,
+                    kv_blocks_used=blocks_used,
+                )
+            )
+            start = now
+            now += self.cost_model.step_time_s(out)
+            result = sched.update_from_output(out, now)
+            self.num_steps += 1
+            if result.emitted.size:
+                log_idx.append(result.emitted)
+                log_tokens.append(result.num_emitted_tokens)
+                log_times.append(now)
+            if result.finished.size:
+                num_finished += int(result.finished.size)
+                if slots is not None:
+                    for _ in range(int(result.finished.size)):
+                        heapq.heappush(slots, now)
+                if self.on_progress is not None:
+                    wall = time.perf_counter()
+                    if wall - last_progress >= self.progress_interval_s:
+                        self.on_progress(num_finished / n)
+                        last_progress = wall
+            if self.on_step is not None:
+                self.on_step(StepInfo(start, now, out, result, blocks_used, sched))
+        if self.on_progress is not None:
+            self.on_progress(1.0)
+        requests = self._request_records(log_idx, log_tokens, log_times)
+        arrival_start = float(np.nanmin(table.arrival_s))
+        return RunRecord(
+            backend="sim",
+            where=WHERE,
+            simulated=True,
+            requests=requests,
+            samples=recorder.finish(),
+            counters=sched.counters,
+            duration_s=float(np.nanmax(table.finish_s)) - arrival_start,
+            wall_s=time.perf_counter() - wall_start,
+            meta={"steps": self.num_steps},
+        )
+
+    def _request_records(
+        self, log_idx: list[np.ndarray], log_tokens: list[np.ndarray], log_times: list[float]
+    ) -> list[RequestRecord]:
+        """Turn the per-step emission log into each request's chunk list."""
+        t, n = self.table, len(self.table)
+        idx = np.concatenate(log_idx)
+        tokens = np.concatenate(log_tokens)
+        times = np.repeat(np.array(log_times), [len(a) for a in log_idx])
+        # NOTE: the log is in time order, and a stable sort by request keeps it so per request.
+        order = np.argsort(idx, kind="stable")
+        ends = np.cumsum(np.bincount(idx, minlength=n)).tolist()
+        all_times, all_tokens = times[order].tolist(), tokens[order].tolist()
+        records, start = [], 0
+        for i in range(n):
+            end = ends[i]
+            records.append(
+                RequestRecord(
+                    req_id=f"sim-{i}",
+                    prompt_tokens=int(t.num_prompt_tokens[i]),
+                    max_tokens=int(t.num_output_tokens_target[i]),
+                    arrival_s=float(t.arrival_s[i]),
+                    chunks=list(zip(all_times[start:end], all_tokens[start:end], strict=True)),
+                    finish_s=float(t.finish_s[i]),
+                    cached_prompt_tokens=max(0, int(t.num_cached_tokens[i])),
+                    preemptions=int(t.num_preemptions[i]),
+                )
+            )
+            start = end
+        return records
