@@ -1,0 +1,90 @@
+"""The `sim` backend: lab parameters -> the simulator in labs/sim/ -> a RunRecord.
+
+The KV pool is the predictor's KV capacity (or `kv_capacity_tokens`) in whole blocks; the step
+cost is the predictor's `step_time_s`. One seed drives two independent streams, the workload's
+lengths and arrivals (`lab_workload`, shared with the vllm backend) and the run's draft
+acceptance, so changing speculation settings does not change the requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from labs.backends.base import ProgressCallback, RunRecord
+from labs.params import LabParams, ParamError
+from labs.predict import kv_capacity_tokens
+from labs.sim.cost_model import RooflineCostModel
+from labs.sim.scheduler import SchedulerConfig
+from labs.sim.simulator import SimConfigError, Simulator, StepInfo
+from labs.sim.workload import lab_workload
+
+
+def build_simulator(
+    params: LabParams,
+    *,
+    on_progress: ProgressCallback | None = None,
+    on_step: Callable[[StepInfo], None] | None = None,
+) -> Simulator:
+    """A Simulator for validated lab parameters.
+
+    Raises:
+        ParamError: the KV pool cannot hold even one request (naming kv_capacity_tokens).
+    """
+    engine, work = params.engine, params.workload
+    capacity = kv_capacity_tokens(params.model, params.hardware, engine)
+    num_blocks = capacity // engine.block_size
+    if num_blocks < 1:
+        raise ParamError(
+            {
+                "kv_capacity_tokens": "kv_capacity_tokens must be at least one block "
+                f"({engine.block_size} tokens): the weights leave {capacity:,} tokens of KV "
+                "cache; raise tp or gpu_memory_utilization, or lower weight_dtype"
+            }
+        )
+    config = SchedulerConfig(
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        num_gpu_blocks=num_blocks,
+        block_size=engine.block_size,
+        chunked_prefill=engine.chunked_prefill,
+        prefix_caching=engine.prefix_caching,
+        kv_allocation=engine.kv_allocation,
+        num_spec_tokens=engine.spec_tokens,
+        spec_acceptance=engine.acceptance,
+    )
+    # The seed's first stream draws the requests (lab_workload), the second draft acceptance.
+    _, run_seed = np.random.SeedSequence(work.seed).spawn(2)
+    workload = lab_workload(work)
+    try:
+        return Simulator(
+            config,
+            workload,
+            RooflineCostModel(params.hardware, params.model, engine),
+            np.random.default_rng(run_seed),
+            on_progress=on_progress,
+            on_step=on_step,
+        )
+    except SimConfigError as error:
+        raise ParamError({error.field: str(error)}) from None
+
+
+class SimBackend:
+    """Runs a lab on the simulator, on the CPU, in virtual time."""
+
+    name = "sim"
+
+    def run(self, params: LabParams, on_progress: ProgressCallback | None = None) -> RunRecord:
+        simulator = build_simulator(params, on_progress=on_progress)
+        record = simulator.run()
+        config = simulator.config
+        record.meta.update(
+            {
+                "seed": params.workload.seed,
+                "params": params.as_dict(),
+                "num_gpu_blocks": config.num_gpu_blocks,
+                "kv_capacity_tokens": config.num_gpu_blocks * config.block_size,
+            }
+        )
+        return record

@@ -1,0 +1,134 @@
+"""`lab run`: run a workload on a backend and print what was measured next to the prediction.
+
+    python manage.py lab run --backend sim --num-prompts 200 --request-rate 8 --seed 0 --json
+
+With --json, one object: {"backend", "where", "measured": labs.metrics.summarize(...) without
+the chart series, "predicted": labs.predict.predict(...).as_dict()}. Without it, a table.
+Every lab parameter is an option (labs.cli.add_param_options), validated by parse_lab_params.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from labs.backends import BACKENDS, get_backend
+from labs.cli import add_param_options, params_from_args
+from labs.metrics import SLO_KEYS, summarize
+from labs.params import ParamError
+from labs.predict import predict
+
+HELP = "run a workload on a backend (sim: simulated on CPU) and print measured vs predicted"
+
+# Options each backend takes besides the lab parameters (the vllm backend adds --base-url).
+BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {"sim": (), "vllm": ("base_url",)}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_param_options(parser)
+    parser.add_argument(
+        "--backend", choices=tuple(BACKENDS), default="sim", help="where to run (default sim)"
+    )
+    parser.add_argument(
+        "--goodput",
+        nargs="+",
+        metavar="KEY:MS",
+        help="SLOs for goodput, as vllm bench serve takes them: ttft:500 tpot:50 e2el:2000",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object (seconds, tokens, rates)"
+    )
+
+
+def parse_goodput(items: list[str] | None) -> dict[str, float] | None:
+    """{'ttft': 500.0, ...} from ['ttft:500', ...]. Raises ParamError naming --goodput."""
+    if not items:
+        return None
+    slos: dict[str, float] = {}
+    for item in items:
+        key, _, value = item.partition(":")
+        try:
+            ms = float(value)
+        except ValueError:
+            ms = -1.0
+        if key not in SLO_KEYS or not ms > 0:
+            raise ParamError(
+                {
+                    "goodput": f"--goodput: each SLO must be KEY:MS with KEY one of "
+                    f"{', '.join(SLO_KEYS)} and MS a positive number, got {item[:30]}"
+                }
+            )
+        slos[key] = ms
+    return slos
+
+
+def run(options: Mapping[str, Any], stdout: TextIO) -> None:
+    """Run and print. Raises ParamError for bad options."""
+    params = params_from_args(options)
+    slo_ms = parse_goodput(options.get("goodput"))
+    name = options.get("backend") or "sim"
+    extra = {k: options[k] for k in BACKEND_OPTIONS.get(name, ()) if options.get(k) is not None}
+    record = get_backend(name, **extra).run(params, lambda fraction: None)
+    measured = summarize(record, slo_ms)
+    measured.pop("series")
+    predicted = predict(params).as_dict()
+    if options.get("json"):
+        result = {
+            "backend": record.backend,
+            "where": record.where,
+            "measured": measured,
+            "predicted": predicted,
+        }
+        stdout.write(json.dumps(result) + "\n")
+    else:
+        stdout.write(format_table(record.where, measured, predicted))
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:,.2f} ms"
+
+
+def _num(fmt: str) -> Any:
+    return lambda value: "-" if value is None else format(value, fmt)
+
+
+def format_table(where: str, measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> str:
+    """Measured (mean, p50, p99) beside predicted, in ms and tokens/s."""
+    lines = [f"measured: {where}; predicted: closed-form formulas (labs/predict.py)"]
+    header = f"  {'':<24}{'mean':>13}{'p50':>13}{'p99':>13}{'predicted':>15}"
+    lines.append(header)
+    for key, label, pred_key in (
+        ("ttft_s", "TTFT", "ttft_s"),
+        ("tpot_s", "TPOT", "tpot_s"),
+        ("itl_s", "ITL", None),
+        ("e2e_s", "E2E", "e2e_s"),
+    ):
+        d = measured[key]
+        pred = _ms(predicted.get(pred_key)) if pred_key else ""
+        lines.append(
+            f"  {label:<24}{_ms(d['mean']):>13}{_ms(d['p50']):>13}{_ms(d['p99']):>13}{pred:>15}"
+        )
+    rows = (
+        ("output tokens/s", "output_tokens_per_s", _num(",.1f"), "output_tokens_per_s"),
+        ("requests/s", "requests_per_s", _num(",.3f"), None),
+        ("goodput requests/s", "goodput_requests_per_s", _num(",.3f"), None),
+        ("completed / failed", None, None, None),
+        ("most running sequences", "max_running_seqs", _num(","), "max_concurrent_seqs"),
+        ("preemptions", "preemptions", _num(","), None),
+        ("KV usage peak", "kv_usage_peak", _num(".1%"), None),
+        ("prefix-cache hit rate", "prefix_cache_hit_rate", _num(".1%"), None),
+        ("draft acceptance rate", "spec_acceptance_rate", _num(".1%"), None),
+        ("simulated seconds", "simulated_s", _num(",.3f"), None),
+        ("wall seconds", "wall_s", _num(",.3f"), None),
+    )
+    for label, key, fmt, pred_key in rows:
+        if key is None:
+            shown = f"{measured['completed']:,} / {measured['failed']:,}"
+            pred = ""
+        else:
+            shown = fmt(measured[key])
+            pred = fmt(predicted.get(pred_key)) if pred_key else ""
+        lines.append(f"  {label:<24}{shown:>39}{pred:>15}")
+    return "\n".join(lines) + "\n"

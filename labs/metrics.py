@@ -1,0 +1,185 @@
+"""Run record in, serving metrics out: the same code for every backend.
+
+Definitions are those of `vllm bench serve` (shared/vllm-notes.md, section 3):
+
+- TTFT = first chunk - issue time. E2E = last chunk (finish) - issue time.
+- ITL = the gaps between successive chunks of a request, pooled over all requests (a chunk may
+  hold several tokens, e.g. accepted drafts).
+- TPOT = (E2E - TTFT) / (output tokens - 1), only for requests with more than one output token.
+- Throughputs divide by the run's duration (first arrival to last finish); goodput counts the
+  requests meeting every SLO given (ttft, tpot, e2el in ms, each `<=`; TPOT counts as 0 for a
+  request of one token).
+
+Each latency is summarised as mean, p50, p90, p95, p99 (numpy's linear percentiles, as bench
+uses), in seconds; None when no request has the value. Pure Python + numpy, no Django.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from labs.backends.base import RequestRecord, RunRecord
+
+PERCENTILES = (50, 90, 95, 99)
+SLO_KEYS = ("ttft", "tpot", "e2el")
+# Charts get at most this many points per series.
+MAX_SERIES_POINTS = 1000
+THROUGHPUT_BUCKETS = 100
+
+
+def distribution(values: np.ndarray) -> dict[str, float | None]:
+    """{mean, p50, p90, p95, p99} of `values`; all None when there are none."""
+    keys = ["mean", *(f"p{p}" for p in PERCENTILES)]
+    if len(values) == 0:
+        return dict.fromkeys(keys)
+    stats = [float(np.mean(values)), *(float(v) for v in np.percentile(values, PERCENTILES))]
+    return dict(zip(keys, stats, strict=True))
+
+
+def _thin(values: np.ndarray) -> list[float]:
+    """At most MAX_SERIES_POINTS values with the same distribution: evenly spaced order
+    statistics (quantiles), fine for a histogram."""
+    if len(values) <= MAX_SERIES_POINTS:
+        return values.tolist()
+    return np.quantile(values, np.linspace(0, 1, MAX_SERIES_POINTS)).tolist()
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
+def _check_slos(slo_ms: Mapping[str, float]) -> None:
+    unknown = [k for k in slo_ms if k not in SLO_KEYS]
+    if unknown:
+        raise ValueError(f"SLO keys must be among {', '.join(SLO_KEYS)}, got {', '.join(unknown)}")
+
+
+def _chunk_arrays(done: list[RequestRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every chunk's time and token count, flattened in request order, plus chunks per request."""
+    counts = np.array([len(r.chunks) for r in done], dtype=np.int64)
+    flat = np.fromiter(
+        chain.from_iterable(chain.from_iterable(r.chunks for r in done)),
+        dtype=np.float64,
+        count=2 * int(counts.sum()),
+    ).reshape(-1, 2)
+    return flat[:, 0], flat[:, 1].astype(np.int64), counts
+
+
+def summarize(record: RunRecord, slo_ms: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """The `measured` numbers of a run (docs/run-record.md).
+
+    Args:
+        record: any backend's run record.
+        slo_ms: optional SLOs in milliseconds, keys among ttft, tpot, e2el.
+
+    Returns:
+        ttft_s, tpot_s, itl_s, e2e_s ({mean, p50, p90, p95, p99} each), output_tokens_per_s,
+        total_tokens_per_s, requests_per_s, goodput_requests_per_s (None without SLOs),
+        completed, failed, max_running_seqs, preemptions, kv_usage_peak, prefix_cache_hit_rate,
+        spec_acceptance_rate, spec_acceptance_length, simulated_s (None unless simulated),
+        duration_s, wall_s, and `series` for the charts.
+    """
+    if slo_ms:
+        _check_slos(slo_ms)
+    done = [r for r in record.requests if r.error is None and r.finish_s is not None and r.chunks]
+    times, tokens, counts = _chunk_arrays(done)
+    starts = np.cumsum(counts) - counts
+    arrival = np.array([r.arrival_s for r in done], dtype=np.float64)
+    finish = np.array([r.finish_s for r in done], dtype=np.float64)
+    output = np.add.reduceat(tokens, starts) if len(done) else np.zeros(0, dtype=np.int64)
+    ttft = times[starts] - arrival if len(done) else np.zeros(0)
+    e2e = finish - arrival
+    multi = output > 1
+    tpot = (e2e[multi] - ttft[multi]) / (output[multi] - 1)
+    # Gaps between successive chunks, except across the boundary between two requests.
+    gaps = np.diff(times)
+    within = np.ones(len(gaps), dtype=bool)
+    within[(starts[1:] - 1)] = False
+    itl = gaps[within]
+
+    duration = record.duration_s
+    completed = len(done)
+    prompt_tokens = sum(r.prompt_tokens for r in done)
+    goodput = None
+    if slo_ms:
+        good = np.ones(completed, dtype=bool)
+        tpot_all = np.zeros(completed)
+        tpot_all[multi] = tpot
+        for key, measured in (("ttft", ttft), ("tpot", tpot_all), ("e2el", e2e)):
+            if key in slo_ms:
+                good &= measured * 1000 <= slo_ms[key]
+        goodput = _per_s(int(good.sum()), duration)
+
+    c = record.counters
+    return {
+        "ttft_s": distribution(ttft),
+        "tpot_s": distribution(tpot),
+        "itl_s": distribution(itl),
+        "e2e_s": distribution(e2e),
+        "output_tokens_per_s": _per_s(int(output.sum()), duration),
+        "total_tokens_per_s": _per_s(int(output.sum()) + prompt_tokens, duration),
+        "requests_per_s": _per_s(completed, duration),
+        "goodput_requests_per_s": goodput,
+        "completed": completed,
+        "failed": len(record.requests) - completed,
+        "max_running_seqs": max((s.running for s in record.samples), default=None),
+        "preemptions": c.preemptions,
+        "kv_usage_peak": max((s.kv_usage for s in record.samples), default=None),
+        "prefix_cache_hit_rate": _ratio(c.prefix_cache_hits, c.prefix_cache_queries),
+        "spec_acceptance_rate": _ratio(c.spec_accepted_tokens, c.spec_draft_tokens),
+        "spec_acceptance_length": (
+            1 + c.spec_accepted_tokens / c.spec_drafts if c.spec_drafts else None
+        ),
+        "simulated_s": duration if record.simulated else None,
+        "duration_s": duration,
+        "wall_s": record.wall_s,
+        "series": _series(record, ttft, itl, times, tokens),
+    }
+
+
+def _per_s(count: int, duration_s: float) -> float | None:
+    return count / duration_s if duration_s > 0 else None
+
+
+def _series(
+    record: RunRecord, ttft: np.ndarray, itl: np.ndarray, times: np.ndarray, tokens: np.ndarray
+) -> dict[str, Any]:
+    """What the charts draw.
+
+    - ttft_s, itl_s: samples for histograms (thinned to evenly spaced quantiles if many).
+    - tokens_per_s: output tokens per second in THROUGHPUT_BUCKETS equal buckets over the run;
+      t_s is each bucket's start, from the first arrival.
+    - engine: running, waiting and kv_usage over time, from the record's samples.
+    """
+    start = min((r.arrival_s for r in record.requests), default=0.0)
+    duration = record.duration_s
+    tokens_per_s: dict[str, Any] = {"t_s": [], "value": [], "bucket_s": None}
+    if duration > 0 and len(times):
+        bucket = duration / THROUGHPUT_BUCKETS
+        edges = start + bucket * np.arange(THROUGHPUT_BUCKETS + 1)
+        # The last chunk lands exactly on the last edge, which np.histogram includes.
+        counts, _ = np.histogram(times, bins=edges, weights=tokens)
+        tokens_per_s = {
+            "t_s": (edges[:-1] - start).tolist(),
+            "value": (counts / bucket).tolist(),
+            "bucket_s": bucket,
+        }
+    samples = record.samples
+    step = max(1, math.ceil(len(samples) / MAX_SERIES_POINTS))
+    shown = samples[::step]
+    return {
+        "ttft_s": _thin(ttft),
+        "itl_s": _thin(itl),
+        "tokens_per_s": tokens_per_s,
+        "engine": {
+            "t_s": [s.t_s - start for s in shown],
+            "running": [s.running for s in shown],
+            "waiting": [s.waiting for s in shown],
+            "kv_usage": [s.kv_usage for s in shown],
+        },
+    }

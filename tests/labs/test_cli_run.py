@@ -1,0 +1,135 @@
+"""`python manage.py lab run --backend sim`: JSON keys, the table, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from labs.predict import Prediction
+
+ROOT = Path(__file__).resolve().parents[2]
+MEASURED_KEYS = {
+    "ttft_s",
+    "tpot_s",
+    "itl_s",
+    "e2e_s",
+    "output_tokens_per_s",
+    "requests_per_s",
+    "max_running_seqs",
+    "preemptions",
+    "kv_usage_peak",
+    "prefix_cache_hit_rate",
+    "spec_acceptance_rate",
+    "simulated_s",
+    "wall_s",
+}
+STATS = {"mean", "p50", "p90", "p95", "p99"}
+SMALL = ("--num-prompts", "20", "--prompt-tokens", "256", "--output-tokens", "32")
+
+
+def lab_run(*options: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", "lab", "run", *options],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def run_json(*options: str) -> dict:
+    out = StringIO()
+    call_command("lab", "run", *options, "--json", stdout=out)
+    lines = out.getvalue().strip().splitlines()
+    assert len(lines) == 1
+    return json.loads(lines[0])
+
+
+def test_it_prints_one_json_object_with_the_issues_keys():
+    done = lab_run("--backend", "sim", *SMALL, "--request-rate", "50", "--seed", "3", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["backend"] == "sim" and result["where"] == "simulated on CPU"
+    assert MEASURED_KEYS <= set(result["measured"])
+    for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+        assert set(result["measured"][key]) == STATS
+    assert result["measured"]["completed"] == 20
+    assert set(result["predicted"]) == {f.name for f in Prediction.__dataclass_fields__.values()}
+
+
+def test_every_option_of_the_issue_reaches_the_simulator():
+    result = run_json(
+        *SMALL,
+        "--max-concurrency",
+        "4",
+        "--shared-prefix-tokens",
+        "128",
+        "--kv-allocation",
+        "paged",
+        "--no-chunked-prefill",
+        "--prefix-caching",
+        "--kv-capacity-tokens",
+        "4096",
+        "--spec-tokens",
+        "3",
+        "--goodput",
+        "ttft:1000",
+        "tpot:50",
+        "--seed",
+        "7",
+    )
+    m = result["measured"]
+    assert m["max_running_seqs"] == 4  # the closed loop's limit
+    assert m["prefix_cache_hit_rate"] > 0
+    assert m["spec_acceptance_rate"] > 0
+    assert m["goodput_requests_per_s"] is not None
+    assert result["predicted"]["kv_capacity_tokens"] == 4096
+
+
+def test_same_options_same_output_except_wall_time():
+    first, second = run_json(*SMALL, "--seed", "5"), run_json(*SMALL, "--seed", "5")
+    for result in (first, second):
+        result["measured"].pop("wall_s")
+    assert first == second
+
+
+def test_it_prints_a_table_labelled_simulated_without_json():
+    out = StringIO()
+    call_command("lab", "run", *SMALL, stdout=out)
+    text = out.getvalue()
+    assert "simulated on CPU" in text
+    assert "TTFT" in text and " ms" in text and "predicted" in text
+
+
+@pytest.mark.parametrize(
+    ("options", "option"),
+    [
+        (["--num-prompts", "0"], "--num-prompts"),
+        (["--request-rate", "-1"], "--request-rate"),
+        (["--kv-allocation", "ring"], "--kv-allocation"),
+        (["--kv-capacity-tokens", "100"], "--kv-capacity-tokens"),
+        (["--goodput", "latency:5"], "--goodput"),
+        (["--backend", "tpu"], "--backend"),
+    ],
+)
+def test_bad_options_are_one_line_naming_the_option_and_exit_status_2(options, option):
+    done = lab_run(*options, "--json")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert option in lines[0]
+
+
+def test_call_command_raises_command_error_with_status_2():
+    with pytest.raises(CommandError) as error:
+        call_command("lab", "run", "--kv-capacity-tokens", "100")
+    assert error.value.returncode == 2
+    assert "--kv-capacity-tokens" in str(error.value)
