@@ -32,10 +32,13 @@ _PROGRESS_EVERY_S = 0.25
 
 
 class RunRefused(Exception):
-    """The run is valid but cannot be queued now (no worker, quota, GPU cap). Nothing is saved."""
+    """The run is valid but cannot be queued now. Nothing is saved.
 
-    def __init__(self, reason: str) -> None:
+    `kind` is "no-worker", "quota" or "gpu-cap"."""
+
+    def __init__(self, reason: str, *, kind: str) -> None:
         self.reason = reason
+        self.kind = kind
         super().__init__(reason)
 
 
@@ -62,13 +65,23 @@ def _predicted(params: LabParams) -> dict[str, object]:
     return predict(params).as_dict()
 
 
+def _precheck(backend: str, params: LabParams) -> None:
+    """Refuse at submit what the backend would refuse at once: the simulator needs a KV pool
+    that holds the longest request (it raises ParamError naming kv_capacity_tokens)."""
+    if backend == "sim":
+        from labs.backends.sim import build_simulator
+
+        build_simulator(params)
+
+
 def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
     """Refuse with a reason the learner can act on; called inside the submitting transaction."""
     queue = backend_queue(backend)
     if not WorkerHeartbeat.objects.online().filter(backend=backend).exists():
         raise RunRefused(
             f"No worker for the {backend} backend is online right now, so nothing was queued. "
-            f"Start one with `celery -A config worker -Q {queue}` and try again."
+            f"Start one with `celery -A config worker -Q {queue}` and try again.",
+            kind="no-worker",
         )
     active = LabRun.objects.for_owner(owner).active()
     # A sweep counts once: it is one thing the learner is waiting for.
@@ -80,7 +93,8 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
     if in_flight >= limit:
         raise RunRefused(
             f"You already have {in_flight} runs or sweeps queued or running (the limit is "
-            f"{limit}). Wait for one to finish or cancel one, then run again."
+            f"{limit}). Wait for one to finish or cancel one, then run again.",
+            kind="quota",
         )
     gpu_backends = [b for b, q in settings.LABS_BACKEND_QUEUES.items() if q == "labs.gpu"]
     if backend in gpu_backends:
@@ -90,7 +104,8 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
             raise RunRefused(
                 f"The GPU queue is full ({busy} of {cap} runs queued or running"
                 f"{f', this sweep needs {new_runs}' if new_runs > 1 else ''}). "
-                "Try the simulator, or run again in a few minutes."
+                "Try the simulator, or run again in a few minutes.",
+                kind="gpu-cap",
             )
 
 
@@ -121,6 +136,7 @@ def run_request(
     """
     backend_queue(backend)
     params = parse_lab_params(data, ignore_unknown=True)
+    _precheck(backend, params)
     with transaction.atomic():
         _lock_owner(owner)
         _check_can_queue(owner=owner, backend=backend, new_runs=1)
@@ -170,7 +186,9 @@ def sweep_request(
     errors: dict[str, str] = {}
     for item in items:
         try:
-            points.append(parse_lab_params({**data, field: item}, ignore_unknown=True))
+            point = parse_lab_params({**data, field: item}, ignore_unknown=True)
+            _precheck(backend, point)
+            points.append(point)
         except ParamError as exc:
             # Report the first bad point; a bad swept value is named by its value.
             for name, message in exc.errors.items():

@@ -1,10 +1,280 @@
+"""Lab pages. Thin: parse, call one service or selector, render the page or its partial."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils.http import urlencode
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HttpResponseStopPolling
+
+from labs import results, selectors, services
+from labs.forms import LabParamsForm, SweepForm
+from labs.params import FIELDS_BY_NAME, ParamError
+from labs.predict import predict
+from labs.presets import LABS, Lab, lab_initial, load_presets
+
+# A refusal is not the learner's mistake: no worker is the service being unavailable.
+REFUSAL_STATUS = {"no-worker": 503, "quota": 429, "gpu-cap": 429}
+
+
+def _lab_or_404(slug: str) -> Lab:
+    try:
+        return LABS[slug]
+    except KeyError:
+        raise Http404("No such lab") from None
+
+
+def _prediction(lab: Lab, form: LabParamsForm) -> list[dict[str, str]]:
+    if form.params is None:
+        return []
+    return results.predicted_items(predict(form.params).as_dict(), lab.predicted)
+
+
+def _lab_page(
+    request: HttpRequest,
+    lab: Lab,
+    form: SweepForm,
+    *,
+    status: int = 200,
+    refusal: str = "",
+    preset: Any = None,
+) -> HttpResponse:
+    if form.is_bound:
+        form.is_valid()
+    context = {
+        "lab": lab,
+        "labs": LABS.values(),
+        "form": form,
+        "prediction": _prediction(lab, form),
+        "refusal": refusal,
+        "preset": preset,
+        "presets": [p for p in load_presets().values() if p.lab == lab.slug],
+        "cards": selectors.cards_for_lab(lab.slug),
+        "backends": selectors.backends_online(),
+        "recent": [
+            r
+            for r in selectors.run_list_for_owner(user=request.user, limit=50)
+            if r.lab == lab.slug
+        ][:5],
+    }
+    return render(request, "labs/lab_detail.html", context, status=status)
 
 
 @require_GET
 @login_required
 def index(request: HttpRequest) -> HttpResponse:
-    return render(request, "labs/index.html", {})
+    context = {
+        "labs": LABS.values(),
+        "backends": selectors.backends_online(),
+        "recent": selectors.run_list_for_owner(user=request.user, limit=5),
+    }
+    return render(request, "labs/index.html", context)
+
+
+@require_GET
+@login_required
+def lab_detail(request: HttpRequest, lab: str) -> HttpResponse:
+    the_lab = _lab_or_404(lab)
+    preset = load_presets().get(request.GET.get("preset", ""))
+    if preset is not None and preset.lab != the_lab.slug:
+        preset = None
+    initial = lab_initial(the_lab, preset)
+    # "?block_size=32": a link that opens the lab with a setting changed (from a run's page).
+    initial.update({k: v for k, v in request.GET.items() if k in FIELDS_BY_NAME})
+    form = SweepForm(data={k: _text(v) for k, v in initial.items()}, lab=the_lab)
+    return _lab_page(request, the_lab, form, preset=preset)
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+@require_GET
+@login_required
+def lab_predict(request: HttpRequest, lab: str) -> HttpResponse:
+    """The live prediction for the form's current values (htmx, on every change)."""
+    the_lab = _lab_or_404(lab)
+    form = LabParamsForm(request.GET, lab=the_lab)
+    valid = form.is_valid()
+    context = {"lab": the_lab, "form": form, "prediction": _prediction(the_lab, form)}
+    return render(request, "labs/lab_detail.html#prediction", context, status=200 if valid else 400)
+
+
+@require_GET
+@login_required
+def preset_open(request: HttpRequest, slug: str) -> HttpResponse:
+    preset = load_presets().get(slug)
+    if preset is None:
+        raise Http404("No such preset")
+    url = reverse("labs:lab-detail", args=[preset.lab])
+    return redirect(f"{url}?{urlencode({'preset': preset.slug})}")
+
+
+def _submit(
+    request: HttpRequest, lab_slug: str, create: Callable[[Lab, SweepForm], Any]
+) -> HttpResponse:
+    """Validate the lab form, call `create`, and redirect to what it made; or show the page
+    again with field messages (400) or the reason it was refused."""
+    lab = _lab_or_404(lab_slug)
+    form = SweepForm(request.POST, lab=lab)
+    if not form.is_valid():
+        return _lab_page(request, lab, form, status=400)
+    try:
+        created = create(lab, form)
+    except ParamError as exc:
+        form.add_param_errors(exc.errors)
+        return _lab_page(request, lab, form, status=400)
+    except services.RunRefused as exc:
+        return _lab_page(request, lab, form, status=REFUSAL_STATUS[exc.kind], refusal=exc.reason)
+    return redirect(created)
+
+
+@require_POST
+@login_required
+def run_create(request: HttpRequest, lab: str) -> HttpResponse:
+    return _submit(
+        request,
+        lab,
+        lambda the_lab, form: services.run_request(
+            owner=request.user,
+            lab=the_lab.slug,
+            backend=form.cleaned_data["backend"] or "sim",
+            data=form.param_data(),
+            preset=request.POST.get("preset", ""),
+        ),
+    )
+
+
+@require_POST
+@login_required
+def sweep_create(request: HttpRequest, lab: str) -> HttpResponse:
+    return _submit(
+        request,
+        lab,
+        lambda the_lab, form: services.sweep_request(
+            owner=request.user,
+            lab=the_lab.slug,
+            backend=form.cleaned_data["backend"] or "sim",
+            data=form.param_data(),
+            field=form.cleaned_data["sweep_field"] or the_lab.sweep_field,
+            raw_values=form.cleaned_data["sweep_values"],
+        ),
+    )
+
+
+def _run_context(run: Any) -> dict[str, Any]:
+    lab = LABS.get(run.lab) or LABS["sandbox"]
+    rows = results.compare(run.result, run.predicted, run.params)
+    return {
+        "run": run,
+        "lab": lab,
+        "where": selectors.where_label(run),
+        "rows": rows,
+        "headline": results.headline(rows),
+        "charts": selectors.run_charts(run) if run.result else None,
+        "shown_params": [(name, run.params.get(name)) for name in lab.fields],
+        "next_url": reverse("labs:lab-detail", args=[lab.slug])
+        + "?"
+        + urlencode({k: _text(v) for k, v in run.params.items() if v is not None}),
+    }
+
+
+def _status_response(
+    request: HttpRequest, template: str, context: dict, terminal: bool
+) -> HttpResponse:
+    html = render_to_string(template, context, request=request)
+    # 286 tells htmx to stop polling; the final state is swapped in with it.
+    return HttpResponseStopPolling(html) if terminal else HttpResponse(html)
+
+
+@require_GET
+@login_required
+def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    run = selectors.run_get_for_owner(user=request.user, pk=pk)
+    # A page watching a run must see a dead worker's run fail even if no worker is left to
+    # reap it; the check is a conditional update on this one run.
+    if not run.is_terminal and services.run_reap_stale(run_ids=[run.pk]):
+        run.refresh_from_db()
+    context = _run_context(run)
+    if request.htmx:
+        return _status_response(
+            request, "labs/run_detail.html#run-status", context, run.is_terminal
+        )
+    return render(request, "labs/run_detail.html", context)
+
+
+@require_POST
+@login_required
+def run_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    run = selectors.run_get_for_owner(user=request.user, pk=pk)
+    services.run_cancel(run=run)
+    run.refresh_from_db()
+    if request.htmx:
+        return _status_response(
+            request, "labs/run_detail.html#run-status", _run_context(run), run.is_terminal
+        )
+    return redirect(run)
+
+
+@require_GET
+@login_required
+def run_list(request: HttpRequest) -> HttpResponse:
+    context = {
+        "runs": selectors.run_list_for_owner(user=request.user),
+        "sweeps": selectors.sweep_list_for_owner(user=request.user),
+        "labs": LABS,
+    }
+    return render(request, "labs/run_list.html", context)
+
+
+@require_GET
+@login_required
+def run_compare(request: HttpRequest) -> HttpResponse:
+    try:
+        a_pk, b_pk = int(request.GET["a"]), int(request.GET["b"])
+    except (KeyError, ValueError):
+        return redirect("labs:run-list")
+    a = selectors.run_get_for_owner(user=request.user, pk=a_pk)
+    b = selectors.run_get_for_owner(user=request.user, pk=b_pk)
+    context = {
+        "a": a,
+        "b": b,
+        "where_a": selectors.where_label(a),
+        "where_b": selectors.where_label(b),
+        **selectors.run_compare(a, b),
+    }
+    return render(request, "labs/run_compare.html", context)
+
+
+@require_GET
+@login_required
+def sweep_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    sweep = selectors.sweep_get_for_owner(user=request.user, pk=pk)
+    detail = selectors.sweep_detail(sweep)
+    if not detail["terminal"]:
+        active = [r.pk for r in detail["runs"] if not r.is_terminal]
+        if services.run_reap_stale(run_ids=active):
+            detail = selectors.sweep_detail(sweep)
+    context = {"sweep": sweep, **detail}
+    if request.htmx:
+        return _status_response(
+            request, "labs/sweep_detail.html#sweep-status", context, detail["terminal"]
+        )
+    return render(request, "labs/sweep_detail.html", context)
+
+
+@require_POST
+@login_required
+def sweep_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    sweep = selectors.sweep_get_for_owner(user=request.user, pk=pk)
+    services.sweep_cancel(sweep=sweep)
+    return redirect(sweep)

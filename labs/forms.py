@@ -1,0 +1,149 @@
+"""The lab form, generated from `labs.params.PARAM_FIELDS`.
+
+Every field is a plain optional CharField: the widgets offer the allowed values (selects, number
+inputs with min/max as hints), but the only rules are in `parse_lab_params`, which `clean()`
+calls. Its messages land on the fields they name, so the form and the `lab` command can never
+disagree about what is valid.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from django import forms
+from django.conf import settings
+
+from labs.params import (
+    FIELDS_BY_NAME,
+    PARAM_FIELDS,
+    LabParams,
+    ParamError,
+    ParamField,
+    parse_lab_params,
+)
+from labs.presets import Lab, lab_data
+
+BACKEND_LABELS = {"sim": "Simulator (CPU)", "vllm": "vLLM (GPU)"}
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return ""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _widget(f: ParamField) -> forms.Widget:
+    if f.kind == "bool":
+        return forms.Select(choices=[("true", "on"), ("false", "off")])
+    if f.kind == "choice":
+        unset = [("", "default")] if f.default is None else []
+        return forms.Select(choices=unset + [(c, c) for c in f.choices])
+    if f.power_of_two:
+        low, high = int(f.minimum or 1), int(f.maximum or 1)
+        powers = [2**i for i in range(high.bit_length()) if low <= 2**i <= high]
+        return forms.Select(choices=[(str(p), str(p)) for p in powers])
+    attrs = {
+        "min": _number(f.minimum),
+        "max": _number(f.maximum),
+        "step": "1" if f.kind == "int" else "any",
+        "inputmode": "numeric" if f.kind == "int" else "decimal",
+    }
+    if f.default is None:
+        attrs["placeholder"] = "default"
+    return forms.NumberInput(attrs={k: v for k, v in attrs.items() if v})
+
+
+def _help(f: ParamField) -> str:
+    unit = f" ({f.unit})" if f.unit else ""
+    return f"{f.help}{unit}"
+
+
+def _field(f: ParamField) -> forms.CharField:
+    # strip=True: " 16 " is 16. No max_length: parse_lab_params refuses long text itself.
+    return forms.CharField(required=False, label=f.name, help_text=_help(f), widget=_widget(f))
+
+
+_PARAM_FORM_FIELDS: dict[str, forms.CharField] = {f.name: _field(f) for f in PARAM_FIELDS}
+_PARAM_FORM_FIELDS["max_concurrency"].help_text = (
+    "closed loop: most requests in flight (empty: the same as concurrency, the batch the "
+    "prediction assumes)"
+)
+_PARAM_FORM_FIELDS["max_concurrency"].widget.attrs["placeholder"] = "= concurrency"
+
+
+def _initial_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+class LabParamsForm(forms.Form):
+    """All lab parameters plus the backend. `params` holds the validated LabParams."""
+
+    backend = forms.CharField(required=False, initial="sim")
+
+    def __init__(self, *args: Any, lab: Lab, **kwargs: Any) -> None:
+        initial = {k: _initial_text(v) for k, v in (kwargs.pop("initial", None) or {}).items()}
+        super().__init__(*args, initial=initial, **kwargs)
+        self.lab = lab
+        self.fields.update(copy.deepcopy(_PARAM_FORM_FIELDS))
+        backends = list(settings.LABS_BACKEND_QUEUES)
+        self.fields["backend"].widget = forms.Select(
+            choices=[(b, BACKEND_LABELS.get(b, b)) for b in backends]
+        )
+        self.params: LabParams | None = None
+
+    def param_data(self) -> dict[str, object]:
+        """The parameters given (cleaned text; empty ones mean the default), with the lab
+        pages' one convention applied (`labs.presets.lab_data`)."""
+        data = self.cleaned_data if hasattr(self, "cleaned_data") else {}
+        given = {k: v for k, v in data.items() if k in FIELDS_BY_NAME and v not in ("", None)}
+        return lab_data(given)
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        try:
+            self.params = parse_lab_params(self.param_data())
+        except ParamError as exc:
+            self.add_param_errors(exc.errors)
+        return cleaned
+
+    def add_param_errors(self, errors: dict[str, str]) -> None:
+        for name, message in errors.items():
+            self.add_error(name if name in self.fields else None, message)
+
+    def shown_fields(self) -> list[forms.BoundField]:
+        return [self[name] for name in self.lab.fields]
+
+    def carried_fields(self) -> list[tuple[str, str]]:
+        """Values of the settings this lab does not show, sent along as hidden inputs."""
+        shown = set(self.lab.fields)
+        carried = []
+        for f in PARAM_FIELDS:
+            if f.name in shown:
+                continue
+            value = self[f.name].value()
+            if value not in (None, ""):
+                carried.append((f.name, str(value)))
+        return carried
+
+
+class SweepForm(LabParamsForm):
+    sweep_field = forms.CharField(required=False, label="setting to vary")
+    sweep_values = forms.CharField(
+        required=False,
+        label="values",
+        help_text="comma-separated, e.g. 1, 8, 64",
+    )
+
+    def __init__(self, *args: Any, lab: Lab, **kwargs: Any) -> None:
+        super().__init__(*args, lab=lab, **kwargs)
+        names = list(dict.fromkeys((lab.sweep_field, *lab.fields)))
+        self.fields["sweep_field"].widget = forms.Select(choices=[(n, n) for n in names])
+        self.fields["sweep_field"].initial = lab.sweep_field
+        self.fields["sweep_values"].initial = lab.sweep_values

@@ -1,0 +1,324 @@
+"""Measured next to predicted: the rows of a finished run's table, their formatting, the percent
+difference and a one-line reading of why they differ. Pure functions over the stored JSON
+(`LabRun.result`, `LabRun.predicted`, `LabRun.params`); no database access.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Within this fraction, measured and predicted "agree".
+AGREE = 0.15
+
+Summary = Mapping[str, Any]
+
+
+def dig(data: Mapping[str, Any] | None, path: str | None) -> Any:
+    """`dig(summary, "ttft_s.p50")`: a dotted path into nested dicts, or None."""
+    if data is None or not path:
+        return None
+    value: Any = data
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def format_value(value: Any, unit: str) -> str:
+    """A number as a learner reads it: 8.31 ms, 5,719 tok/s, 75%, 128 KiB."""
+    number = _finite(value)
+    if number is None:
+        return "—" if value is None else str(value)
+    if unit == "s":
+        if abs(number) < 1:
+            return f"{number * 1000:.3g} ms"
+        return f"{number:.3g} s"
+    if unit == "ratio":
+        return f"{number * 100:.3g}%"
+    if unit == "x":
+        return f"{number:.3g}×"
+    if unit == "bytes":
+        for scale, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+            if abs(number) >= scale:
+                return f"{number / scale:.3g} {name}"
+        return f"{number:,.0f} B"
+    suffix = f" {unit}" if unit else ""
+    if number.is_integer() or abs(number) >= 100:
+        return f"{number:,.0f}{suffix}"
+    return f"{number:.3g}{suffix}"
+
+
+# What the predictor's keys mean, for the live prediction panel.
+PREDICTED_LABELS: dict[str, tuple[str, str]] = {
+    "kv_bytes_per_token": ("KV bytes per token", "bytes"),
+    "kv_bytes_per_seq": ("KV bytes per sequence", "bytes"),
+    "blocks_per_seq": ("Blocks per sequence", "blocks"),
+    "prompt_blocks": ("Blocks for the prompt", "blocks"),
+    "slots_wasted_per_seq": ("Slots wasted per sequence (paged)", "slots"),
+    "contiguous_reserved_slots": ("Slots reserved per sequence (contiguous)", "slots"),
+    "contiguous_wasted_slots": ("Slots wasted per sequence (contiguous)", "slots"),
+    "contiguous_waste_fraction": ("Share of a contiguous reservation wasted", "ratio"),
+    "weight_bytes": ("Weights per replica", "bytes"),
+    "kv_memory_bytes": ("KV pool per replica", "bytes"),
+    "kv_capacity_tokens": ("KV capacity", "tokens"),
+    "max_concurrent_seqs": ("Sequences that fit (paged)", "seqs"),
+    "contiguous_max_concurrent_seqs": ("Sequences that fit (contiguous)", "seqs"),
+    "running_seqs": ("Sequences running at once", "seqs"),
+    "replicas_needed": ("Replicas needed", ""),
+    "gpus_needed": ("GPUs needed", ""),
+    "prefix_cached_tokens": ("Prompt tokens served from the prefix cache", "tokens"),
+    "prefill_s": ("Prefill of one prompt", "s"),
+    "ttft_s": ("Time to first token", "s"),
+    "weight_read_s": ("Weight read per step", "s"),
+    "kv_read_s": ("KV read per step", "s"),
+    "decode_step_s": ("Decode step", "s"),
+    "tpot_s": ("Time per output token", "s"),
+    "e2e_s": ("End-to-end latency", "s"),
+    "output_tokens_per_s": ("Output tokens per second", "tok/s"),
+    "batch_speedup_vs_batch1": ("Throughput vs batch 1", "x"),
+    "spec_tokens_per_step": ("Tokens per target pass", "tokens"),
+    "spec_speedup": ("Speculative speedup at batch 1", "x"),
+    "spec_speedup_at_batch": ("Speculative speedup at this batch", "x"),
+    "bound": ("Decode is bound by", ""),
+    "fits": ("Fits in memory", ""),
+}
+
+
+def predicted_items(predicted: Mapping[str, Any], keys: tuple[str, ...]) -> list[dict[str, str]]:
+    items = []
+    for key in keys:
+        label, unit = PREDICTED_LABELS.get(key, (key, ""))
+        value = predicted.get(key)
+        text = value.replace("-", " ") if isinstance(value, str) else format_value(value, unit)
+        items.append({"key": key, "label": label, "value": text})
+    return items
+
+
+@dataclass(frozen=True)
+class Context:
+    summary: Summary
+    predicted: Mapping[str, Any]
+    params: Mapping[str, Any]
+
+    @property
+    def waited(self) -> bool:
+        """Did requests queue (waiting > 0 at some sample) or share the engine?"""
+        waiting = dig(self.summary, "series.engine.waiting") or []
+        return any((_finite(w) or 0) > 0 for w in _values(waiting))
+
+    @property
+    def preempted(self) -> bool:
+        return (_finite(self.summary.get("preemptions")) or 0) > 0
+
+    @property
+    def peak_running(self) -> float:
+        return _finite(self.summary.get("max_running_seqs")) or 0
+
+
+def _values(series: Any) -> list[Any]:
+    """Series come as [value, ...] or [[t, value], ...]."""
+    if not isinstance(series, list):
+        return []
+    return [p[-1] if isinstance(p, list | tuple) and p else p for p in series]
+
+
+Reading = Callable[[Context, float], str]
+
+
+def _read_ttft(c: Context, ratio: float) -> str:
+    if ratio > 1 + AGREE:
+        if c.waited:
+            return (
+                "Requests waited for a slot or shared prefill steps with others; the formula "
+                "times one prompt on an idle engine."
+            )
+        return "Prefill ran in several chunks or beside decodes, so the first token came later."
+    if ratio < 1 - AGREE:
+        return "Prefix-cache hits or shorter prompts left less to prefill than the formula assumes."
+    return "One prefill step dominates, as the formula assumes."
+
+
+def _read_tpot(c: Context, ratio: float) -> str:
+    if ratio > 1 + AGREE:
+        if c.preempted:
+            return "Preempted sequences were recomputed, stretching the time between tokens."
+        return (
+            "Prefill chunks shared decode steps and the KV read grew as outputs lengthened; "
+            "the formula prices a steady batch of pure decodes."
+        )
+    if ratio < 1 - AGREE:
+        return (
+            "The batch was often smaller than predicted (ramp-up and drain), and small batches "
+            "take shorter steps."
+        )
+    return "Decode steps are memory-bound and priced the same way in both."
+
+
+def _read_throughput(c: Context, ratio: float) -> str:
+    if ratio < 1 - AGREE:
+        return (
+            "Ramp-up, drain and prefill steps ran with fewer decoding sequences than the "
+            "formula's steady batch, lowering the average."
+        )
+    if ratio > 1 + AGREE:
+        return (
+            "More sequences ran at once than the predicted batch (concurrency), "
+            "so each weight read was shared by more of them."
+        )
+    return "The run spent most of its time at the predicted batch size."
+
+
+def _read_running(c: Context, ratio: float) -> str:
+    if ratio < 1 - AGREE:
+        if c.preempted:
+            return "The KV pool ran out as sequences grew; the scheduler preempted some."
+        return "Arrivals or the closed loop kept fewer requests in flight than the limit allowed."
+    if ratio > 1 + AGREE:
+        if c.preempted:
+            return (
+                "Sequences start short, so more fit than at full length; as they grew the pool "
+                "filled and some were preempted."
+            )
+        return "More requests were in flight than the concurrency the formula was given."
+    return "The batch reached the size the KV pool and max_num_seqs allow."
+
+
+def _read_e2e(c: Context, ratio: float) -> str:
+    if abs(ratio - 1) <= AGREE:
+        return "TTFT + TPOT × (output − 1) holds end to end."
+    return "E2E inherits the queueing in TTFT and the batching in TPOT."
+
+
+def _read_prefix(c: Context, ratio: float) -> str:
+    if ratio < 1 - AGREE:
+        return "The first requests found an empty cache and paid the whole prompt; later ones hit."
+    return "Every request after the first reused the shared blocks."
+
+
+def _read_spec(c: Context, ratio: float) -> str:
+    if abs(ratio - 1) <= AGREE:
+        return "Each draft token was accepted at the configured rate."
+    return "Acceptance is random per token; a short run drifts from the configured rate."
+
+
+@dataclass(frozen=True)
+class Metric:
+    label: str
+    measured: str
+    predicted: str | None
+    unit: str
+    reading: Reading | None = None
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("TTFT, median", "ttft_s.p50", "ttft_s", "s", _read_ttft),
+    Metric("TTFT, p99", "ttft_s.p99", None, "s"),
+    Metric("TPOT, median", "tpot_s.p50", "tpot_s", "s", _read_tpot),
+    Metric("ITL, p99", "itl_s.p99", None, "s"),
+    Metric("E2E latency, median", "e2e_s.p50", "e2e_s", "s", _read_e2e),
+    Metric(
+        "Output tokens/s", "output_tokens_per_s", "output_tokens_per_s", "tok/s", _read_throughput
+    ),
+    Metric("Requests/s", "requests_per_s", None, "req/s"),
+    Metric("Running sequences, peak", "max_running_seqs", "running_seqs", "", _read_running),
+    Metric("KV usage, peak", "kv_usage_peak", None, "ratio"),
+    Metric("Preemptions", "preemptions", None, ""),
+    Metric(
+        "Prefix-cache hit rate", "prefix_cache_hit_rate", "prefix_hit_rate", "ratio", _read_prefix
+    ),
+    Metric(
+        "Draft tokens accepted",
+        "spec_acceptance_rate",
+        "draft_acceptance_rate",
+        "ratio",
+        _read_spec,
+    ),
+)
+
+
+def derived_predictions(predicted: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """Predicted values the table compares that the predictor does not name directly."""
+    extra: dict[str, Any] = dict(predicted)
+    prompt = _finite(params.get("prompt_tokens"))
+    cached = _finite(predicted.get("prefix_cached_tokens"))
+    if params.get("prefix_caching") and prompt and cached is not None:
+        extra["prefix_hit_rate"] = cached / prompt
+    k = _finite(params.get("spec_tokens")) or 0
+    per_step = _finite(predicted.get("spec_tokens_per_step"))
+    if k > 0 and per_step is not None:
+        # Accepted drafts per step are (tokens per step - 1); vLLM's rate divides by k drafted.
+        extra["draft_acceptance_rate"] = (per_step - 1) / k
+    return extra
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    measured: str
+    predicted: str
+    diff: str  # "+12%", "−40%", "" when there is nothing to compare
+    diff_class: str  # "agree" | "off" | ""
+    reading: str
+    ratio: float | None
+
+
+def percent_diff(measured: float | None, predicted: float | None) -> tuple[str, float | None]:
+    if measured is None or predicted is None or predicted == 0:
+        return "", None
+    ratio = measured / predicted
+    pct = (ratio - 1) * 100
+    sign = "+" if pct >= 0 else "−"
+    return f"{sign}{abs(pct):.0f}%", ratio
+
+
+def compare(
+    summary: Summary | None, predicted: Mapping[str, Any], params: Mapping[str, Any]
+) -> list[Row]:
+    """The measured-vs-predicted rows for a finished run (rows with nothing measured are left
+    out, so a run without speculation has no acceptance row)."""
+    if not summary:
+        return []
+    expected = derived_predictions(predicted, params)
+    ctx = Context(summary=summary, predicted=predicted, params=params)
+    rows = []
+    for m in METRICS:
+        measured = _finite(dig(summary, m.measured))
+        if measured is None:
+            continue
+        want = _finite(expected.get(m.predicted)) if m.predicted else None
+        diff, ratio = percent_diff(measured, want)
+        reading = m.reading(ctx, ratio) if (m.reading and ratio is not None) else ""
+        agree = ratio is not None and abs(ratio - 1) <= AGREE
+        rows.append(
+            Row(
+                label=m.label,
+                measured=format_value(measured, m.unit),
+                predicted=format_value(want, m.unit) if m.predicted else "",
+                diff=diff,
+                diff_class="" if ratio is None else ("agree" if agree else "off"),
+                reading=reading,
+                ratio=ratio,
+            )
+        )
+    return rows
+
+
+def headline(rows: list[Row]) -> str:
+    """One line: the biggest disagreement and why, or that they agree."""
+    compared = [r for r in rows if r.ratio is not None and r.ratio > 0]
+    if not compared:
+        return ""
+    worst = max(compared, key=lambda r: abs(math.log(r.ratio or 1)))
+    if worst.diff_class == "agree":
+        return "Measured and predicted agree within 15%: the run behaved like the formulas."
+    return f"{worst.label} differs most ({worst.diff}): {worst.reading}"

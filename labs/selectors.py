@@ -1,0 +1,186 @@
+"""Reads for the lab pages: a learner's runs (404 for anyone else's), backends online, the
+cards a lab exercises, and the data of a run's and a sweep's charts."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count, Max, Min
+from django.shortcuts import get_object_or_404
+from django.urls import NoReverseMatch, reverse
+
+from labs import results
+from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
+from labs.presets import LABS, Lab, load_presets
+
+logger = logging.getLogger(__name__)
+
+
+def run_get_for_owner(*, user: Any, pk: int) -> LabRun:
+    """The learner's own run; anyone else's is a 404, not a 403, so ids reveal nothing."""
+    return get_object_or_404(LabRun.objects.select_related("sweep"), pk=pk, owner=user)
+
+
+def sweep_get_for_owner(*, user: Any, pk: int) -> Sweep:
+    return get_object_or_404(Sweep, pk=pk, owner=user)
+
+
+def run_list_for_owner(*, user: Any, limit: int = 100) -> list[LabRun]:
+    return list(LabRun.objects.for_owner(user).filter(sweep=None)[:limit])
+
+
+def sweep_list_for_owner(*, user: Any, limit: int = 50) -> list[Sweep]:
+    return list(Sweep.objects.filter(owner=user).annotate(num_runs=Count("runs"))[:limit])
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    backend: str
+    queue: str
+    online: bool
+    workers: int
+    where: str
+    gpu_name: str
+    versions: dict[str, Any]
+
+
+def backends_online() -> list[BackendStatus]:
+    """Every configured backend, online or not, with what its live workers say about it."""
+    live = list(WorkerHeartbeat.objects.online())
+    statuses = []
+    for backend, queue in settings.LABS_BACKEND_QUEUES.items():
+        mine = [w for w in live if w.backend == backend]
+        newest = max(mine, key=lambda w: w.last_seen) if mine else None
+        statuses.append(
+            BackendStatus(
+                backend=backend,
+                queue=queue,
+                online=bool(mine),
+                workers=len(mine),
+                where=newest.where if newest else "",
+                gpu_name=newest.gpu_name if newest else "",
+                versions=dict(newest.versions) if newest else {},
+            )
+        )
+    return statuses
+
+
+def where_label(run: LabRun) -> str:
+    """Where a run's numbers come from: the record's label once done, else the worker's."""
+    if run.where:
+        return run.where
+    if run.backend == "sim":
+        return "simulated on CPU"
+    beat = WorkerHeartbeat.objects.filter(hostname=run.worker, backend=run.backend).first()
+    return beat.where if beat else run.backend
+
+
+def cards_for_lab(lab_slug: str) -> list[dict[str, Any]]:
+    """Cards whose preset opens this lab, for "cards that use this lab" links."""
+    slugs = [p.slug for p in load_presets().values() if p.lab == lab_slug]
+    if not slugs:
+        return []
+    try:
+        from quiz.models import Card
+    except ImportError:  # the quiz app is optional for the labs
+        return []
+    cards = Card.objects.filter(lab_preset__in=slugs, is_active=True).order_by("slug")
+    return [
+        {"slug": c.slug, "prompt": c.prompt, "url": _card_url(c.slug), "preset": c.lab_preset}
+        for c in cards[:12]
+    ]
+
+
+def _card_url(slug: str) -> str | None:
+    for name in ("quiz:card-detail", "quiz:card"):
+        try:
+            return reverse(name, args=[slug])
+        except NoReverseMatch:
+            continue
+    return None
+
+
+# -- charts --------------------------------------------------------------------------------------
+
+
+def run_charts(run: LabRun) -> dict[str, Any]:
+    """The JSON the page's charts draw (static/js/labs.js), from the stored summary."""
+    series = results.dig(run.result, "series") or {}
+    return {"simulated": run.backend == "sim", **series}
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    value: Any
+    run: LabRun
+    rows: dict[str, tuple[float | None, float | None]]
+
+
+def sweep_detail(sweep: Sweep) -> dict[str, Any]:
+    """Runs in order, their progress, and measured vs predicted per metric against the value."""
+    lab: Lab = LABS.get(sweep.lab) or LABS["sandbox"]
+    runs = list(sweep.runs.order_by("sweep_index"))
+    metrics = []
+    for measured_key, predicted_key in lab.sweep_metrics:
+        metric = next((m for m in results.METRICS if m.measured == measured_key), None)
+        label, unit = (metric.label, metric.unit) if metric else (measured_key, "")
+        points = []
+        for run in runs:
+            measured = results.dig(run.result, measured_key) if run.state == RunState.DONE else None
+            expected = (
+                results.derived_predictions(run.predicted, run.params).get(predicted_key)
+                if predicted_key
+                else None
+            )
+            points.append({"measured": measured, "predicted": expected})
+        metrics.append({"key": measured_key, "label": label, "unit": unit, "points": points})
+    agg = sweep.runs.aggregate(first=Min("started_at"), last=Max("finished_at"))
+    done = sum(r.state == RunState.DONE for r in runs)
+    finished = sum(r.is_terminal for r in runs)
+    return {
+        "lab": lab,
+        "runs": runs,
+        "metrics": metrics,
+        "chart": {
+            "field": sweep.field,
+            "values": [str(v) for v in sweep.values],
+            "simulated": sweep.backend == "sim",
+            "metrics": metrics,
+        },
+        "done": done,
+        "finished": finished,
+        "total": len(runs),
+        "terminal": finished == len(runs),
+        "progress": sum(r.progress if not r.is_terminal else 1.0 for r in runs) / max(1, len(runs)),
+        "started_at": agg["first"],
+        "finished_at": agg["last"],
+    }
+
+
+def run_compare(a: LabRun, b: LabRun) -> dict[str, Any]:
+    """Two runs side by side: the settings that differ, then every metric both measured."""
+    keys = sorted(set(a.params) | set(b.params))
+    changed = [
+        (k, a.params.get(k), b.params.get(k)) for k in keys if a.params.get(k) != b.params.get(k)
+    ]
+    rows = []
+    for m in results.METRICS:
+        va = results.dig(a.result, m.measured)
+        vb = results.dig(b.result, m.measured)
+        if va is None and vb is None:
+            continue
+        diff, _ = results.percent_diff(
+            vb if isinstance(vb, int | float) else None, va if isinstance(va, int | float) else None
+        )
+        rows.append(
+            {
+                "label": m.label,
+                "a": results.format_value(va, m.unit),
+                "b": results.format_value(vb, m.unit),
+                "diff": diff,
+            }
+        )
+    return {"changed": changed, "rows": rows}

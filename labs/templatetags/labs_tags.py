@@ -1,0 +1,44 @@
+"""Template filters for lab numbers, so every page formats them as the results table does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+
+from labs.results import format_value
+
+register = template.Library()
+
+
+@register.filter
+def fmt(value: Any, unit: str = "") -> str:
+    """{{ run.result.ttft_s.p50|fmt:"s" }} -> "8.31 ms"."""
+    return format_value(value, unit)
+
+
+@register.filter
+def param(value: Any) -> str:
+    """A parameter's value as the form shows it (on/off for booleans, "default" for unset)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None or value == "":
+        return "default"
+    if isinstance(value, float) and value.is_integer():
+        return f"{int(value):,}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+@register.filter
+def get_item(mapping: Any, key: str) -> Any:
+    return mapping.get(key) if hasattr(mapping, "get") else None
+
+
+@register.filter
+def index(sequence: Any, i: int) -> Any:
+    try:
+        return sequence[i]
+    except (IndexError, TypeError, KeyError):
+        return None

@@ -1,0 +1,141 @@
+/* Lab charts (Chart.js 4.6.1, static/vendor). Data comes from json_script tags the pages render;
+   charts are (re)drawn whenever htmx loads content, so a result swapped in by polling draws too. */
+(function () {
+  "use strict";
+
+  function css(name, fallback) {
+    var value = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+    return value || fallback;
+  }
+
+  function palette() {
+    return {
+      text: css("--muted", "#5d636e"),
+      grid: css("--line", "#dfe1e5"),
+      accent: css("--accent", "#2c5fd4"),
+      warn: css("--warn", "#9a6700"),
+      good: css("--good", "#1f7a4d"),
+      bad: css("--bad", "#b42318"),
+    };
+  }
+
+  function readJSON(id) {
+    var el = document.getElementById(id);
+    return el ? JSON.parse(el.textContent) : null;
+  }
+
+  function draw(canvas, config) {
+    var old = window.Chart.getChart(canvas);
+    if (old) old.destroy();
+    return new window.Chart(canvas, config);
+  }
+
+  function baseOptions(p, xTitle, yTitle, animate) {
+    return {
+      responsive: true,
+      maintainAspectRatio: false,
+      animation: animate ? undefined : false,
+      plugins: { legend: { labels: { color: p.text, boxWidth: 12 } } },
+      scales: {
+        x: { title: { display: true, text: xTitle, color: p.text }, ticks: { color: p.text, maxRotation: 0, autoSkipPadding: 8 }, grid: { color: p.grid } },
+        y: { title: { display: true, text: yTitle, color: p.text }, ticks: { color: p.text }, grid: { color: p.grid }, beginAtZero: true },
+      },
+    };
+  }
+
+  // Samples in seconds -> a histogram in milliseconds with about 30 bins.
+  function histogram(samples, bins) {
+    var ms = samples.map(function (s) { return s * 1000; });
+    if (!ms.length) return { labels: [], counts: [] };
+    var lo = Math.min.apply(null, ms), hi = Math.max.apply(null, ms);
+    if (hi === lo) return { labels: [lo.toPrecision(3)], counts: [ms.length] };
+    var width = (hi - lo) / bins, counts = new Array(bins).fill(0);
+    ms.forEach(function (v) { counts[Math.min(bins - 1, Math.floor((v - lo) / width))] += 1; });
+    var labels = counts.map(function (_, i) { return (lo + (i + 0.5) * width).toPrecision(3); });
+    return { labels: labels, counts: counts };
+  }
+
+  function points(xs, ys, scale) {
+    return xs.map(function (x, i) { return { x: x, y: ys[i] == null ? null : ys[i] * (scale || 1) }; });
+  }
+
+  function histogramChart(canvas, samples, label, p) {
+    var h = histogram(samples || [], 30);
+    var options = baseOptions(p, label + " (ms)", "share of samples", true);
+    options.plugins.legend.display = false;
+    var total = h.counts.reduce(function (a, b) { return a + b; }, 0) || 1;
+    draw(canvas, {
+      type: "bar",
+      data: { labels: h.labels, datasets: [{ label: label, data: h.counts.map(function (c) { return c / total; }), backgroundColor: p.accent, barPercentage: 1, categoryPercentage: 1 }] },
+      options: options,
+    });
+  }
+
+  function lineChart(canvas, datasets, yTitle, p, yMax) {
+    var options = baseOptions(p, "time in the run (s)", yTitle, true);
+    options.scales.x.type = "linear";
+    options.elements = { point: { radius: 0 }, line: { borderWidth: 2 } };
+    if (yMax) options.scales.y.max = yMax;
+    draw(canvas, { type: "line", data: { datasets: datasets }, options: options });
+  }
+
+  function runCharts(root) {
+    root.querySelectorAll("[data-charts]").forEach(function (box) {
+      var data = readJSON(box.dataset.charts);
+      if (!data) return;
+      var p = palette(), engine = data.engine || { t_s: [] }, tps = data.tokens_per_s || { t_s: [], value: [] };
+      box.querySelectorAll("canvas[data-chart]").forEach(function (canvas) {
+        var kind = canvas.dataset.chart;
+        if (kind === "ttft") histogramChart(canvas, data.ttft_s, "TTFT", p);
+        if (kind === "itl") histogramChart(canvas, data.itl_s, "ITL", p);
+        if (kind === "throughput") {
+          lineChart(canvas, [{ label: "output tokens/s", data: points(tps.t_s, tps.value), borderColor: p.accent, backgroundColor: p.accent, stepped: true }], "tokens/s", p);
+        }
+        if (kind === "queues") {
+          lineChart(canvas, [
+            { label: "running", data: points(engine.t_s, engine.running), borderColor: p.accent, backgroundColor: p.accent },
+            { label: "waiting", data: points(engine.t_s, engine.waiting), borderColor: p.warn, backgroundColor: p.warn },
+          ], "sequences", p);
+        }
+        if (kind === "kv") {
+          lineChart(canvas, [{ label: "KV cache in use", data: points(engine.t_s, engine.kv_usage, 100), borderColor: p.good, backgroundColor: p.good }], "% of the pool", p, 100);
+        }
+      });
+    });
+  }
+
+  var SCALE = { s: [1000, "ms"], ratio: [100, "%"] };
+
+  function sweepCharts(root) {
+    root.querySelectorAll("[data-sweep]").forEach(function (box) {
+      var data = readJSON(box.dataset.sweep);
+      if (!data) return;
+      var p = palette();
+      box.querySelectorAll("canvas[data-metric]").forEach(function (canvas) {
+        var metric = data.metrics[Number(canvas.dataset.metric)];
+        var scale = SCALE[metric.unit] || [1, metric.unit];
+        var measured = metric.points.map(function (pt) { return pt.measured == null ? null : pt.measured * scale[0]; });
+        var predicted = metric.points.map(function (pt) { return pt.predicted == null ? null : pt.predicted * scale[0]; });
+        var datasets = [{ label: data.simulated ? "measured (simulated on CPU)" : "measured", data: measured, borderColor: p.accent, backgroundColor: p.accent, spanGaps: true }];
+        if (predicted.some(function (v) { return v != null; })) {
+          datasets.push({ label: "predicted", data: predicted, borderColor: p.warn, backgroundColor: p.warn, borderDash: [6, 4] });
+        }
+        // Polling redraws every second; animating each redraw would make the lines jump.
+        var options = baseOptions(p, data.field, metric.label + (scale[1] ? " (" + scale[1] + ")" : ""), false);
+        draw(canvas, { type: "line", data: { labels: data.values, datasets: datasets }, options: options });
+      });
+    });
+  }
+
+  function init(root) {
+    if (!window.Chart) return;
+    runCharts(root);
+    sweepCharts(root);
+  }
+
+  if (window.htmx) {
+    window.htmx.onLoad(init);
+  } else {
+    document.addEventListener("DOMContentLoaded", function () { init(document); });
+  }
+})();

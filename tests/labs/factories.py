@@ -1,0 +1,38 @@
+"""Plain factory functions for lab tests (no factory_boy)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from labs.models import LabRun, RunState, WorkerHeartbeat
+from labs.params import parse_lab_params
+
+SMALL = {"num_prompts": 8, "prompt_tokens": 64, "output_tokens": 16, "max_tokens": 64}
+
+
+def make_run(owner: Any, **overrides: Any) -> LabRun:
+    params = overrides.pop("params", None) or parse_lab_params(SMALL).as_dict()
+    fields: dict[str, Any] = {
+        "lab": "sandbox",
+        "backend": "sim",
+        "params": params,
+        "state": RunState.QUEUED,
+    }
+    fields.update(overrides)
+    return LabRun.objects.create(owner=owner, **fields)
+
+
+def make_heartbeat(backend: str = "sim", *, age_s: float = 0, **overrides: Any) -> WorkerHeartbeat:
+    seen = timezone.now() - timedelta(seconds=age_s)
+    fields: dict[str, Any] = {
+        "hostname": f"{backend}@test-host",
+        "backend": backend,
+        "queue": "labs.sim" if backend == "sim" else "labs.gpu",
+        "where": "simulated on CPU" if backend == "sim" else "vLLM 0.33.0 on NVIDIA H100",
+        "last_seen": seen,
+    }
+    fields.update(overrides)
+    return WorkerHeartbeat.objects.create(**fields)

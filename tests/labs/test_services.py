@@ -1,0 +1,234 @@
+"""Run services against the real database: submit, quotas, refusal, cancel, reap."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+from django.utils import timezone
+
+from labs import services
+from labs.models import LabRun, RunState, Sweep
+from labs.params import ParamError
+from labs.services import RunRefused, RunStopped
+from tests.labs.factories import SMALL, make_heartbeat, make_run
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def sent():
+    """What would have gone to the broker: (run ids, options) per send."""
+    calls: list[tuple[list[int], dict]] = []
+
+    def apply_async(args=None, **options):
+        calls.append((list(args), options))
+
+    with (
+        mock.patch.object(services.run_execute_task, "apply_async", side_effect=apply_async),
+        mock.patch.object(services, "group") as group,
+    ):
+        group.side_effect = _group_recorder(calls)
+        yield calls
+
+
+def _group_recorder(calls):
+    def make(signatures):
+        sigs = list(signatures)
+        return mock.Mock(
+            apply_async=lambda: calls.append(([s.args[0] for s in sigs], dict(sigs[0].options)))
+        )
+
+    return make
+
+
+def test_it_queues_a_run_and_enqueues_its_id_after_commit(
+    alice, sent, django_capture_on_commit_callbacks
+):
+    make_heartbeat("sim")
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        run = services.run_request(owner=alice, lab="paged-kv", backend="sim", data=SMALL)
+        assert sent == []  # nothing leaves before the transaction commits
+    assert len(callbacks) == 1
+    run.refresh_from_db()
+    assert run.state == RunState.QUEUED
+    assert run.params["num_prompts"] == 8
+    assert run.predicted["kv_bytes_per_token"] == 131072  # llama-3-8b, 16-bit KV
+    [(ids, options)] = sent
+    assert ids == [run.pk]
+    assert options["queue"] == "labs.sim"
+    assert options["soft_time_limit"] < options["time_limit"]
+
+
+def test_it_refuses_when_no_worker_for_the_backend_is_online(
+    alice, sent, django_capture_on_commit_callbacks
+):
+    make_heartbeat("sim", age_s=300)  # long gone
+    make_heartbeat("vllm")  # another backend does not help
+    with (
+        django_capture_on_commit_callbacks(execute=True) as callbacks,
+        pytest.raises(RunRefused, match="No worker for the sim backend is online"),
+    ):
+        services.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
+    assert callbacks == [] and sent == []
+    assert not LabRun.objects.exists()
+
+
+def test_it_refuses_a_learner_over_their_quota(alice, bob, sent, settings):
+    settings.LABS_MAX_ACTIVE_PER_LEARNER = 2
+    make_heartbeat("sim")
+    make_run(alice, state=RunState.QUEUED)
+    make_run(alice, state=RunState.RUNNING)
+    make_run(alice, state=RunState.DONE)
+    with pytest.raises(RunRefused, match=r"already have 2 runs .* \(the limit is 2\)"):
+        services.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
+    assert LabRun.objects.count() == 3
+    # Someone else's runs do not count against bob.
+    services.run_request(owner=bob, lab="sandbox", backend="sim", data=SMALL)
+
+
+def test_a_sweep_counts_once_toward_the_quota(alice, sent, settings):
+    settings.LABS_MAX_ACTIVE_PER_LEARNER = 2
+    make_heartbeat("sim")
+    sweep = services.sweep_request(
+        owner=alice,
+        lab="batching",
+        backend="sim",
+        data=SMALL,
+        field="max_num_seqs",
+        raw_values="1, 2, 4",
+    )
+    assert sweep.runs.count() == 3
+    services.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
+    with pytest.raises(RunRefused):
+        services.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
+
+
+def test_it_refuses_gpu_runs_over_the_queue_cap(alice, bob, sent, settings):
+    settings.LABS_GPU_QUEUE_CAP = 1
+    make_heartbeat("vllm")
+    make_run(bob, backend="vllm", state=RunState.RUNNING)
+    with pytest.raises(RunRefused, match=r"GPU queue is full \(1 of 1"):
+        services.run_request(owner=alice, lab="sandbox", backend="vllm", data=SMALL)
+    assert LabRun.objects.filter(owner=alice).count() == 0
+
+
+def test_bad_params_raise_one_message_per_field_and_save_nothing(alice, sent):
+    make_heartbeat("sim")
+    with pytest.raises(ParamError) as info:
+        services.run_request(
+            owner=alice,
+            lab="sandbox",
+            backend="sim",
+            data={"block_size": "17", "num_prompts": "-3", "model": "gpt-9"},
+        )
+    assert set(info.value.errors) == {"block_size", "num_prompts", "model"}
+    assert "power of two" in info.value.errors["block_size"]
+    with pytest.raises(ParamError) as info:
+        services.run_request(owner=alice, lab="sandbox", backend="tpu", data={})
+    assert set(info.value.errors) == {"backend"}
+    assert not LabRun.objects.exists() and sent == []
+
+
+def test_a_sweep_is_one_group_on_the_backend_queue(alice, sent, django_capture_on_commit_callbacks):
+    make_heartbeat("sim")
+    with django_capture_on_commit_callbacks(execute=True):
+        sweep = services.sweep_request(
+            owner=alice,
+            lab="batching",
+            backend="sim",
+            data=SMALL,
+            field="max_num_seqs",
+            raw_values="1; 8, 64",
+        )
+    assert sweep.values == [1, 8, 64]
+    runs = list(sweep.runs.order_by("sweep_index"))
+    assert [r.params["max_num_seqs"] for r in runs] == [1, 8, 64]
+    assert [r.predicted["running_seqs"] for r in runs] == [1, 1, 1]  # concurrency 1
+    [(ids, options)] = sent
+    assert ids == [r.pk for r in runs] and options["queue"] == "labs.sim"
+
+
+@pytest.mark.parametrize(
+    ("field", "values", "bad"),
+    [
+        ("max_num_seqs", "1", "sweep_values"),
+        ("max_num_seqs", "1, 2, 99999999", "sweep_values"),
+        ("block_size", "16, 16", "sweep_values"),
+        ("no_such_field", "1, 2", "sweep_field"),
+        ("max_num_seqs", ",".join(str(n) for n in range(1, 40)), "sweep_values"),
+    ],
+)
+def test_a_bad_sweep_names_the_problem_and_saves_nothing(alice, sent, field, values, bad):
+    make_heartbeat("sim")
+    with pytest.raises(ParamError) as info:
+        services.sweep_request(
+            owner=alice, lab="batching", backend="sim", data=SMALL, field=field, raw_values=values
+        )
+    assert bad in info.value.errors
+    assert not Sweep.objects.exists() and not LabRun.objects.exists()
+
+
+def test_cancel_stops_queued_and_running_runs_but_not_finished_ones(alice):
+    queued = make_run(alice)
+    running = make_run(alice, state=RunState.RUNNING)
+    done = make_run(alice, state=RunState.DONE)
+    assert services.run_cancel(run=queued) and services.run_cancel(run=running)
+    assert not services.run_cancel(run=done)
+    for run in (queued, running):
+        run.refresh_from_db()
+        assert run.state == RunState.CANCELLED and run.finished_at
+    # A late claim of the cancelled run does nothing.
+    assert services.run_execute(run_id=queued.pk, hostname="w@h") == RunState.CANCELLED
+
+
+def test_progress_of_a_cancelled_run_stops_the_backend(alice):
+    run = make_run(alice, state=RunState.RUNNING)
+    beat = services._RunHeartbeat(run.pk, interval_s=60)
+    on_progress = services._progress_reporter(run.pk, beat)
+    on_progress(0.5)
+    run.refresh_from_db()
+    assert run.progress == 0.5
+    services.run_cancel(run=run)
+    with pytest.raises(RunStopped):
+        on_progress(1.0)
+
+
+def test_the_reaper_fails_running_runs_with_a_stale_heartbeat(alice, settings):
+    settings.LABS_RUN_STALE_S = 30
+    now = timezone.now()
+    stale = make_run(
+        alice, state=RunState.RUNNING, worker="sim@box", heartbeat_at=now - timedelta(seconds=31)
+    )
+    fresh = make_run(alice, state=RunState.RUNNING, heartbeat_at=now - timedelta(seconds=5))
+    done = make_run(alice, state=RunState.DONE, heartbeat_at=now - timedelta(hours=1))
+    assert services.run_reap_stale(now=now) == 1
+    stale.refresh_from_db()
+    assert stale.state == RunState.FAILED
+    assert "sim@box stopped sending heartbeats" in stale.error
+    assert stale.finished_at == now
+    for run, state in ((fresh, RunState.RUNNING), (done, RunState.DONE)):
+        run.refresh_from_db()
+        assert run.state == state
+    assert services.run_reap_stale(now=now) == 0  # idempotent
+
+
+def test_the_reaper_fails_old_queued_runs_only_when_no_worker_can_take_them(alice, settings):
+    settings.LABS_QUEUED_STALE_S = 600
+    old = timezone.now() - timedelta(seconds=601)
+    sim_run = make_run(alice, backend="sim", created_at=old)
+    gpu_run = make_run(alice, backend="vllm", created_at=old)
+    make_heartbeat("sim")
+    assert services.run_reap_stale() == 1
+    sim_run.refresh_from_db()
+    gpu_run.refresh_from_db()
+    assert sim_run.state == RunState.QUEUED  # a sim worker is up; it is just busy
+    assert gpu_run.state == RunState.FAILED and "No vllm worker" in gpu_run.error
+
+
+def test_run_fail_does_not_touch_a_finished_run(alice):
+    run = make_run(alice, state=RunState.DONE)
+    assert not services.run_fail(run_id=run.pk, error="late")
+    run.refresh_from_db()
+    assert run.state == RunState.DONE and run.error == ""

@@ -1,0 +1,276 @@
+"""Lab pages through the Django test client: owner, other learner, anonymous, and htmx."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from labs import services
+from labs.models import LabRun, RunState, Sweep
+from labs.presets import LABS, load_presets
+from tests.conftest import make_user
+from tests.labs.factories import SMALL, make_heartbeat, make_run
+
+pytestmark = pytest.mark.django_db
+HTMX = {"HTTP_HX_REQUEST": "true"}
+
+
+@pytest.fixture
+def no_broker():
+    """Record sends instead of talking to a broker (the worker tests use the real one)."""
+    with mock.patch.object(services, "_enqueue") as enqueue:
+        yield enqueue
+
+
+@pytest.fixture
+def done_run(alice):
+    """A run executed in-process on the real simulator: a real summary to render."""
+    run = make_run(alice, lab="paged-kv", state=RunState.QUEUED)
+    run.predicted = services._predicted(services.parse_lab_params(run.params))
+    run.save()
+    assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
+    run.refresh_from_db()
+    return run
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        reverse("labs:index"),
+        reverse("labs:lab-detail", args=["paged-kv"]),
+        reverse("labs:run-list"),
+        reverse("labs:run-detail", args=[1]),
+    ],
+)
+def test_anonymous_visitors_are_sent_to_log_in(client, url):
+    response = client.get(url)
+    assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+
+
+def test_the_index_lists_every_lab_and_the_backends_online(alice_client):
+    make_heartbeat("sim")
+    response = alice_client.get(reverse("labs:index"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    for lab in LABS.values():
+        assert reverse("labs:lab-detail", args=[lab.slug]) in html
+    assert "online · 1 worker · simulated on CPU" in html
+    assert "-Q labs.gpu" in html  # vllm is offline: how to start it
+
+
+@pytest.mark.parametrize("slug", list(LABS))
+def test_every_lab_page_shows_its_settings_and_a_prediction(alice_client, slug):
+    response = alice_client.get(reverse("labs:lab-detail", args=[slug]))
+    assert response.status_code == 200
+    lab = LABS[slug]
+    html = response.content.decode()
+    for name in lab.fields:
+        assert f'name="{name}"' in html
+    for key in lab.predicted:
+        assert f'data-key="{key}"' in html
+    assert 'hx-trigger="input changed delay:300ms, change"' in html
+
+
+def test_an_unknown_lab_or_preset_is_404(alice_client):
+    assert alice_client.get(reverse("labs:lab-detail", args=["nope"])).status_code == 404
+    assert alice_client.get(reverse("labs:preset-open", args=["nope"])).status_code == 404
+
+
+def test_a_preset_opens_its_lab_with_the_cards_numbers(alice_client):
+    preset = load_presets()["contiguous-vs-paged-8k-reservation"]
+    response = alice_client.get(reverse("labs:preset-open", args=[preset.slug]), follow=True)
+    assert response.status_code == 200
+    assert response.redirect_chain[0][0].startswith(reverse("labs:lab-detail", args=["paged-kv"]))
+    html = response.content.decode()
+    assert preset.title in html
+    form = response.context["form"]
+    assert form["max_tokens"].value() == "8192"
+    assert form["kv_allocation"].value() == "contiguous"
+    assert f'name="preset" value="{preset.slug}"' in html
+
+
+def test_the_prediction_partial_follows_block_size(alice_client):
+    url = reverse("labs:lab-predict", args=["paged-kv"])
+    base = {"prompt_tokens": "700", "output_tokens": "300", "max_tokens": "2048"}
+    small = alice_client.get(url, {**base, "block_size": "16"}, **HTMX)
+    large = alice_client.get(url, {**base, "block_size": "256"}, **HTMX)
+    assert small.status_code == large.status_code == 200
+    assert "<html" not in small.content.decode()  # just the partial
+    assert _predicted(small)["blocks_per_seq"] == "63 blocks"
+    assert _predicted(small)["slots_wasted_per_seq"] == "8 slots"
+    assert _predicted(large)["blocks_per_seq"] == "4 blocks"
+    assert _predicted(large)["slots_wasted_per_seq"] == "24 slots"
+
+
+def _predicted(response) -> dict[str, str]:
+    pairs = re.findall(
+        r'data-key="(\w+)"><dt>[^<]*</dt><dd>([^<]*)</dd>', response.content.decode()
+    )
+    return dict(pairs)
+
+
+def test_a_bad_setting_in_the_prediction_partial_names_the_field(alice_client):
+    url = reverse("labs:lab-predict", args=["paged-kv"])
+    response = alice_client.get(url, {"block_size": "12"}, **HTMX)
+    assert response.status_code == 400
+    assert (
+        "block_size must be a power of two between 1 and 256, got 12" in response.content.decode()
+    )
+
+
+def test_run_creates_a_queued_run_and_redirects_to_it(alice_client, alice, no_broker):
+    make_heartbeat("sim")
+    data = {**{k: str(v) for k, v in SMALL.items()}, "backend": "sim", "block_size": "32"}
+    response = alice_client.post(reverse("labs:run-create", args=["paged-kv"]), data)
+    run = LabRun.objects.get()
+    assert response.status_code == 302 and response["Location"] == run.get_absolute_url()
+    assert run.owner == alice and run.lab == "paged-kv" and run.state == RunState.QUEUED
+    assert run.params["block_size"] == 32
+    assert run.params["max_concurrency"] == 1  # the lab pages' max_concurrency follows concurrency
+
+
+def test_run_with_no_worker_online_is_refused_with_the_reason(alice_client, no_broker):
+    response = alice_client.post(reverse("labs:run-create", args=["paged-kv"]), {"backend": "sim"})
+    assert response.status_code == 503
+    assert "No worker for the sim backend is online" in response.content.decode()
+    assert not LabRun.objects.exists()
+    no_broker.assert_not_called()
+
+
+def test_run_over_the_quota_is_refused(alice_client, alice, no_broker, settings):
+    settings.LABS_MAX_ACTIVE_PER_LEARNER = 1
+    make_heartbeat("sim")
+    make_run(alice, state=RunState.RUNNING)
+    response = alice_client.post(reverse("labs:run-create", args=["sandbox"]), {"backend": "sim"})
+    assert response.status_code == 429
+    assert "the limit is 1" in response.content.decode()
+    assert LabRun.objects.count() == 1
+
+
+def test_a_bad_run_gets_400_with_field_messages_and_nothing_saved(alice_client, no_broker):
+    make_heartbeat("sim")
+    response = alice_client.post(
+        reverse("labs:run-create", args=["paged-kv"]),
+        {"block_size": "-4", "num_prompts": "lots", "backend": "sim"},
+    )
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert "block_size must be" in errors["block_size"][0]
+    assert "num_prompts must be a whole number" in errors["num_prompts"][0]
+    assert not LabRun.objects.exists()
+    no_broker.assert_not_called()
+
+
+def test_a_pool_too_small_for_one_request_is_refused_at_submit(alice_client, no_broker):
+    make_heartbeat("sim")
+    response = alice_client.post(
+        reverse("labs:run-create", args=["paged-kv"]),
+        {"kv_capacity_tokens": "64", "prompt_tokens": "700", "backend": "sim"},
+    )
+    assert response.status_code == 400
+    assert "kv_capacity_tokens must hold the longest request" in response.content.decode()
+    assert not LabRun.objects.exists()
+
+
+def test_a_finished_run_shows_measured_next_to_predicted(alice_client, done_run):
+    response = alice_client.get(done_run.get_absolute_url())
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "simulated on CPU" in html
+    rows = {r.label: r for r in response.context["rows"]}
+    ttft = rows["TTFT, median"]
+    assert ttft.measured.endswith("ms") and ttft.predicted.endswith("ms") and ttft.diff
+    assert 'id="run-charts"' in html and 'data-chart="kv"' in html
+    assert "hx-trigger" not in html  # nothing left to poll
+
+
+def test_polling_a_running_run_returns_the_partial_and_stops_when_it_ends(alice_client, alice):
+    run = make_run(alice, state=RunState.RUNNING, progress=0.4, heartbeat_at=timezone.now())
+    response = alice_client.get(run.get_absolute_url(), **HTMX)
+    html = response.content.decode()
+    assert response.status_code == 200 and "<html" not in html
+    assert 'hx-trigger="every 1s"' in html and 'value="40"' in html
+    LabRun.objects.filter(pk=run.pk).update(state=RunState.FAILED, error="boom")
+    response = alice_client.get(run.get_absolute_url(), **HTMX)
+    assert response.status_code == 286  # htmx stops polling
+    assert "boom" in response.content.decode()
+    assert "hx-trigger" not in response.content.decode()
+
+
+def test_watching_a_run_whose_worker_died_shows_it_failed(alice_client, alice, settings):
+    settings.LABS_RUN_STALE_S = 10
+    run = make_run(
+        alice,
+        state=RunState.RUNNING,
+        worker="sim@gone",
+        heartbeat_at=timezone.now() - timedelta(seconds=11),
+    )
+    response = alice_client.get(run.get_absolute_url(), **HTMX)
+    assert response.status_code == 286
+    assert "sim@gone stopped sending heartbeats" in response.content.decode()
+
+
+def test_another_learners_run_sweep_and_cancel_are_404(client, alice, done_run):
+    bob = make_user("bob")
+    client.force_login(bob)
+    sweep = Sweep.objects.create(owner=alice, lab="batching", backend="sim", field="x", values=[1])
+    assert client.get(done_run.get_absolute_url()).status_code == 404
+    assert client.get(done_run.get_absolute_url(), **HTMX).status_code == 404
+    assert client.post(reverse("labs:run-cancel", args=[done_run.pk])).status_code == 404
+    assert client.get(sweep.get_absolute_url()).status_code == 404
+    mine = make_run(bob)
+    compare = reverse("labs:run-compare") + f"?a={mine.pk}&b={done_run.pk}"
+    assert client.get(compare).status_code == 404
+
+
+def test_cancel_a_running_run_from_its_page(alice_client, alice):
+    run = make_run(alice, state=RunState.RUNNING, heartbeat_at=timezone.now())
+    response = alice_client.post(reverse("labs:run-cancel", args=[run.pk]), **HTMX)
+    assert response.status_code == 286
+    run.refresh_from_db()
+    assert run.state == RunState.CANCELLED
+    assert "Cancelled" in response.content.decode()
+
+
+def test_history_and_compare_two_runs(alice_client, alice, done_run):
+    other = make_run(alice, lab="paged-kv", params={**done_run.params, "block_size": 64})
+    response = alice_client.get(reverse("labs:run-list"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert f"#{done_run.pk}" in html and f"#{other.pk}" in html
+    response = alice_client.get(reverse("labs:run-compare"), {"a": done_run.pk, "b": other.pk})
+    assert response.status_code == 200
+    assert ("block_size", 16, 64) in response.context["changed"]
+    assert any(r["label"] == "TTFT, median" for r in response.context["rows"])
+
+
+def test_a_sweep_from_the_lab_page(alice_client, alice, no_broker):
+    make_heartbeat("sim")
+    response = alice_client.post(
+        reverse("labs:sweep-create", args=["batching"]),
+        {"backend": "sim", "sweep_field": "max_num_seqs", "sweep_values": "1, 4, 16"},
+    )
+    sweep = Sweep.objects.get()
+    assert response.status_code == 302 and response["Location"] == sweep.get_absolute_url()
+    assert sweep.runs.count() == 3
+    page = alice_client.get(sweep.get_absolute_url())
+    assert page.status_code == 200
+    assert 'id="sweep-chart"' in page.content.decode()
+    poll = alice_client.get(sweep.get_absolute_url(), **HTMX)
+    assert poll.status_code == 200 and 'hx-trigger="every 1s"' in poll.content.decode()
+
+
+def test_a_bad_sweep_value_is_400_naming_it(alice_client, no_broker):
+    make_heartbeat("sim")
+    response = alice_client.post(
+        reverse("labs:sweep-create", args=["batching"]),
+        {"backend": "sim", "sweep_field": "max_num_seqs", "sweep_values": "1, 0"},
+    )
+    assert response.status_code == 400
+    assert "sweep value 0: max_num_seqs must be" in response.content.decode()
+    assert not Sweep.objects.exists()
