@@ -40,13 +40,14 @@ class AnswerForm(forms.Form):
         )
 
 
+RATING_ERROR = "Rating must be 1 (Again), 2 (Hard), 3 (Good) or 4 (Easy)."
+
+
 class GradeForm(forms.Form):
     rating = forms.TypedChoiceField(
         choices=[(1, "Again"), (2, "Hard"), (3, "Good"), (4, "Easy")],
         coerce=int,
-        error_messages={
-            "invalid_choice": "Rating must be 1 (Again), 2 (Hard), 3 (Good) or 4 (Easy)."
-        },
+        error_messages={"invalid_choice": RATING_ERROR, "required": RATING_ERROR},
     )
 
 

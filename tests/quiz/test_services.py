@@ -1,0 +1,209 @@
+"""Grading, undo and leeches against the real database, with explicit (frozen) clocks."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.forms.models import model_to_dict
+
+from quiz import services
+from quiz.models import FsrsState, ReviewLog, ReviewState, Showing
+from tests.quiz.factories import at, make_card, make_review_state, review, show
+
+pytestmark = pytest.mark.django_db
+NOW = at(2026, 6, 1, 9)
+
+
+def _row(user, card) -> dict:
+    return model_to_dict(ReviewState.objects.get(user=user, card=card))
+
+
+def test_it_grades_once_when_the_same_token_is_posted_twice(alice):
+    card = make_card()
+    showing = show(alice, card, NOW)
+    first = services.review_grade(user=alice, token=showing.token, rating=3, now=NOW)
+    state_after_first = _row(alice, card)
+    second = services.review_grade(
+        user=alice, token=showing.token, rating=1, now=NOW + dt.timedelta(seconds=1)
+    )
+    assert second.replayed and second.log.pk == first.log.pk and second.log.rating == 3
+    assert ReviewLog.objects.count() == 1
+    assert _row(alice, card) == state_after_first
+
+
+def test_it_refuses_a_grade_from_a_second_tab_after_the_first_graded(alice):
+    card = make_card()
+    tab_one = show(alice, card, NOW)
+    # A reload reuses the open showing; a second tab opened the same way holds another token
+    # for the same state version.
+    Showing.objects.create(user=alice, card=card, token="tab-two", created_at=NOW, state_version=0)
+    services.showing_reveal(user=alice, token="tab-two", answer=services.Answer(), now=NOW)
+    services.review_grade(user=alice, token=tab_one.token, rating=3, now=NOW)
+    with pytest.raises(services.QuizConflict):
+        services.review_grade(user=alice, token="tab-two", rating=4, now=NOW)
+    assert ReviewLog.objects.count() == 1
+
+
+def test_it_refuses_to_grade_before_the_answer_is_shown(alice):
+    showing = services.showing_open(user=alice, card=make_card(), now=NOW)
+    with pytest.raises(services.QuizConflict):
+        services.review_grade(user=alice, token=showing.token, rating=3, now=NOW)
+
+
+def test_it_refuses_ratings_outside_one_to_four(alice):
+    showing = show(alice, make_card(), NOW)
+    for rating in (0, 5, -1):
+        with pytest.raises(ValueError):
+            services.review_grade(user=alice, token=showing.token, rating=rating, now=NOW)
+    assert not ReviewLog.objects.exists()
+
+
+def test_it_never_finds_another_learners_showing(alice, bob):
+    showing = show(alice, make_card(), NOW)
+    with pytest.raises(Showing.DoesNotExist):
+        services.review_grade(user=bob, token=showing.token, rating=3, now=NOW)
+    with pytest.raises(Showing.DoesNotExist):
+        services.showing_reveal(user=bob, token=showing.token, answer=services.Answer(), now=NOW)
+    assert not ReviewLog.objects.exists()
+
+
+def test_it_recomputes_stale_outcomes_instead_of_applying_them(alice):
+    showing = show(alice, make_card(), NOW)
+    later = NOW + services.REVEAL_TTL + dt.timedelta(seconds=1)
+    with pytest.raises(services.ShowingExpired):
+        services.review_grade(user=alice, token=showing.token, rating=3, now=later)
+    fresh = services.showing_reveal(
+        user=alice, token=showing.token, answer=services.Answer(), now=later, refresh=True
+    )
+    assert fresh.revealed_at == later
+    log = services.review_grade(user=alice, token=showing.token, rating=3, now=later).log
+    assert log.reviewed_at == later
+
+
+def test_it_undoes_a_review_restoring_every_column_exactly(alice):
+    card = make_card()
+    make_review_state(
+        alice, card, due=NOW, stability=12.345678, difficulty=6.54321, lapses=3, reps=9
+    )
+    before = _row(alice, card)
+    review(alice, card, 1, NOW + dt.timedelta(minutes=3))  # a lapse changes everything
+    assert _row(alice, card)["state"] == FsrsState.RELEARNING
+
+    card_id = services.review_undo(user=alice, now=NOW + dt.timedelta(minutes=4))
+    assert card_id == card.pk
+    after = _row(alice, card)
+    assert after.pop("version") == before.pop("version") + 2  # bumped, so old showings are stale
+    assert after == before
+    assert not ReviewLog.objects.exists()
+
+
+def test_it_undoes_a_new_cards_first_review_back_to_new(alice):
+    card = make_card()
+    services.showing_open(user=alice, card=card, now=NOW)
+    before = _row(alice, card)
+    review(alice, card, 3, NOW)
+    services.review_undo(user=alice, now=NOW)
+    after = _row(alice, card)
+    after.pop("version"), before.pop("version")
+    assert after == before and after["last_review"] is None
+
+
+def test_it_undoes_the_latest_review_only_and_then_says_nothing_is_left(alice):
+    first, second = make_card(), make_card()
+    review(alice, first, 3, NOW)
+    review(alice, second, 3, NOW + dt.timedelta(seconds=5))
+    assert services.review_undo(user=alice, now=NOW) == second.pk
+    assert services.review_undo(user=alice, now=NOW) == first.pk
+    with pytest.raises(services.NothingToUndo):
+        services.review_undo(user=alice, now=NOW)
+
+
+def test_it_does_not_undo_someone_elses_review(alice, bob):
+    review(alice, make_card(), 3, NOW)
+    with pytest.raises(services.NothingToUndo):
+        services.review_undo(user=bob, now=NOW)
+    assert ReviewLog.objects.filter(user=alice).count() == 1
+
+
+def test_it_tags_and_suspends_a_leech_at_the_eighth_lapse(alice):
+    card = make_card()
+    make_review_state(alice, card, due=NOW, lapses=7)
+    showing = show(alice, card, NOW)
+    result = services.review_grade(user=alice, token=showing.token, rating=1, now=NOW)
+    assert result.became_leech
+    state = ReviewState.objects.get(user=alice, card=card)
+    assert (state.lapses, state.leech, state.suspended) == (8, True, True)
+    # Undo takes the leech back too.
+    services.review_undo(user=alice, now=NOW)
+    state.refresh_from_db()
+    assert (state.lapses, state.leech, state.suspended) == (7, False, False)
+
+
+def test_it_does_not_count_again_on_a_learning_card_as_a_lapse(alice):
+    card = make_card()
+    review(alice, card, 1, NOW)
+    assert ReviewState.objects.get(user=alice, card=card).lapses == 0
+
+
+def test_it_records_the_answer_correctness_and_a_clamped_duration(alice):
+    card = make_card("numeric")
+    showing = services.showing_open(user=alice, card=card, now=NOW)
+    later = NOW + dt.timedelta(minutes=5)
+    services.showing_reveal(
+        user=alice,
+        token=showing.token,
+        answer=services.Answer(number=128.4, raw="128.4"),
+        now=later,
+    )
+    log = services.review_grade(user=alice, token=showing.token, rating=3, now=later).log
+    assert (log.answer, log.correct, log.duration_ms) == ("128.4", True, 60_000)
+    assert log.state_before["last_review"] is None and log.state_before["lapses"] == 0
+
+
+def test_it_judges_choices_and_numbers(alice):
+    choice = make_card("choice")
+    wrong = choice.options.get(text="Wrong one")
+    showing = show(alice, choice, NOW, option_id=wrong.pk)
+    assert showing.correct is False and showing.answer.endswith("Wrong one")
+    assert services.suggested_rating(showing) == 1
+    numeric = make_card("numeric")
+    assert show(alice, numeric, NOW, number=129.0, raw="129").correct is False
+    assert services.suggested_rating(show(alice, make_card(), NOW)) == 3
+
+
+def test_it_rejects_an_option_from_another_card(alice):
+    from django.core.exceptions import ValidationError
+
+    card, other = make_card("choice"), make_card("choice")
+    showing = services.showing_open(user=alice, card=card, now=NOW)
+    with pytest.raises(ValidationError):
+        services.showing_reveal(
+            user=alice,
+            token=showing.token,
+            answer=services.Answer(option_id=other.options.first().pk),
+            now=NOW,
+        )
+
+
+def test_it_keeps_the_first_answer_when_revealed_twice(alice):
+    card = make_card("numeric")
+    first = show(alice, card, NOW, number=128.0, raw="128")
+    again = services.showing_reveal(
+        user=alice, token=first.token, answer=services.Answer(number=1.0, raw="1"), now=NOW
+    )
+    assert (again.answer, again.correct, again.outcomes) == ("128", True, first.outcomes)
+
+
+def test_it_shuffles_options_per_showing_and_keeps_the_order_on_reload(alice):
+    card = make_card("choice")
+    orders = set()
+    for minute in range(12):
+        showing = services.showing_open(
+            user=alice, card=card, now=NOW + dt.timedelta(minutes=minute)
+        )
+        assert services.showing_open(user=alice, card=card, now=NOW).token == showing.token
+        orders.add(tuple(showing.option_order))
+        Showing.objects.filter(pk=showing.pk).update(used_at=NOW)  # next one is a new showing
+    assert sorted(orders.pop()) == sorted(card.options.values_list("pk", flat=True))
+    assert len(orders) >= 1  # 12 shuffles of 3 options: a second order is all but certain

@@ -1,0 +1,275 @@
+"""The quiz pages over HTTP: owner, other learner, anonymous, htmx, forged input, query counts."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from quiz import scheduling
+from quiz.models import ReviewLog, ReviewState, Showing
+from tests.quiz.factories import make_card
+
+pytestmark = pytest.mark.django_db
+HX = {"HTTP_HX_REQUEST": "true"}
+
+
+def token_in(response) -> str:
+    match = re.search(r"/quiz/answer/([\w-]+)/", response.content.decode())
+    assert match, "no card on the page"
+    return match.group(1)
+
+
+def open_card(client) -> str:
+    return token_in(client.get(reverse("quiz:today")))
+
+
+def reveal(client, token: str, **data) -> object:
+    return client.post(reverse("quiz:answer-submit", args=[token]), data, **HX)
+
+
+def grade(client, token: str, rating: object, **extra) -> object:
+    return client.post(reverse("quiz:review-grade", args=[token]), {"rating": rating}, **extra)
+
+
+def test_it_shows_the_first_card_with_counts(alice_client):
+    make_card(prompt="What is **paged** attention?")
+    response = alice_client.get(reverse("quiz:today"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "<strong>paged</strong>" in html and 'data-side="question"' in html
+    assert "<html" in html  # the full page for a normal request
+
+
+def test_it_answers_htmx_with_the_panel_only(alice_client):
+    make_card()
+    response = alice_client.get(reverse("quiz:today"), **HX)
+    html = response.content.decode()
+    assert html.lstrip().startswith('<section id="quiz-panel"') and "<html" not in html
+
+
+def test_it_runs_a_card_from_question_to_grade_with_the_labels_it_applies(alice_client, alice):
+    card = make_card("numeric")
+    token = open_card(alice_client)
+    response = reveal(alice_client, token, value="1,28")  # 128 with a thousands separator
+    html = response.content.decode()
+    assert response.status_code == 200 and 'data-side="answer"' in html
+    showing = Showing.objects.get(token=token)
+    good = scheduling.CardState.from_json(showing.outcomes["3"])
+    label = scheduling.format_interval(good.due - showing.revealed_at)
+    assert re.search(
+        rf'grade-interval">{re.escape(label)}</span>\s*<span class="grade-name">Good', html
+    )
+
+    response = grade(alice_client, token, 3, **HX)
+    assert response.status_code == 200
+    state = ReviewState.objects.get(user=alice, card=card)
+    assert state.due == good.due and ReviewLog.objects.get().correct is True
+
+
+def test_it_redirects_after_a_plain_form_grade_so_a_refresh_cannot_regrade(alice_client):
+    make_card()
+    token = open_card(alice_client)
+    reveal(alice_client, token)
+    response = grade(alice_client, token, 3)
+    assert response.status_code == 302 and response["Location"] == reverse("quiz:today")
+    assert grade(alice_client, token, 3).status_code == 302  # a replay: same result, no new log
+    assert ReviewLog.objects.count() == 1
+
+
+def test_it_undoes_and_shows_that_card_again(alice_client, alice):
+    card = make_card()
+    make_card()
+    token = open_card(alice_client)
+    reveal(alice_client, token)
+    grade(alice_client, token, 4, **HX)
+    response = alice_client.post(reverse("quiz:review-undo"), **HX)
+    assert response.status_code == 200 and "Undone" in response.content.decode()
+    assert Showing.objects.get(token=token_in(response)).card == card
+    assert not ReviewLog.objects.exists()
+    assert alice_client.post(reverse("quiz:review-undo"), **HX).status_code == 409
+
+
+# --- Another learner, anonymous, forged input ----------------------------------------------------
+
+
+def test_another_learner_cannot_reveal_or_grade_alices_card(alice_client, bob):
+    make_card()
+    token = open_card(alice_client)
+    reveal(alice_client, token)
+    bob_client = Client()
+    bob_client.force_login(bob)
+    assert reveal(bob_client, token).status_code == 404
+    assert grade(bob_client, token, 3).status_code == 404
+    assert bob_client.post(reverse("quiz:review-undo")).status_code == 409  # bob has none
+    assert not ReviewLog.objects.exists()
+    assert Showing.objects.get(token=token).used_at is None
+
+
+def test_another_learner_sees_only_their_own_state_on_a_card_page(alice_client, bob):
+    card = make_card()
+    token = open_card(alice_client)
+    reveal(alice_client, token)
+    grade(alice_client, token, 3)
+    bob_client = Client()
+    bob_client.force_login(bob)
+    html = bob_client.get(reverse("quiz:card-detail", args=[card.slug])).content.decode()
+    assert "You have not reviewed this card yet" in html
+    html = alice_client.get(reverse("quiz:card-detail", args=[card.slug])).content.decode()
+    assert "Next due" in html
+
+
+@pytest.mark.parametrize(
+    ("method", "name", "args"),
+    [
+        ("get", "quiz:today", []),
+        ("post", "quiz:answer-submit", ["x" * 22]),
+        ("post", "quiz:review-grade", ["x" * 22]),
+        ("post", "quiz:review-undo", []),
+        ("get", "quiz:stats", []),
+        ("get", "quiz:settings-edit", []),
+        ("get", "quiz:card-detail", ["any-card"]),
+    ],
+)
+def test_anonymous_visitors_are_sent_to_log_in(client, method, name, args):
+    response = getattr(client, method)(reverse(name, args=args))
+    assert response.status_code == 302 and response["Location"].startswith(reverse("login"))
+
+
+@pytest.mark.parametrize("rating", ["0", "5", "-1", "good", "", "3.5"])
+def test_it_answers_a_rating_outside_one_to_four_with_400(alice_client, rating):
+    make_card()
+    token = open_card(alice_client)
+    reveal(alice_client, token)
+    response = grade(alice_client, token, rating, **HX)
+    assert response.status_code == 400
+    assert "Rating must be 1 (Again)" in response.content.decode()
+    assert not ReviewLog.objects.exists()
+
+
+def test_it_answers_an_unknown_token_with_404(alice_client):
+    make_card()
+    assert reveal(alice_client, "no-such-token").status_code == 404
+    assert grade(alice_client, "no-such-token", 3).status_code == 404
+
+
+def test_it_answers_an_unknown_or_retired_card_page_with_404(alice_client):
+    retired = make_card(is_active=False)
+    assert alice_client.get(reverse("quiz:card-detail", args=["nope"])).status_code == 404
+    assert alice_client.get(reverse("quiz:card-detail", args=[retired.slug])).status_code == 404
+    response = alice_client.post(reverse("quiz:card-unsuspend", args=["nope"]))
+    assert response.status_code == 404
+
+
+def test_it_answers_a_forged_option_and_a_non_number_with_400(alice_client):
+    make_card("choice")
+    other = make_card("choice")
+    token = open_card(alice_client)
+    response = reveal(alice_client, token, option=other.options.first().pk)
+    assert response.status_code == 400 and "not one of this card" in response.content.decode()
+    assert reveal(alice_client, token, option="abc").status_code == 400
+    assert Showing.objects.get(token=token).revealed_at is None
+
+
+def test_it_answers_a_number_that_is_not_a_number_with_400(alice_client):
+    make_card("numeric")
+    token = open_card(alice_client)
+    response = reveal(alice_client, token, value="about twelve")
+    assert response.status_code == 400 and "Type a number" in response.content.decode()
+
+
+def test_it_answers_grading_before_the_answer_with_409(alice_client):
+    make_card()
+    token = open_card(alice_client)
+    response = grade(alice_client, token, 3, **HX)
+    assert response.status_code == 409 and "Show the answer" in response.content.decode()
+
+
+def test_it_refuses_posts_without_a_csrf_token(alice):
+    make_card()
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(alice)
+    token = token_in(client.get(reverse("quiz:today")))
+    assert client.post(reverse("quiz:answer-submit", args=[token])).status_code == 403
+    assert grade(client, token, 3).status_code == 403
+    assert client.post(reverse("quiz:review-undo")).status_code == 403
+    assert client.post(reverse("quiz:settings-edit"), {"time_zone": "UTC"}).status_code == 403
+
+
+def test_it_refuses_get_on_post_only_endpoints(alice_client):
+    assert alice_client.get(reverse("quiz:review-undo")).status_code == 405
+    assert alice_client.post(reverse("quiz:stats")).status_code == 405
+
+
+# --- Settings ------------------------------------------------------------------------------------
+
+
+def test_it_saves_valid_settings(alice_client, alice):
+    response = alice_client.post(
+        reverse("quiz:settings-edit"),
+        {
+            "time_zone": "Europe/Berlin",
+            "rollover_hour": 5,
+            "new_per_day": 10,
+            "reviews_per_day": 100,
+            "desired_retention": 0.85,
+        },
+    )
+    assert response.status_code == 302
+    assert alice.quiz_settings.time_zone == "Europe/Berlin"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("desired_retention", 0.99),
+        ("desired_retention", 0.5),
+        ("rollover_hour", 24),
+        ("time_zone", "Mars/Olympus"),
+        ("new_per_day", -1),
+    ],
+)
+def test_it_refuses_settings_out_of_range_with_400(alice_client, field, value):
+    data = {
+        "time_zone": "UTC",
+        "rollover_hour": 4,
+        "new_per_day": 20,
+        "reviews_per_day": 200,
+        "desired_retention": 0.9,
+    }
+    data[field] = value
+    response = alice_client.post(reverse("quiz:settings-edit"), data)
+    assert response.status_code == 400
+
+
+# --- Query counts --------------------------------------------------------------------------------
+
+
+def _count_queries(client, n_cards: int) -> tuple[int, int, int]:
+    for _ in range(n_cards):
+        make_card("choice", tags=("kv-memory", "batching"))
+    with CaptureQueriesContext(connection) as show_ctx:
+        token = open_card(client)
+    option = Showing.objects.get(token=token).option_order[0]
+    with CaptureQueriesContext(connection) as reveal_ctx:
+        assert reveal(client, token, option=option).status_code == 200
+    with CaptureQueriesContext(connection) as grade_ctx:
+        assert grade(client, token, 3, **HX).status_code == 200
+    return len(show_ctx), len(reveal_ctx), len(grade_ctx)
+
+
+def test_it_uses_the_same_few_queries_for_10_or_200_cards(alice, bob):
+    small_client, large_client = Client(), Client()
+    small_client.force_login(alice)
+    large_client.force_login(bob)
+    small = _count_queries(small_client, 10)
+    large = _count_queries(large_client, 190)  # bob's deck: the same 10 plus 190 more
+    assert small == large, (small, large)
+    show_n, reveal_n, grade_n = large
+    # Measured: 18 to show (a new card creates its state row), 20 to reveal, 26 to grade and
+    # show the next one; sessions, auth and savepoints included.
+    assert show_n <= 18 and reveal_n <= 20 and grade_n <= 26, large
