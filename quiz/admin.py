@@ -1,0 +1,132 @@
+"""Staff edit decks and cards here; `manage.py export_content` writes the edits back to content/."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db.models import Count, Q, QuerySet
+from django.http import HttpRequest
+from django.template.loader import render_to_string
+from django.utils.safestring import SafeString
+
+from quiz.models import (
+    Card,
+    CardRelation,
+    CardTag,
+    ChoiceOption,
+    Deck,
+    LearnerSettings,
+    ReviewLog,
+    ReviewState,
+    Tag,
+)
+
+
+@admin.register(Deck)
+class DeckAdmin(admin.ModelAdmin):
+    list_display = ["slug", "title", "active_cards", "updated_at"]
+    search_fields = ["slug", "title"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Deck]:
+        active = Count("cards", filter=Q(cards__is_active=True))
+        return super().get_queryset(request).annotate(_active=active)
+
+    @admin.display(description="cards", ordering="_active")
+    def active_cards(self, deck: Deck) -> int:
+        return deck._active
+
+
+@admin.register(Tag)
+class TagAdmin(admin.ModelAdmin):
+    search_fields = ["slug"]
+    list_display = ["slug"]
+
+
+class ChoiceOptionInline(admin.TabularInline):
+    model = ChoiceOption
+    extra = 0
+    fields = ["position", "text", "is_correct", "why"]
+    ordering = ["position", "id"]
+
+
+class CardTagInline(admin.TabularInline):
+    model = CardTag
+    extra = 0
+    fields = ["position", "tag"]
+    autocomplete_fields = ["tag"]
+    verbose_name = "tag"
+
+
+class CardRelationInline(admin.TabularInline):
+    model = CardRelation
+    fk_name = "from_card"
+    extra = 0
+    fields = ["position", "to_card"]
+    autocomplete_fields = ["to_card"]
+    verbose_name = "related card"
+    verbose_name_plural = "related cards (load_content links them both ways)"
+
+
+@admin.register(Card)
+class CardAdmin(admin.ModelAdmin):
+    list_display = ["slug", "deck", "kind", "tag_list", "lab_preset", "is_active", "updated_at"]
+    list_filter = ["deck", "kind", "tags", "is_active"]
+    search_fields = ["slug", "prompt", "answer", "source"]
+    list_select_related = ["deck"]
+    readonly_fields = ["preview", "created_at", "updated_at"]
+    autocomplete_fields = ["parent"]
+    inlines = [ChoiceOptionInline, CardTagInline, CardRelationInline]
+    fieldsets = [
+        (None, {"fields": ["slug", "deck", "kind", "is_active", "source", "parent"]}),
+        ("Question and answer", {"fields": ["prompt", "answer", "steps", "explanation"]}),
+        ("Follow-up", {"fields": ["follow_up_question", "follow_up_answer"]}),
+        ("Numeric", {"fields": ["numeric_value", "numeric_unit", "numeric_tolerance"]}),
+        ("Links", {"fields": ["lab_preset", "check_json"]}),
+        ("Preview (as saved)", {"fields": ["preview"]}),
+        (None, {"fields": ["created_at", "updated_at"]}),
+    ]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Card]:
+        return super().get_queryset(request).prefetch_related("card_tags__tag")
+
+    @admin.display(description="tags")
+    def tag_list(self, card: Card) -> str:
+        return ", ".join(ct.tag.slug for ct in card.card_tags.all())
+
+    @admin.display(description="rendered")
+    def preview(self, card: Card) -> SafeString:
+        if card.pk is None:
+            return SafeString("Save the card to see it rendered.")
+        return SafeString(render_to_string("quiz/_card_preview.html", {"card": card}))
+
+
+@admin.register(ReviewState)
+class ReviewStateAdmin(admin.ModelAdmin):
+    list_display = ["user", "card", "state", "due", "stability", "lapses", "suspended", "leech"]
+    list_filter = ["state", "suspended", "leech"]
+    search_fields = ["user__username", "card__slug"]
+    list_select_related = ["user", "card"]
+    raw_id_fields = ["user", "card"]
+    readonly_fields = ["version"]
+
+
+@admin.register(ReviewLog)
+class ReviewLogAdmin(admin.ModelAdmin):
+    list_display = ["reviewed_at", "user", "card", "rating", "kind", "correct", "duration_ms"]
+    list_filter = ["rating", "kind", "correct"]
+    search_fields = ["user__username", "card__slug"]
+    list_select_related = ["user", "card"]
+    date_hierarchy = "reviewed_at"
+
+    # The history is evidence for scheduling and stats: read it, do not edit it here.
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(LearnerSettings)
+class LearnerSettingsAdmin(admin.ModelAdmin):
+    list_display = ["user", "time_zone", "rollover_hour", "new_per_day", "reviews_per_day"]
+    search_fields = ["user__username"]
+    raw_id_fields = ["user"]
