@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable
 
+import numpy as np
+
 BlockKey = Hashable
 
 
@@ -29,7 +31,7 @@ class BlockPool:
             raise ValueError(f"the KV pool needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        self._ref_cnt = [0] * num_blocks
+        self._ref_cnt = np.zeros(num_blocks, dtype=np.int64)
         self._key: list[BlockKey | None] = [None] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[BlockKey, int] = {}
@@ -47,7 +49,7 @@ class BlockPool:
         return self.num_used_blocks / self.num_blocks
 
     def ref_cnt(self, block: int) -> int:
-        return self._ref_cnt[block]
+        return int(self._ref_cnt[block])
 
     def allocate(self, num_blocks: int) -> list[int] | None:
         """Take `num_blocks` blocks from the head of the free queue, evicting what they cached.
@@ -60,39 +62,44 @@ class BlockPool:
             return None
         pop = free.popitem
         blocks = [pop(last=False)[0] for _ in range(num_blocks)]
-        ref_cnt, keys, cached = self._ref_cnt, self._key, self._cached
-        for block in blocks:
-            ref_cnt[block] = 1
-            key = keys[block]
-            if key is not None:
-                keys[block] = None
-                if cached.get(key) == block:
-                    del cached[key]
+        self._ref_cnt[blocks] = 1
+        if self._cached:
+            keys, cached = self._key, self._cached
+            for block in blocks:
+                key = keys[block]
+                if key is not None:
+                    keys[block] = None
+                    if cached.get(key) == block:
+                        del cached[key]
         return blocks
 
-    def free(self, blocks: Iterable[int]) -> None:
-        """Drop one reference to each block; a block nobody holds joins the tail of the free queue
-        (still cached). Pass a request's blocks last-first so its tail is evicted first."""
-        ref_cnt, free = self._ref_cnt, self._free
-        for block in blocks:
-            ref_cnt[block] -= 1
-            if ref_cnt[block] == 0:
-                free[block] = None
+    def free(self, blocks: list[int]) -> None:
+        """Drop one reference to each (distinct) block; a block nobody holds joins the tail of the
+        free queue (still cached). Pass a request's blocks last-first so its tail is evicted
+        first."""
+        if not blocks:
+            return
+        ids = np.array(blocks)
+        self._ref_cnt[ids] -= 1
+        unheld = ids[self._ref_cnt[ids] == 0]
+        self._free.update(dict.fromkeys(unheld.tolist()))
 
     def lookup(self, key: BlockKey) -> int | None:
         """The block caching `key`, if any (held or free)."""
         return self._cached.get(key)
 
     def is_free(self, block: int) -> bool:
-        return self._ref_cnt[block] == 0
+        return bool(self._ref_cnt[block] == 0)
 
-    def touch(self, blocks: Iterable[int]) -> None:
-        """Take a reference to cached blocks (a prefix-cache hit), out of the free queue if
-        nobody held them."""
-        for block in blocks:
-            if self._ref_cnt[block] == 0:
-                del self._free[block]
-            self._ref_cnt[block] += 1
+    def touch(self, blocks: list[int]) -> None:
+        """Take a reference to (distinct) cached blocks (a prefix-cache hit), out of the free
+        queue if nobody held them."""
+        if not blocks:
+            return
+        ids = np.array(blocks)
+        for block in ids[self._ref_cnt[ids] == 0].tolist():
+            del self._free[block]
+        self._ref_cnt[ids] += 1
 
     def cache(self, blocks: Iterable[int], keys: Iterable[BlockKey]) -> None:
         """Register full blocks under their keys. The first block computed for a key wins; an

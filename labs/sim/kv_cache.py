@@ -147,7 +147,7 @@ class KVCacheManager:
         if preempted and self.caching:
             self._cache(idx, int(t.num_cached_blocks[idx]), int(t.num_computed_tokens[idx]))
         table = self.block_tables[idx]
-        self.pool.free(reversed(table))
+        self.pool.free(table[::-1])
         table.clear()
         t.num_blocks[idx] = 0
         t.num_cached_blocks[idx] = 0

@@ -1,0 +1,91 @@
+"""The event loop's reporting (progress, engine samples) and the workload generator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from labs.params import parse_lab_params
+from labs.sim.scheduler import SchedulerConfig
+from labs.sim.simulator import Simulator
+from labs.sim.workload import WorkloadSpec, generate_workload, lab_workload
+from tests.labs.sim.helpers import LinearCost, make_sim, make_workload
+
+
+def test_progress_rises_to_one():
+    fractions: list[float] = []
+    work = make_workload([4] * 6, [1, 2, 3, 4, 5, 6])
+    sim = Simulator(
+        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, num_gpu_blocks=64),
+        work,
+        LinearCost(),
+        np.random.default_rng(0),
+        on_progress=fractions.append,
+        progress_interval_s=0.0,
+    )
+    sim.run()
+    # One request finishes per step; the last call is the final 1.0.
+    assert fractions == pytest.approx([1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6, 1.0, 1.0])
+
+
+def test_thinned_samples_keep_the_peaks():
+    # 40 requests arriving one per 2 s, each 8 steps long: running rises and falls many times.
+    work = make_workload([4] * 40, list(range(1, 41)), [2.0 * i for i in range(40)])
+    full = make_sim(work).run()
+    sim = make_sim(work)
+    sim.max_samples = 16
+    thin = sim.run()
+    assert len(full.samples) == sim.num_steps > 16 >= len(thin.samples)
+    assert max(s.running for s in thin.samples) == max(s.running for s in full.samples)
+    assert max(s.kv_usage for s in thin.samples) == max(s.kv_usage for s in full.samples)
+    times = [s.t_s for s in thin.samples]
+    assert times == sorted(times)
+
+
+def test_lengths_fall_in_the_range_and_arrivals_are_poisson():
+    spec = WorkloadSpec(
+        num_prompts=4000,
+        prompt_tokens=1000,
+        output_tokens=100,
+        input_range_ratio=0.5,
+        output_range_ratio=0.2,
+        request_rate=10.0,
+    )
+    work = generate_workload(spec, np.random.default_rng(0))
+    assert (work.prompt_tokens.min(), work.prompt_tokens.max()) == (500, 1500)
+    assert (work.output_tokens.min(), work.output_tokens.max()) == (80, 120)
+    assert work.prompt_tokens.mean() == pytest.approx(1000, rel=0.02)
+    gaps = np.diff(work.intended_arrival_s)
+    assert work.intended_arrival_s[0] == 0.0
+    # Exponential gaps: mean = standard deviation = 1 / rate.
+    assert gaps.mean() == pytest.approx(0.1, rel=0.05)
+    assert gaps.std() == pytest.approx(0.1, rel=0.05)
+    assert (work.max_tokens == work.output_tokens).all()
+
+
+def test_without_a_rate_everything_arrives_at_once_with_fixed_lengths():
+    work = generate_workload(
+        WorkloadSpec(num_prompts=5, prompt_tokens=64, output_tokens=8, max_tokens=32),
+        np.random.default_rng(1),
+    )
+    assert work.intended_arrival_s.tolist() == [0.0] * 5
+    assert work.prompt_tokens.tolist() == [64] * 5
+    assert work.max_tokens.tolist() == [32] * 5
+
+
+def test_a_shared_prefix_longer_than_a_prompt_is_refused():
+    with pytest.raises(ValueError, match="shared_prefix_tokens"):
+        generate_workload(
+            WorkloadSpec(num_prompts=3, prompt_tokens=10, output_tokens=1, shared_prefix_tokens=11),
+            np.random.default_rng(0),
+        )
+
+
+def test_a_lab_workload_depends_only_on_its_seed():
+    params = {"num_prompts": 50, "prompt_tokens": 300, "input_range_ratio": 0.5, "request_rate": 4}
+    first = lab_workload(parse_lab_params({**params, "seed": 3}).workload)
+    again = lab_workload(parse_lab_params({**params, "seed": 3, "spec_tokens": 2}).workload)
+    other = lab_workload(parse_lab_params({**params, "seed": 4}).workload)
+    assert first.prompt_tokens.tolist() == again.prompt_tokens.tolist()
+    assert first.intended_arrival_s.tolist() == again.intended_arrival_s.tolist()
+    assert first.prompt_tokens.tolist() != other.prompt_tokens.tolist()
