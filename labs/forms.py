@@ -66,7 +66,7 @@ def _field(f: ParamField) -> forms.CharField:
 
 _PARAM_FORM_FIELDS: dict[str, forms.CharField] = {f.name: _field(f) for f in PARAM_FIELDS}
 _PARAM_FORM_FIELDS["max_concurrency"].help_text = (
-    "closed loop: most requests in flight (empty: the same as concurrency, the batch the "
+    "most requests in flight at once (empty: the same as concurrency, the batch the "
     "prediction assumes)"
 )
 _PARAM_FORM_FIELDS["max_concurrency"].widget.attrs["placeholder"] = "= concurrency"
