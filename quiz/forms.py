@@ -75,6 +75,10 @@ class LearnerSettingsForm(forms.ModelForm):
             "reviews_per_day": "Maximum reviews a day",
             "desired_retention": "Desired retention",
         }
+        help_texts = {
+            "new_per_day": "20 new cards a day lead to about 200 reviews a day after a while.",
+            "reviews_per_day": "New cards stop for the day once reviews reach this.",
+        }
         widgets = {
             "desired_retention": forms.NumberInput(
                 attrs={"step": "0.01", "min": "0.7", "max": "0.97"}

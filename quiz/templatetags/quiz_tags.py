@@ -41,6 +41,14 @@ def md_inline(text: str) -> SafeString:
     return mark_safe(html)  # noqa: S308 - sanitised by nh3 above
 
 
+@register.filter
+def num(value: float | None) -> str:
+    """A card's number as a person writes it: 1,748 / 10.275 / 0.5 (no float noise)."""
+    if value is None:
+        return ""
+    return f"{value:,.6g}" if abs(value) < 1e15 else f"{value:.6g}"
+
+
 @register.simple_tag
 def lab_preset_url(slug: str) -> str:
     """The labs page for a preset, or "" until the labs app serves `labs:preset-open`."""

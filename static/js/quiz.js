@@ -65,11 +65,25 @@
   }
 
   document.addEventListener("keydown", onKey);
+  // After a swap: the question starts at the top of the panel; on the answer side, jump to the
+  // verdict (or the answer), which a long prompt would otherwise push below the fold on a phone.
+  function placeView() {
+    const root = panel();
+    if (!root) return;
+    const target =
+      root.dataset.side === "answer"
+        ? root.querySelector("[data-verdict]") || root.querySelector("[data-answer]")
+        : root;
+    if (target && target.getBoundingClientRect().top < 0) target.scrollIntoView({ block: "start" });
+    else if (target && target.getBoundingClientRect().top > window.innerHeight * 0.55) {
+      target.scrollIntoView({ block: "start" });
+    }
+  }
+
   document.addEventListener("htmx:afterSettle", function (event) {
     if (event.target && event.target.id === "quiz-panel") {
       focusPanel();
-      const top = panel().getBoundingClientRect().top;
-      if (top < 0) panel().scrollIntoView({ block: "start" });
+      placeView();
     }
   });
   // A failure htmx does not swap (403, 404, 500, offline): say so instead of doing nothing.
@@ -180,6 +194,7 @@
             backgroundColor: good,
             spanGaps: true,
             tension: 0.2,
+            clip: false,
           },
           {
             label: "Desired",
@@ -194,7 +209,7 @@
       options: Object.assign({}, base, {
         scales: Object.assign({}, base.scales, {
           y: {
-            min: 0.5,
+            suggestedMin: 0.5,
             max: 1,
             ticks: { callback: function (v) { return Math.round(v * 100) + "%"; } },
           },
