@@ -1,0 +1,94 @@
+"""A learner answers one card of each kind with the keyboard only, in Debian's Chromium."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import PHONE, sign_up
+from tests.quiz.factories import make_card
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+PANEL = "#quiz-panel"
+
+
+def small_deck() -> None:
+    # New cards come in id order: choice, numeric, recall.
+    make_card("choice", prompt="Which option is **right**?")
+    make_card("numeric", prompt="How many KiB per token?")
+    make_card("recall", prompt="Explain paged attention.")
+
+
+def wait_for(page, side: str, kind: str | None = None) -> None:
+    page.wait_for_selector("html[data-quiz=ready]", state="attached")
+    selector = f'{PANEL}[data-side="{side}"]' + (f'[data-kind="{kind}"]' if kind else "")
+    page.wait_for_selector(selector)
+
+
+def grade_with(page, key: str) -> None:
+    """Press a grade key and wait until the next card has replaced this one."""
+    token = page.get_attribute(f"{PANEL} form.grade-bar", "action")
+    page.keyboard.press(key)
+    page.wait_for_function(
+        'token => !document.querySelector(`form.grade-bar[action="${token}"]`)'
+        " && document.querySelector('#quiz-panel').dataset.side !== 'answer'",
+        arg=token,
+    )
+
+
+def test_it_answers_one_card_of_each_kind_with_the_keyboard(page):
+    small_deck()
+    sign_up(page, "keyboarder")
+    page.wait_for_url("**/quiz/")
+    page.evaluate("window.__sameDocument = true")  # gone if anything reloads the page
+
+    # Multiple choice: pick the right option by its number (options are shuffled).
+    wait_for(page, "question", "choice")
+    assert page.locator(f"{PANEL} .quiz-prompt strong").inner_text() == "right"
+    number = page.locator(f"{PANEL} button.option", has_text="Right").get_attribute("data-option")
+    page.keyboard.press(number)
+    wait_for(page, "answer", "choice")
+    assert page.locator(f"{PANEL} .option-result.is-correct.is-chosen").count() == 1
+    assert page.locator(f"{PANEL} [data-suggested]").get_attribute("data-rating") == "3"
+    interval = page.locator(f"{PANEL} [data-rating='3'] .grade-interval").inner_text()
+    assert interval == "10m"
+    grade_with(page, " ")  # Space on the answer side takes the suggested grade (Good)
+
+    # Numeric: type into the box (focused for us), Enter checks.
+    wait_for(page, "question", "numeric")
+    page.keyboard.type("128.2")
+    page.keyboard.press("Enter")
+    wait_for(page, "answer", "numeric")
+    assert "within ±0.5 of 128" in page.locator(f"{PANEL} .numeric-result").inner_text()
+    grade_with(page, "3")
+
+    # Recall: Space shows the answer, 4 grades Easy.
+    wait_for(page, "question", "recall")
+    page.keyboard.press(" ")
+    wait_for(page, "answer", "recall")
+    assert page.locator(f"{PANEL} .answer-text").inner_text().startswith("Answer")
+    grade_with(page, "4")
+
+    # The next card: the learning cards come back within the 20-minute learn-ahead window.
+    wait_for(page, "question", "choice")
+    assert page.locator(f"{PANEL} .count-learning").inner_text().endswith("2")
+
+    # u undoes the last answer and shows that card again.
+    page.keyboard.press("u")
+    wait_for(page, "question", "recall")
+    assert "Undone" in page.locator(f"{PANEL} .quiz-notice").inner_text()
+    assert page.evaluate("window.__sameDocument") is True
+
+
+def test_the_review_screen_fits_a_phone_on_both_sides(page):
+    page.set_viewport_size(PHONE)
+    make_card("choice", prompt="A long question " * 30)
+    sign_up(page, "phonelearner")
+    wait_for(page, "question", "choice")
+    page.keyboard.press("2")
+    wait_for(page, "answer", "choice")
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"], f"the answer side scrolls sideways on a phone: {width}px"
+    # The grade buttons stay on screen while the worked answer scrolls.
+    box = page.locator(f"{PANEL} .grade-buttons").bounding_box()
+    assert box and box["y"] + box["height"] <= PHONE["height"]
