@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -194,11 +195,10 @@ def card_detail(request: HttpRequest, slug: str) -> HttpResponse:
         card, state = selectors.card_detail_get(slug=slug, user=request.user)
     except Card.DoesNotExist:
         raise Http404("No such card.") from None
-    context = {"card": card, "state": state}
+    context: dict[str, Any] = {"card": card, "state": state}
     if state and state.last_review:
-        context["due_local"] = state.due.astimezone(
-            selectors.study_day_for(selectors.learner_settings_get(user=request.user), _now()).tz
-        )
+        zone = ZoneInfo(selectors.learner_settings_get(user=request.user).time_zone)
+        context["due_local"] = state.due.astimezone(zone)
     return render(request, "quiz/card_detail.html", context)
 
 

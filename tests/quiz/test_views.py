@@ -81,6 +81,18 @@ def test_it_redirects_after_a_plain_form_grade_so_a_refresh_cannot_regrade(alice
     assert ReviewLog.objects.count() == 1
 
 
+def test_it_works_as_plain_forms_without_javascript(alice_client):
+    make_card("numeric")
+    token = open_card(alice_client)
+    url = reverse("quiz:answer-submit", args=[token])
+    response = alice_client.post(url, {"value": "128"})
+    html = response.content.decode()
+    assert response.status_code == 200 and "<html" in html and 'data-side="answer"' in html
+    assert f'action="{reverse("quiz:review-grade", args=[token])}"' in html
+    response = alice_client.post(reverse("quiz:review-undo"))
+    assert response.status_code == 409  # nothing graded yet: a clear refusal, not an error page
+
+
 def test_it_undoes_and_shows_that_card_again(alice_client, alice):
     card = make_card()
     make_card()
