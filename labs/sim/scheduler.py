@@ -156,22 +156,8 @@ class Scheduler:
         before = np.cumsum(want) - want
         num_new = np.clip(budget - before, 0, want)
         m = int(np.count_nonzero(num_new))
-        need = self.kv.blocks_needed(run[:m], num_new[:m])
-        needy = np.flatnonzero(need > 0)
-        tail, preempted = len(run), []
-        if needy.size and self.kv.allocate(run[needy].tolist(), need[needy].tolist()):
-            needy = needy[:0]  # everyone's blocks fitted at once: nothing to preempt
-        for i in needy.tolist():
-            if i >= tail:
-                break
-            while not self.kv.allocate([int(run[i])], [int(need[i])]):
-                tail -= 1
-                preempted.append(int(run[tail]))
-                self._preempt(int(run[tail]))
-                if tail == i:
-                    break
-        m = min(m, tail)
-        self.running = run[:tail]
+        preempted = self._allocate_running(run, self.kv.blocks_needed(run[:m], num_new[:m]))
+        m = min(m, len(self.running))
         num_new, computed, decoding = num_new[:m], computed[:m], decoding[:m]
         drafts = np.maximum(num_new - gap[:m], 0)
         decode_tokens = int(num_new[decoding].sum())
@@ -189,6 +175,31 @@ class Scheduler:
             max_num_draft_tokens=int(drafts.max(initial=0)),
             preempted=preempted,
         )
+
+    def _allocate_running(self, run: np.ndarray, need: np.ndarray) -> list[int]:
+        """Give the scheduled running requests (a prefix of `run`) the blocks they `need`,
+        preempting from the newest end of `run` when the pool runs out.
+
+        Returns:
+            The preempted requests, newest first; `self.running` loses them.
+        """
+        needy = np.flatnonzero(need > 0)
+        if not needy.size or self.kv.allocate(run[needy].tolist(), need[needy].tolist()):
+            return []  # everyone's blocks fitted at once: nothing to preempt
+        tail, preempted = len(run), []
+        for i in needy.tolist():
+            if i >= tail:
+                break
+            while not self.kv.allocate([int(run[i])], [int(need[i])]):
+                # NOTE: victims come from the tail, which has not been given blocks this step;
+                # a request that finds itself at the tail preempts itself.
+                tail -= 1
+                preempted.append(int(run[tail]))
+                self._preempt(int(run[tail]))
+                if tail == i:
+                    break
+        self.running = run[:tail]
+        return preempted
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         cfg, t, kv = self.config, self.table, self.kv
