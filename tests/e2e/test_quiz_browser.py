@@ -89,6 +89,10 @@ def test_the_review_screen_fits_a_phone_on_both_sides(page):
     wait_for(page, "answer", "choice")
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= PHONE["width"], f"the answer side scrolls sideways on a phone: {width}px"
+    # A long prompt does not push the verdict below the fold after revealing.
+    page.wait_for_function(
+        "document.querySelector('[data-verdict]').getBoundingClientRect().top < innerHeight / 2"
+    )
     # The grade buttons stay on screen while the worked answer scrolls.
     box = page.locator(f"{PANEL} .grade-buttons").bounding_box()
     assert box and box["y"] + box["height"] <= PHONE["height"]
