@@ -240,9 +240,16 @@ def parse_card(data: Any, label: str, *, expected_slug: str) -> CardSpec:
         raise ContentError(f"{label}: field 'choice' is only for kind: choice")
 
     if data.get("check") is not None:
-        check = _mapping(data["check"], label, "check", ("key", "params"))
-        if not isinstance(check.get("key"), str) or not isinstance(check.get("params", {}), dict):
-            raise ContentError(f"{label}: field 'check' needs a text 'key' and a 'params' mapping")
+        # Either a key of the prediction for some lab params, or a named formula of
+        # labs.predict applied to given numbers (for inputs no lab parameter sets, e.g. a TTFT).
+        check = _mapping(data["check"], label, "check", ("key", "params", "formula", "args"))
+        by_key = isinstance(check.get("key"), str) and isinstance(check.get("params", {}), dict)
+        by_formula = isinstance(check.get("formula"), str) and isinstance(check.get("args"), dict)
+        if by_key == by_formula:
+            raise ContentError(
+                f"{label}: field 'check' needs either a text 'key' and a 'params' mapping, "
+                "or a text 'formula' and an 'args' mapping"
+            )
         card.check = check
     return card
 
