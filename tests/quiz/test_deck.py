@@ -143,3 +143,12 @@ def test_it_defines_presets_that_validate_and_name_a_lab():
         parse_lab_params(preset["params"])  # raises ParamError naming the bad field
     # The labs read them with each lab's defaults underneath; that must validate too.
     assert set(load_presets(PRESETS_FILE)) == {p["slug"] for p in presets}
+
+
+def test_it_exports_back_to_the_same_files(deck, tmp_path):
+    # Admin edits reach git through export_content: with no edits, the export is the deck itself.
+    call_command("export_content", path=str(tmp_path), stdout=io.StringIO())
+    for source in sorted((CONTENT / "cards").glob("*.yaml")):
+        exported = tmp_path / "cards" / source.name
+        assert exported.read_text() == source.read_text(), f"{source.name} changes on export"
+    assert (tmp_path / "decks.yaml").read_text() == (CONTENT / "decks.yaml").read_text()
