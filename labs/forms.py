@@ -25,6 +25,8 @@ from labs.params import (
 from labs.presets import Lab, lab_data
 
 BACKEND_LABELS = {"sim": "Simulator (CPU)", "vllm": "vLLM (GPU)"}
+# The page's <form id>; the run panel's controls sit outside it and name it (form="...").
+FORM_ID = "lab-form"
 
 
 def _number(value: float | None) -> str:
@@ -94,7 +96,7 @@ class LabParamsForm(forms.Form):
         self.fields.update(copy.deepcopy(_PARAM_FORM_FIELDS))
         backends = list(settings.LABS_BACKEND_QUEUES)
         self.fields["backend"].widget = forms.Select(
-            choices=[(b, BACKEND_LABELS.get(b, b)) for b in backends]
+            choices=[(b, BACKEND_LABELS.get(b, b)) for b in backends], attrs={"form": FORM_ID}
         )
         self.params: LabParams | None = None
 
@@ -144,6 +146,9 @@ class SweepForm(LabParamsForm):
     def __init__(self, *args: Any, lab: Lab, **kwargs: Any) -> None:
         super().__init__(*args, lab=lab, **kwargs)
         names = list(dict.fromkeys((lab.sweep_field, *lab.fields)))
-        self.fields["sweep_field"].widget = forms.Select(choices=[(n, n) for n in names])
+        self.fields["sweep_field"].widget = forms.Select(
+            choices=[(n, n) for n in names], attrs={"form": FORM_ID}
+        )
+        self.fields["sweep_values"].widget.attrs["form"] = FORM_ID
         self.fields["sweep_field"].initial = lab.sweep_field
         self.fields["sweep_values"].initial = lab.sweep_values

@@ -17,7 +17,16 @@ from typing import Any
 
 import yaml
 
-from labs.params import FIELDS_BY_NAME, PARAM_FIELDS, ParamError, parse_lab_params
+from labs.params import (
+    CUSTOM,
+    CUSTOM_GPU_FIELDS,
+    CUSTOM_MODEL_FIELDS,
+    DEFAULT_DRAFT_COST,
+    FIELDS_BY_NAME,
+    PARAM_FIELDS,
+    ParamError,
+    parse_lab_params,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -388,9 +397,46 @@ def lab_data(data: Mapping[str, object]) -> dict[str, object]:
     return values
 
 
-def lab_initial(lab: Lab, preset: Preset | None = None) -> dict[str, object]:
-    """The values a lab page starts from: the lab's numbers, then the preset's."""
-    values: dict[str, object] = dict(lab.defaults)
+def lab_initial(
+    lab: Lab, preset: Preset | None = None, overrides: Mapping[str, object] | None = None
+) -> dict[str, object]:
+    """The values a lab page starts from: every parameter's default, the lab's numbers, the
+    preset's, then `overrides` (a link's query string). Defaults are spelled out so a select
+    shows the value that will be used."""
+    given: dict[str, object] = dict(lab.defaults)
     if preset is not None:
-        values.update(preset.params)
+        given.update(preset.params)
+    given.update(overrides or {})
+    values: dict[str, object] = {f.name: f.default for f in PARAM_FIELDS if f.default is not None}
+    # A custom model or GPU is implied by its numbers; the catalog default would contradict them.
+    if any(name in given for name in CUSTOM_MODEL_FIELDS):
+        values["model"] = CUSTOM
+    if any(name in given for name in CUSTOM_GPU_FIELDS):
+        values["gpu"] = CUSTOM
+    values.update(given)
     return {k: v for k, v in values.items() if k in FIELDS_BY_NAME}
+
+
+def rerun_values(lab: Lab, params: Mapping[str, object]) -> dict[str, object]:
+    """A run's settings as a lab link carries them: only what differs from the lab's start, and
+    not the values the parser derived (context_tokens, max_concurrency, spec_method,
+    draft_cost), so changing prompt_tokens or spec_tokens on the page still moves them."""
+    start = lab_initial(lab)
+    derived = {
+        "context_tokens": _sum(params.get("prompt_tokens"), params.get("output_tokens")),
+        "max_concurrency": params.get("concurrency"),
+        "spec_method": "draft_model" if params.get("spec_tokens") else "none",
+        "draft_cost": DEFAULT_DRAFT_COST.get(str(params.get("spec_method")), None),
+    }
+    return {
+        name: value
+        for name, value in params.items()
+        if name in FIELDS_BY_NAME
+        and value is not None
+        and value != start.get(name)
+        and not (name in derived and value == derived[name])
+    }
+
+
+def _sum(a: object, b: object) -> object:
+    return a + b if isinstance(a, int) and isinstance(b, int) else None

@@ -278,7 +278,7 @@ def percent_diff(measured: float | None, predicted: float | None) -> tuple[str, 
     ratio = measured / predicted
     pct = (ratio - 1) * 100
     sign = "+" if pct >= 0 else "−"
-    return f"{sign}{abs(pct):.0f}%", ratio
+    return f"{sign}{abs(pct):,.0f}%", ratio
 
 
 def compare(

@@ -136,7 +136,15 @@ def sweep_detail(sweep: Sweep) -> dict[str, Any]:
                 else None
             )
             points.append({"measured": measured, "predicted": expected})
-        metrics.append({"key": measured_key, "label": label, "unit": unit, "points": points})
+        metrics.append(
+            {
+                "key": measured_key,
+                "label": label,
+                "unit": unit,
+                "points": points,
+                "gap": _largest_gap(sweep.values, points),
+            }
+        )
     agg = sweep.runs.aggregate(first=Min("started_at"), last=Max("finished_at"))
     done = sum(r.state == RunState.DONE for r in runs)
     finished = sum(r.is_terminal for r in runs)
@@ -158,6 +166,17 @@ def sweep_detail(sweep: Sweep) -> dict[str, Any]:
         "started_at": agg["first"],
         "finished_at": agg["last"],
     }
+
+
+def _largest_gap(values: list[Any], points: list[dict[str, Any]]) -> str:
+    """'32 (−24%)': the swept value where measured and predicted differ most."""
+    gaps = []
+    for value, point in zip(values, points, strict=False):
+        m, p = point["measured"], point["predicted"]
+        if isinstance(m, int | float) and isinstance(p, int | float) and p:
+            text, ratio = results.percent_diff(float(m), float(p))
+            gaps.append((abs((ratio or 1) - 1), f"{value} ({text})"))
+    return max(gaps)[1] if gaps else ""
 
 
 def run_compare(a: LabRun, b: LabRun) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from labs import results, selectors, services
 from labs.forms import LabParamsForm, SweepForm
 from labs.params import FIELDS_BY_NAME, ParamError
 from labs.predict import predict
-from labs.presets import LABS, Lab, lab_initial, load_presets
+from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
 
 # A refusal is not the learner's mistake: no worker is the service being unavailable.
 REFUSAL_STATUS = {"no-worker": 503, "quota": 429, "gpu-cap": 429}
@@ -85,9 +85,9 @@ def lab_detail(request: HttpRequest, lab: str) -> HttpResponse:
     preset = load_presets().get(request.GET.get("preset", ""))
     if preset is not None and preset.lab != the_lab.slug:
         preset = None
-    initial = lab_initial(the_lab, preset)
     # "?block_size=32": a link that opens the lab with a setting changed (from a run's page).
-    initial.update({k: v for k, v in request.GET.items() if k in FIELDS_BY_NAME})
+    overrides = {k: v for k, v in request.GET.items() if k in FIELDS_BY_NAME}
+    initial = lab_initial(the_lab, preset, overrides)
     form = SweepForm(data={k: _text(v) for k, v in initial.items()}, lab=the_lab)
     return _lab_page(request, the_lab, form, preset=preset)
 
@@ -184,7 +184,7 @@ def _run_context(run: Any) -> dict[str, Any]:
         "shown_params": [(name, run.params.get(name)) for name in lab.fields],
         "next_url": reverse("labs:lab-detail", args=[lab.slug])
         + "?"
-        + urlencode({k: _text(v) for k, v in run.params.items() if v is not None}),
+        + urlencode({k: _text(v) for k, v in rerun_values(lab, run.params).items()}),
     }
 
 

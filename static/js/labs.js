@@ -35,7 +35,7 @@
       responsive: true,
       maintainAspectRatio: false,
       animation: animate ? undefined : false,
-      plugins: { legend: { labels: { color: p.text, boxWidth: 12 } } },
+      plugins: { legend: { labels: { color: p.text, usePointStyle: true, boxWidth: 7, boxHeight: 7 } } },
       scales: {
         x: { title: { display: true, text: xTitle, color: p.text }, ticks: { color: p.text, maxRotation: 0, autoSkipPadding: 8 }, grid: { color: p.grid } },
         y: { title: { display: true, text: yTitle, color: p.text }, ticks: { color: p.text }, grid: { color: p.grid }, beginAtZero: true },
@@ -43,15 +43,25 @@
     };
   }
 
-  // Samples in seconds -> a histogram in milliseconds with about 30 bins.
+  function fmtMs(ms) {
+    if (ms >= 1000) return (ms / 1000).toPrecision(2) + " s";
+    if (ms >= 10) return Math.round(ms) + " ms";
+    return ms.toPrecision(2) + " ms";
+  }
+
+  // Samples in seconds -> a histogram in milliseconds. The range stops at the 99th percentile so
+  // a few stragglers (a preempted request's long gap) do not squash everything into one bar;
+  // they are counted in the last bar, labelled "≥".
   function histogram(samples, bins) {
-    var ms = samples.map(function (s) { return s * 1000; });
+    var ms = samples.map(function (s) { return s * 1000; }).sort(function (a, b) { return a - b; });
     if (!ms.length) return { labels: [], counts: [] };
-    var lo = Math.min.apply(null, ms), hi = Math.max.apply(null, ms);
-    if (hi === lo) return { labels: [lo.toPrecision(3)], counts: [ms.length] };
+    var lo = ms[0], max = ms[ms.length - 1], hi = ms[Math.floor(0.99 * (ms.length - 1))];
+    if (hi <= lo) hi = max;
+    if (hi === lo) return { labels: [fmtMs(lo)], counts: [ms.length] };
     var width = (hi - lo) / bins, counts = new Array(bins).fill(0);
-    ms.forEach(function (v) { counts[Math.min(bins - 1, Math.floor((v - lo) / width))] += 1; });
-    var labels = counts.map(function (_, i) { return (lo + (i + 0.5) * width).toPrecision(3); });
+    ms.forEach(function (v) { counts[Math.max(0, Math.min(bins - 1, Math.floor((v - lo) / width)))] += 1; });
+    var labels = counts.map(function (_, i) { return fmtMs(lo + (i + 0.5) * width); });
+    if (max > hi) labels[bins - 1] = "≥ " + fmtMs(lo + (bins - 1) * width);
     return { labels: labels, counts: counts };
   }
 
@@ -61,7 +71,7 @@
 
   function histogramChart(canvas, samples, label, p) {
     var h = histogram(samples || [], 30);
-    var options = baseOptions(p, label + " (ms)", "share of samples", true);
+    var options = baseOptions(p, label, "share of samples", true);
     options.plugins.legend.display = false;
     var total = h.counts.reduce(function (a, b) { return a + b; }, 0) || 1;
     draw(canvas, {

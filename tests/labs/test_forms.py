@@ -107,7 +107,8 @@ def bad_value(draw: st.DrawFn) -> tuple[str, str]:
         return f.name, draw(st.sampled_from(["zzz", "h100 sxm", "none;drop", "0"]))
     too_big = str(int(f.maximum or 0) * 10 + 7)
     below = str(int(f.minimum or 0) - 1 - draw(st.integers(0, 10**9)))
-    return f.name, draw(st.sampled_from([too_big, below, "lots", "1.2.3", "1e999"]))
+    overflow = [] if f.inf_means_unset else ["1e999"]  # request_rate: inf means "all at once"
+    return f.name, draw(st.sampled_from([too_big, below, "lots", "1.2.3", *overflow]))
 
 
 hostile_posts = st.tuples(
