@@ -5,7 +5,9 @@ SQLite + the filesystem broker by default; CI runs the same tests on PostgreSQL 
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 from collections.abc import Callable, Iterator
 
@@ -212,3 +214,32 @@ def test_a_sweep_runs_as_a_group_and_charts_measured_and_predicted(
     assert all(measured) and all(predicted)
     assert measured[0] < measured[1] < measured[2]  # bigger batches, more tokens per second
     assert predicted[0] < predicted[1] < predicted[2]
+
+
+def test_the_prefork_pool_runs_labs_and_a_killed_child_is_reaped(workers, alice_client, alice):
+    # make run's worker uses the prefork pool: the heartbeat thread lives in the parent, the run
+    # (and its own heartbeat) in a child. Killing only the child leaves the parent beating.
+    worker = start_worker(["labs.sim", "default"], pool="prefork", extra_env=FAST_REAPER)
+    workers.append(worker)
+    assert WorkerHeartbeat.objects.online().filter(hostname__startswith=worker.name).exists()
+    small = {**WATCHABLE, "num_prompts": "3"}
+    alice_client.post(reverse("labs:run-create", args=["sandbox"]), small)
+    first = LabRun.objects.get(owner=alice)
+    wait_for(lambda: state_of(first.pk) == RunState.DONE, 60)
+
+    alice_client.post(reverse("labs:run-create", args=["sandbox"]), ENDLESS)
+    run = LabRun.objects.exclude(pk=first.pk).get(owner=alice)
+    wait_for(lambda: LabRun.objects.filter(pk=run.pk, progress__gt=0).exists(), 60)
+    children = _children(worker.process.pid)
+    assert children, "no pool process"
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: state_of(run.pk) == RunState.FAILED, 30, 0.2)
+    assert "stopped sending heartbeats" in LabRun.objects.get(pk=run.pk).error
+    assert worker.alive()  # the parent lived on, and still says so
+    assert WorkerHeartbeat.objects.online().filter(hostname__startswith=worker.name).exists()
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return [int(p) for p in fh.read().split()]

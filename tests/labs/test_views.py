@@ -274,3 +274,14 @@ def test_a_bad_sweep_value_is_400_naming_it(alice_client, no_broker):
     assert response.status_code == 400
     assert "sweep value 0: max_num_seqs must be" in response.content.decode()
     assert not Sweep.objects.exists()
+
+
+def test_a_lab_links_to_the_cards_whose_presets_open_it(alice_client):
+    from tests.quiz.factories import make_card
+
+    make_card(slug="paged-blocks-demo", lab_preset="block-waste-1000-tokens")
+    make_card(slug="about-batching", lab_preset="batching-llama3-8b-h100-batch-1")
+    html = alice_client.get(reverse("labs:lab-detail", args=["paged-kv"])).content.decode()
+    assert reverse("quiz:card-detail", args=["paged-blocks-demo"]) in html
+    assert reverse("labs:preset-open", args=["block-waste-1000-tokens"]) in html
+    assert "about-batching" not in html
