@@ -1,0 +1,353 @@
+"""The `vllm` backend: a lab run on a real vLLM engine, measured over streaming HTTP.
+
+    ensure `vllm serve` (server.py) -> run the workload (loadgen.py) -> /metrics before, during
+    and after (prom.py) -> a RunRecord like the simulator's, with simulated=False and `where`
+    saying "vLLM <version> on <GPU>" as read on this worker.
+
+Or, with `base_url` (or LABS_VLLM_BASE_URL), against a vLLM server that is already running: then
+nothing is started or stopped, and the server's own engine arguments are whatever it was given.
+
+The load generator runs on its own thread with its own event loop; this thread waits, reports
+progress and watches the server. So `on_progress` (which writes to the database) is always
+called from the caller's thread, never from inside an event loop.
+
+A Celery worker keeps one server between runs; it is stopped when the arguments change, when a
+run fails, and when the worker shuts down (worker_shutdown, or atexit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import functools
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from importlib import metadata
+from typing import Any
+
+import httpx
+
+from labs.backends.base import EngineSample, ProgressCallback, RunRecord
+from labs.backends.vllm import prom
+from labs.backends.vllm.loadgen import (
+    LoadOptions,
+    LoadResult,
+    PlannedRequest,
+    Progress,
+    plan_requests,
+    run_load,
+)
+from labs.backends.vllm.server import (
+    SERVED_MODEL_NAME,
+    ServerError,
+    ServerManager,
+    build_plan,
+)
+from labs.params import LabParams
+
+logger = logging.getLogger(__name__)
+
+_PROGRESS_EVERY_S = 0.5
+_manager: ServerManager | None = None
+_manager_lock = threading.Lock()
+
+
+def server_manager() -> ServerManager:
+    """This process's one server manager (one GPU worker, one server at a time)."""
+    global _manager
+    with _manager_lock:
+        if _manager is None:
+            _manager = ServerManager()
+        return _manager
+
+
+def stop_server(**_: Any) -> None:
+    """Stop the worker's server, if any (worker shutdown, interpreter exit)."""
+    if _manager is not None:
+        _manager.stop()
+
+
+atexit.register(stop_server)
+with contextlib.suppress(ImportError):
+    from celery.signals import worker_shutdown
+
+    worker_shutdown.connect(stop_server, weak=False)
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_name() -> str | None:
+    """The name of this worker's (first visible) GPU: nvidia-smi, else torch in a subprocess
+    (importing torch here would put a CUDA context in the worker)."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=index,name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=True,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        names = dict(line.split(", ", 1) for line in out.splitlines() if ", " in line)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        if names:
+            return names.get(visible) or next(iter(names.values()))
+    probe = (
+        "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return out or None
+
+
+def installed_vllm() -> str | None:
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _server_version(client: httpx.Client) -> str | None:
+    with contextlib.suppress(httpx.HTTPError, ValueError, AttributeError):
+        response = client.get("/version")
+        if response.status_code == 200:
+            return str(response.json().get("version") or "") or None
+    return None
+
+
+def _is_local(base_url: str) -> bool:
+    return httpx.URL(base_url).host in ("127.0.0.1", "localhost", "::1")
+
+
+def where_label(version: str | None, gpu: str | None, tp: int, base_url: str | None) -> str:
+    label = f"vLLM {version or '(version unknown)'}"
+    if base_url and not _is_local(base_url):
+        return f"{label} at {httpx.URL(base_url).host}"
+    if gpu is None:
+        return f"{label} on an unknown GPU"
+    return f"{label} on {tp}\u00d7 {gpu}" if tp > 1 else f"{label} on {gpu}"
+
+
+class _Driver:
+    """Runs run_load on its own thread and event loop; the caller's thread waits on it."""
+
+    def __init__(self, coro_factory: Callable[[Progress], Any], total: int) -> None:
+        self.progress = Progress(total=total)
+        self._factory = coro_factory
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self.result: LoadResult | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="vllm-loadgen", daemon=True)
+
+    def _main(self) -> None:
+        async def wrapped() -> LoadResult:
+            self._loop = asyncio.get_running_loop()
+            self._task = asyncio.current_task()
+            self._ready.set()
+            return await self._factory(self.progress)
+
+        try:
+            self.result = asyncio.run(wrapped())
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self._ready.set()
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait()
+
+    def wait(self, seconds: float) -> bool:
+        """True once the load has finished (or failed)."""
+        self._thread.join(seconds)
+        return not self._thread.is_alive()
+
+    def cancel(self) -> None:
+        if self._loop is not None and self._task is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join(30)
+
+
+class VLLMBackend:
+    """Runs a lab on vLLM: a server this worker starts, or one at `base_url`."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        model_path: str | None = None,
+        metrics_poll_s: float = 0.5,
+        read_timeout_s: float | None = None,
+    ) -> None:
+        self.base_url = (base_url or os.environ.get("LABS_VLLM_BASE_URL") or "").rstrip("/") or None
+        self.model_path = model_path
+        self.metrics_poll_s = metrics_poll_s
+        self.read_timeout_s = read_timeout_s or float(
+            os.environ.get("LABS_VLLM_READ_TIMEOUT_S", "300")
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """How this worker's results are labelled (for its heartbeat row)."""
+        version, gpu = installed_vllm(), None
+        if self.base_url is None or _is_local(self.base_url):
+            gpu = gpu_name()
+        return {
+            "where": where_label(version, gpu, 1, self.base_url),
+            "gpu_name": gpu or "",
+            "versions": {"vllm": version},
+        }
+
+    def run(self, params: LabParams, on_progress: ProgressCallback | None = None) -> RunRecord:
+        """Run the lab's workload on vLLM and return the run record.
+
+        Raises:
+            ParamError: settings vLLM cannot run (before anything starts).
+            ServerError: the server is missing, died, or never became healthy (with its log).
+        """
+        report = on_progress or (lambda fraction: None)
+        began = time.monotonic()
+        planned = plan_requests(params.workload, vocab_size=params.model.vocab_size)
+        manager: ServerManager | None = None
+        meta: dict[str, Any] = {"seed": params.workload.seed, "params": params.as_dict()}
+        if self.base_url is not None:
+            base_url, model = self.base_url, self._served_model(self.base_url)
+            meta.update(base_url=base_url, server="already running (base_url)")
+        else:
+            plan = build_plan(params, model_path=self.model_path)
+            manager = server_manager()
+            server, reused = manager.ensure(plan, on_wait=lambda: report(0.0))
+            base_url, model = server.base_url, SERVED_MODEL_NAME
+            meta.update(
+                engine_args=server.argv,
+                server_reused=reused,
+                server_start_s=round(server.start_s, 3),
+                server_pid=server.pid,
+                **plan.notes,
+            )
+        caller_stopped = False
+        try:
+            with httpx.Client(base_url=base_url, timeout=10.0, trust_env=False) as client:
+                version = _server_version(client) or installed_vllm()
+            options = LoadOptions(
+                max_concurrency=params.workload.max_concurrency,
+                read_timeout_s=self.read_timeout_s,
+                metrics_poll_s=self.metrics_poll_s,
+                cache_salt=uuid.uuid4().hex,
+            )
+            driver = _Driver(
+                lambda progress: run_load(base_url, model, planned, options, progress),
+                total=len(planned),
+            )
+            driver.start()
+            try:
+                while not driver.wait(_PROGRESS_EVERY_S):
+                    if manager is not None:
+                        manager.check()
+                    caller_stopped = True
+                    report(driver.progress.fraction)
+                    caller_stopped = False
+            except BaseException:
+                driver.cancel()
+                raise
+            if driver.error is not None:
+                raise driver.error
+            assert driver.result is not None
+            if manager is not None:
+                manager.check()
+        except BaseException:
+            # A failed run stops the server (it may be the cause); a run the caller stopped
+            # (cancelled) leaves it for the next one.
+            if manager is not None and not caller_stopped:
+                manager.stop()
+            raise
+        report(1.0)
+        gpu = gpu_name() if _is_local(base_url) else None
+        meta.update(vllm_version=version, gpu_name=gpu)
+        return self._record(params, planned, driver.result, meta, began, version, gpu, base_url)
+
+    def _served_model(self, base_url: str) -> str:
+        try:
+            response = httpx.get(f"{base_url}/v1/models", timeout=10.0, trust_env=False)
+            response.raise_for_status()
+            return str(response.json()["data"][0]["id"])
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ServerError(
+                f"no vLLM server answers at {base_url} (GET /v1/models: {exc})"
+            ) from None
+
+    def _record(
+        self,
+        params: LabParams,
+        planned: Sequence[PlannedRequest],
+        result: LoadResult,
+        meta: dict[str, Any],
+        began: float,
+        version: str | None,
+        gpu: str | None,
+        base_url: str,
+    ) -> RunRecord:
+        pages: list[tuple[float, str]] = []
+        if result.metrics_before is not None:
+            pages.append((0.0, result.metrics_before))
+        pages += result.metrics_polls
+        if result.metrics_after is not None:
+            pages.append((result.wall_s, result.metrics_after))
+        snapshots: list[tuple[float, prom.Snapshot]] = []
+        bad_pages = 0
+        for t_s, text in pages:
+            try:
+                snapshots.append((t_s, prom.Snapshot.from_text(text)))
+            except prom.MetricsFormatError as exc:
+                bad_pages += 1
+                logger.warning("unreadable /metrics page: %s", exc)
+        before = snapshots[0][1] if result.metrics_before is not None and snapshots else None
+        after = snapshots[-1][1] if result.metrics_after is not None and snapshots else None
+        counters = prom.counters_between(before, after)
+        samples: list[EngineSample] = []
+        for t_s, snapshot in snapshots:
+            sample = prom.engine_sample(t_s, snapshot, counters.num_gpu_blocks)
+            if sample is not None:
+                samples.append(sample)
+        requests = result.requests
+        finishes = [r.finish_s for r in requests if r.finish_s is not None]
+        arrivals = [r.arrival_s for r in requests]
+        duration = max(finishes) - min(arrivals) if finishes and arrivals else 0.0
+        meta.update(
+            t0_monotonic=result.t0,
+            failed=sum(1 for r in requests if r.error),
+            token_counts_from=dict(result.count_sources),
+            usage_mismatches=result.usage_mismatches,
+            metrics_pages=len(pages),
+            unreadable_metrics_pages=bad_pages,
+            load_wall_s=round(result.wall_s, 3),
+        )
+        return RunRecord(
+            backend=self.name,
+            where=where_label(version, gpu, params.engine.tp, base_url if self.base_url else None),
+            simulated=False,
+            requests=requests,
+            samples=samples,
+            counters=counters,
+            duration_s=duration,
+            wall_s=time.monotonic() - began,
+            meta=meta,
+        )

@@ -1,0 +1,614 @@
+"""`vllm serve` for lab runs: validated lab parameters -> an argument list, and a manager that
+starts the server, waits for it to be healthy, keeps it for the next run with the same arguments,
+and stops its whole process group.
+
+The arguments follow vllm-notes.md section 1 (vLLM 0.33):
+
+- the model is a directory holding only a config.json (labs/backends/vllm/models/<slug>/), run
+  with `--load-format dummy`: real architecture and kernels, random weights, nothing downloaded.
+  `LABS_VLLM_MODEL_DIR_<SLUG>` (e.g. LABS_VLLM_MODEL_DIR_LLAMA_3_1_8B) or the backend's
+  `model_path` option points at real weights instead (then `--load-format auto`);
+- `--skip-tokenizer-init`: no tokenizer files are needed offline. Prompts are then token ids and
+  streamed chunks carry no text, so the load generator counts tokens from `token_ids` / usage;
+- a learner's acceptance rate alpha becomes vLLM's synthetic rejection sampler: with k drafts
+  accepted one by one at rate alpha a step yields (1 - alpha^(k+1)) / (1 - alpha) tokens on
+  average, which is `synthetic_acceptance_length`. A draft model is the target's own config cut
+  to round(draft_cost x layers) layers (random weights would accept almost nothing anyway);
+  EAGLE heads cannot be built offline, so `eagle` runs as such a draft model too;
+- `kv_capacity_tokens` becomes `--kv-cache-memory-bytes` for exactly that many tokens (plus
+  vLLM's one null block), otherwise `--gpu-memory-utilization`.
+
+Settings vLLM cannot run (contiguous KV, int8/int4 weights without a quantized checkpoint, block
+sizes its CUDA kernels refuse) raise ParamError naming the field, like any bad lab parameter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from labs.catalog import KV_DTYPE_BYTES, ModelSpec
+from labs.params import LabParams, ParamError
+
+logger = logging.getLogger(__name__)
+
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+SERVED_MODEL_NAME = "lab"
+HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+# vLLM's CUDA attention backends take block sizes that are multiples of 16 (notes, section 1).
+BLOCK_SIZE_MULTIPLE = 16
+_WEIGHT_FLAGS: dict[str, list[str]] = {
+    "bf16": [],  # the configs say torch_dtype bfloat16
+    "fp16": ["--dtype", "float16"],
+    "fp8": ["--quantization", "fp8"],  # quantized on load, works with random weights
+}
+_LOG_TAIL_LINES = 40
+_KEEP_LOGS = 5
+
+
+def env_key(slug: str) -> str:
+    """`llama-3.1-8b` -> `LLAMA_3_1_8B`, for LABS_VLLM_MODEL_DIR_<SLUG>."""
+    return "".join(c if c.isalnum() else "_" for c in slug.upper())
+
+
+def cache_dir() -> Path:
+    """Where this worker keeps server logs, derived draft configs and its server's pid."""
+    configured = os.environ.get("LABS_VLLM_CACHE_DIR")
+    path = Path(configured) if configured else Path(tempfile.gettempdir()) / "serving-school-vllm"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _read_config(model_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ParamError(
+            {"model": f"model directory {model_dir} has no readable config.json: {exc}"}
+        ) from None
+
+
+def _check_matches(model: ModelSpec, config: Mapping[str, Any], where: Path) -> None:
+    """A model directory must be the lab's model: refuse one whose shape differs."""
+    heads = config.get("num_attention_heads")
+    facts = {
+        "layers": config.get("num_hidden_layers"),
+        "hidden_size": config.get("hidden_size"),
+        "heads": heads,
+        "kv_heads": config.get("num_key_value_heads", heads),
+    }
+    wrong = [
+        f"{k} {v} (catalog {getattr(model, k)})" for k, v in facts.items() if v != getattr(model, k)
+    ]
+    if wrong:
+        raise ParamError(
+            {"model": f"{where} is not {model.name}: its config.json has {', '.join(wrong)}"}
+        )
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    path: Path
+    real_weights: bool
+    config: Mapping[str, Any]
+
+
+def model_source(
+    params: LabParams, model_path: str | os.PathLike[str] | None = None
+) -> ModelSource:
+    """The directory vLLM loads for the lab's model: `model_path`, LABS_VLLM_MODEL_DIR_<SLUG>, or
+    the bundled config-only directory (random weights)."""
+    slug = params.model.name
+    override = model_path or os.environ.get(f"LABS_VLLM_MODEL_DIR_{env_key(slug)}")
+    if override:
+        path = Path(override).expanduser().resolve()
+        config = _read_config(path)
+        _check_matches(params.model, config, path)
+        return ModelSource(path, True, config)
+    path = MODELS_DIR / slug
+    if not (path / "config.json").is_file():
+        raise ParamError(
+            {"model": f"model must be a catalog model to run on vLLM (no config for {slug})"}
+        )
+    return ModelSource(path, False, _read_config(path))
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """What to start: `args` follow the executable (no host or port: the manager adds those),
+    `files` are written before the start (derived draft configs), `notes` go into the run's meta."""
+
+    args: tuple[str, ...]
+    files: Mapping[Path, str] = field(default_factory=dict)
+    notes: Mapping[str, Any] = field(default_factory=dict)
+
+    def argv(
+        self, executable: str = "vllm", *, host: str = HOST, port: int = DEFAULT_PORT
+    ) -> list[str]:
+        return [executable, *self.args, "--host", host, "--port", str(port)]
+
+
+def acceptance_length(alpha: float, k: int) -> float:
+    """Expected tokens per target pass with k drafts each accepted at rate alpha, stopping at the
+    first rejection, plus the target's own token: 1 + alpha + ... + alpha^k."""
+    if alpha >= 1:
+        return float(k + 1)
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def _unsupported(params: LabParams) -> dict[str, str]:
+    engine = params.engine
+    errors: dict[str, str] = {}
+    if engine.kv_allocation != "paged":
+        errors["kv_allocation"] = (
+            "kv_allocation must be paged on vLLM, which always pages its KV cache; "
+            "contiguous can only be simulated"
+        )
+    if engine.weight_dtype not in _WEIGHT_FLAGS:
+        errors["weight_dtype"] = (
+            f"weight_dtype must be one of {', '.join(_WEIGHT_FLAGS)} on vLLM (random weights "
+            f"cannot be {engine.weight_dtype} without a quantized checkpoint), "
+            f"got {engine.weight_dtype}"
+        )
+    if engine.block_size % BLOCK_SIZE_MULTIPLE:
+        errors["block_size"] = (
+            f"block_size must be a multiple of {BLOCK_SIZE_MULTIPLE} on vLLM (16, 32, 64, 128: "
+            f"its CUDA attention kernels take no other), got {engine.block_size}"
+        )
+    return errors
+
+
+def _max_model_len(params: LabParams) -> int:
+    """Room for the longest request, rounded up to a power of two (at most the model's context)
+    so that runs with nearby lengths reuse the same server instead of restarting it."""
+    work, engine = params.workload, params.engine
+    needed = work.prompt_range[1] + work.output_range[1]
+    rounded = max(1024, 1 << (needed - 1).bit_length())
+    if params.model.max_context:
+        rounded = min(rounded, params.model.max_context)
+    if not engine.chunked_prefill:
+        # vLLM refuses max_num_batched_tokens < max_model_len without chunked prefill.
+        rounded = min(rounded, engine.max_num_batched_tokens)
+    return max(needed, rounded)
+
+
+def _kv_bytes_per_token(model: ModelSpec, tp: int, kv_bytes: int, layers: int) -> int:
+    # Per GPU: KV heads are split across the tp GPUs, or replicated when there are fewer.
+    heads_per_gpu = max(1, model.kv_heads // tp)
+    return 2 * layers * heads_per_gpu * model.head_dim * kv_bytes
+
+
+@dataclass(frozen=True)
+class _Draft:
+    path: Path
+    layers: int
+    config_text: str
+    notes: Mapping[str, Any]
+
+
+def _draft(params: LabParams, source: ModelSource, cache: Path) -> _Draft | None:
+    """The draft model for speculation, or None for ngram or no speculation."""
+    engine = params.engine
+    if engine.spec_method in ("none", "ngram"):
+        return None
+    if source.real_weights:
+        raise ParamError(
+            {
+                "spec_method": f"spec_method {engine.spec_method} needs a draft checkpoint next "
+                "to real weights; run speculation on the bundled configs (random weights)"
+            }
+        )
+    layers = max(1, round(engine.draft_cost * params.model.layers))
+    text = json.dumps({**source.config, "num_hidden_layers": layers}, indent=2, sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    note = (
+        f"draft: {params.model.name} cut to {layers} of {params.model.layers} layers "
+        f"(cost about {layers / params.model.layers:.2f} of a target pass), random weights"
+    )
+    if engine.spec_method == "eagle":
+        note += "; EAGLE heads cannot be built offline, so eagle runs as this draft"
+    path = cache / "drafts" / f"{params.model.name}-{layers}l-{digest}"
+    return _Draft(path, layers, text + "\n", {"draft_layers": layers, "draft_note": note})
+
+
+def build_plan(
+    params: LabParams,
+    *,
+    model_path: str | os.PathLike[str] | None = None,
+    cache: Path | None = None,
+) -> ServePlan:
+    """The `vllm serve` arguments for validated lab parameters.
+
+    Raises:
+        ParamError: settings vLLM cannot run, each naming its field.
+    """
+    errors = _unsupported(params)
+    if errors:
+        raise ParamError(errors)
+    engine, model = params.engine, params.model
+    source = model_source(params, model_path)
+    max_len = _max_model_len(params)
+    if not engine.chunked_prefill and engine.max_num_batched_tokens < max_len:
+        raise ParamError(
+            {
+                "max_num_batched_tokens": "max_num_batched_tokens must be at least the longest "
+                f"request (prompt + output = {max_len:,} tokens) on vLLM when chunked_prefill "
+                f"is off, got {engine.max_num_batched_tokens:,}"
+            }
+        )
+    draft = _draft(params, source, cache if cache is not None else cache_dir())
+    draft_layers = draft.layers if draft is not None else 0
+    notes: dict[str, Any] = dict(draft.notes) if draft is not None else {}
+    args: list[str] = ["serve", str(source.path), "--served-model-name", SERVED_MODEL_NAME]
+    args += ["--load-format", "auto" if source.real_weights else "dummy"]
+    # A fixed engine seed: the workload's seed changes the requests, not the server.
+    args += ["--skip-tokenizer-init", "--seed", "0"]
+    if engine.tp > 1:
+        args += ["--tensor-parallel-size", str(engine.tp)]
+    args += _WEIGHT_FLAGS[engine.weight_dtype]
+    args += ["--max-model-len", str(max_len), "--block-size", str(engine.block_size)]
+    args += ["--max-num-seqs", str(engine.max_num_seqs)]
+    args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
+    args.append(
+        "--enable-chunked-prefill" if engine.chunked_prefill else "--no-enable-chunked-prefill"
+    )
+    args.append(
+        "--enable-prefix-caching" if engine.prefix_caching else "--no-enable-prefix-caching"
+    )
+    args += ["--kv-cache-dtype", engine.kv_dtype]
+    notes.update(max_model_len=max_len, load_format=args[args.index("--load-format") + 1])
+    if engine.kv_capacity_tokens is not None:
+        # Whole blocks for the learner's tokens, plus the null block vLLM keeps back; the draft
+        # model's layers take their share of the same pool.
+        blocks = math.ceil(engine.kv_capacity_tokens / engine.block_size) + 1
+        per_token = _kv_bytes_per_token(
+            model, engine.tp, KV_DTYPE_BYTES[engine.kv_dtype], model.layers + draft_layers
+        )
+        kv_bytes = blocks * engine.block_size * per_token
+        args += ["--kv-cache-memory-bytes", str(kv_bytes)]
+        notes.update(kv_cache_memory_bytes=kv_bytes, num_gpu_blocks_expected=blocks)
+    else:
+        args += ["--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}"]
+    files: dict[Path, str] = {}
+    if engine.spec_method != "none":
+        length = acceptance_length(engine.acceptance, engine.spec_tokens)
+        spec: dict[str, Any] = {"num_speculative_tokens": engine.spec_tokens}
+        if draft is None:
+            spec["method"] = "ngram"
+        else:
+            spec.update(method="draft_model", model=str(draft.path))
+            files[draft.path / "config.json"] = draft.config_text
+        spec.update(
+            rejection_sample_method="synthetic", synthetic_acceptance_length=round(length, 6)
+        )
+        args += ["--speculative-config", json.dumps(spec, separators=(",", ":"), sort_keys=True)]
+        notes["synthetic_acceptance_length"] = round(length, 6)
+        if engine.spec_method == "ngram":
+            notes["spec_note"] = (
+                "ngram drafts only where the context repeats itself, so fewer drafts than "
+                "steps; accepted drafts follow alpha"
+            )
+    # Per-request prefix-cache hits in the final usage chunk (prompt_tokens_details).
+    args.append("--enable-prompt-tokens-details")
+    return ServePlan(args=tuple(args), files=files, notes=notes)
+
+
+# -- the manager ----------------------------------------------------------------------------------
+
+
+class ServerError(RuntimeError):
+    """`vllm serve` is missing, died, or never became healthy. The message ends with the last
+    lines of its log."""
+
+
+def free_port(host: str = HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def find_executable(configured: str | None = None) -> str:
+    """VLLM_EXECUTABLE, else `vllm` on PATH or next to this Python (a venv's bin/)."""
+    name = configured or os.environ.get("VLLM_EXECUTABLE") or "vllm"
+    found = shutil.which(name)
+    if found is None and os.sep not in name:
+        candidate = Path(sys.executable).parent / name
+        found = str(candidate) if os.access(candidate, os.X_OK) else None
+    if found is None:
+        raise ServerError(
+            f"{name} is not installed on this worker: pip install '.[gpu]' (vLLM 0.33), "
+            "or set VLLM_EXECUTABLE"
+        )
+    return found
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes in process group `pgid`, from /proc; where /proc is missing,
+    [pgid] if signal 0 reaches the group, else []."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited while we looked
+        # Fields after the command name, which may itself hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def stop_group(pgid: int, leader: subprocess.Popen[bytes] | None, timeout_s: float) -> None:
+    """TERM the whole process group, wait up to `timeout_s` for every member to go, then KILL.
+    vLLM's engine cores are children of the server; killing only the server would orphan them
+    with the GPU memory they hold."""
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if leader is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    leader.wait(timeout=0.05)  # reap it, or it stays a member as a zombie
+            if not group_members(pgid):
+                return
+            time.sleep(0.05)
+    if leader is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            leader.wait(timeout=1)
+    if group_members(pgid):
+        logger.error("process group %s survived SIGKILL: %s", pgid, group_members(pgid))
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen[bytes]
+    argv: list[str]
+    plan_args: tuple[str, ...]
+    port: int
+    log_path: Path
+    start_s: float  # seconds from Popen to healthy
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+class ServerManager:
+    """One `vllm serve` at a time for this worker, kept between runs with identical arguments.
+
+    The server runs in its own session (so its process group holds vLLM's engine processes too),
+    logs to a file in cache_dir(), and is recorded in a state file there, so a worker that was
+    killed outright has its orphaned server stopped by the next worker on the same GPUs.
+    """
+
+    def __init__(
+        self,
+        *,
+        executable: str | None = None,
+        start_timeout_s: float | None = None,
+        stop_timeout_s: float | None = None,
+        cache: Path | None = None,
+    ) -> None:
+        self.executable = executable
+        self.start_timeout_s = start_timeout_s or float(
+            os.environ.get("LABS_VLLM_START_TIMEOUT_S", "1200")
+        )
+        self.stop_timeout_s = stop_timeout_s or float(
+            os.environ.get("LABS_VLLM_STOP_TIMEOUT_S", "30")
+        )
+        self.cache = cache
+        self.current: RunningServer | None = None
+        self._lock = threading.RLock()
+        self._orphans_checked = False
+
+    @property
+    def _dir(self) -> Path:
+        return self.cache if self.cache is not None else cache_dir()
+
+    @property
+    def _state_path(self) -> Path:
+        gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace(",", "_") or "none"
+        return self._dir / f"server-gpus-{gpus}.json"
+
+    def ensure(
+        self, plan: ServePlan, *, on_wait: Callable[[], None] | None = None
+    ) -> tuple[RunningServer, bool]:
+        """A healthy server for `plan`: the running one if its arguments are identical (True),
+        else a new one (False) after stopping the old.
+
+        Raises:
+            ServerError: no executable, or the server died or was not healthy in time.
+        """
+        with self._lock:
+            current = self.current
+            if current is not None and current.plan_args == plan.args and self._healthy(current):
+                return current, True
+            self.stop()
+            self._stop_orphan()
+            return self._start(plan, on_wait), False
+
+    def _healthy(self, server: RunningServer) -> bool:
+        if server.process.poll() is not None:
+            return False
+        try:
+            response = httpx.get(f"{server.base_url}/health", timeout=5.0, trust_env=False)
+            return response.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _start(self, plan: ServePlan, on_wait: Callable[[], None] | None) -> RunningServer:
+        executable = find_executable(self.executable)
+        for path, text in plan.files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists() or path.read_text() != text:
+                path.write_text(text)
+        port = free_port()
+        argv = plan.argv(executable, port=port)
+        log_path = self._new_log(port)
+        env = {
+            **os.environ,
+            # Nothing to download (config-only model dirs, no tokenizer), and no usage reports.
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
+        logger.info("starting %s", " ".join(argv))
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self._dir,
+                start_new_session=True,
+            )
+        started = time.monotonic()
+        server = RunningServer(process, argv, plan.args, port, log_path, 0.0)
+        self._write_state(server)
+        try:
+            self._wait_healthy(server, on_wait)
+        except BaseException:
+            self._stop_server(server)
+            raise
+        server.start_s = time.monotonic() - started
+        self.current = server
+        return server
+
+    def _wait_healthy(self, server: RunningServer, on_wait: Callable[[], None] | None) -> None:
+        started = time.monotonic()
+        deadline = started + self.start_timeout_s
+        with httpx.Client(timeout=5.0, trust_env=False) as client:
+            while True:
+                code = server.process.poll()
+                if code is not None:
+                    raise ServerError(
+                        f"vllm serve exited with code {code} before it was ready "
+                        f"({time.monotonic() - started:.0f} s after start). "
+                        + self.log_tail(server)
+                    )
+                try:
+                    if client.get(f"{server.base_url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass  # not listening yet
+                if time.monotonic() > deadline:
+                    raise ServerError(
+                        f"vllm serve was not healthy {self.start_timeout_s:.0f} s after start "
+                        "(LABS_VLLM_START_TIMEOUT_S). " + self.log_tail(server)
+                    )
+                if on_wait is not None:
+                    on_wait()
+                time.sleep(0.5)
+
+    def check(self) -> None:
+        """Raise ServerError (and clean up) if the current server has died."""
+        with self._lock:
+            server = self.current
+            if server is None or server.process.poll() is None:
+                return
+            code = server.process.returncode
+            message = f"vllm serve exited with code {code} during the run. " + self.log_tail(server)
+            self.stop()
+            raise ServerError(message)
+
+    def stop(self) -> None:
+        """Stop the current server and every process in its group. Safe to call at any time."""
+        with self._lock:
+            server, self.current = self.current, None
+            if server is not None:
+                self._stop_server(server)
+
+    def _stop_server(self, server: RunningServer) -> None:
+        logger.info("stopping vllm serve (pid %s)", server.pid)
+        stop_group(server.pid, server.process, self.stop_timeout_s)
+        with contextlib.suppress(OSError):
+            state = json.loads(self._state_path.read_text())
+            if state.get("pid") == server.pid:
+                self._state_path.unlink()
+
+    def _write_state(self, server: RunningServer) -> None:
+        state = {"pid": server.pid, "argv": server.argv, "log": str(server.log_path)}
+        self._state_path.write_text(json.dumps(state))
+
+    def _stop_orphan(self) -> None:
+        """A server a killed worker left behind, if its recorded pid still runs its command."""
+        if self._orphans_checked:
+            return
+        self._orphans_checked = True
+        try:
+            state = json.loads(self._state_path.read_text())
+            pid, argv = int(state["pid"]), list(state["argv"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        cmdline = _cmdline(pid)
+        # A console script runs as `python .../vllm serve ...`: compare what follows the program.
+        if cmdline and len(argv) > 1 and cmdline[-(len(argv) - 1) :] == argv[1:]:
+            logger.warning("stopping vllm serve (pid %s) left by an earlier worker", pid)
+            stop_group(pid, None, self.stop_timeout_s)
+        with contextlib.suppress(OSError):
+            self._state_path.unlink()
+
+    def _new_log(self, port: int) -> Path:
+        logs = self._dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for old in sorted(logs.glob("vllm-serve-*.log"))[:-_KEEP_LOGS]:
+            with contextlib.suppress(OSError):
+                old.unlink()
+        return logs / f"vllm-serve-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
+
+    def log_tail(self, server: RunningServer | None = None, lines: int = _LOG_TAIL_LINES) -> str:
+        server = server or self.current
+        if server is None:
+            return ""
+        try:
+            with server.log_path.open("rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - 64 * 1024))
+                text = log.read().decode("utf-8", "replace")
+        except OSError as exc:
+            return f"(its log {server.log_path} cannot be read: {exc})"
+        tail = "\n".join(text.splitlines()[-lines:])
+        return f"Last lines of its log ({server.log_path}):\n{tail}"

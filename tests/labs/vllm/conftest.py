@@ -1,0 +1,151 @@
+"""Fixtures for the vllm backend tests: the fake vLLM server and the stand-in `vllm` executable,
+each in its own process on 127.0.0.1, and checks that nothing they started is left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from labs.backends.vllm import backend as vllm_backend
+from labs.backends.vllm.server import ServerManager, free_port
+
+HERE = Path(__file__).resolve().parent
+FAKE = HERE / "fake_vllm.py"
+STANDIN = HERE / "standin_vllm.py"
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a zombie holds no resources)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :].split()[0] != "Z"
+
+
+def wait_gone(pids: Iterable[int], timeout_s: float = 10.0) -> list[int]:
+    """The pids still alive after waiting up to `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    left = [p for p in pids if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if alive(p)]
+    return left
+
+
+@dataclass
+class FakeServer:
+    process: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def get(self, path: str) -> Any:
+        return httpx.get(self.base_url + path, timeout=10, trust_env=False).json()
+
+
+@pytest.fixture
+def fake_server(tmp_path: Path) -> Iterator[Any]:
+    """Start fake vLLM servers: `fake_server(config)` -> FakeServer, healthy (or at least
+    listening, when the config says it never becomes healthy)."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(config: dict[str, Any] | None = None) -> FakeServer:
+        port = free_port()
+        log = (tmp_path / f"fake-{port}.log").open("wb")
+        process = subprocess.Popen(
+            [sys.executable, str(FAKE), "--port", str(port), "--config", json.dumps(config or {})],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        started.append(process)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1, trust_env=False)
+                break
+            except httpx.HTTPError:
+                assert process.poll() is None, "the fake vLLM server died at start"
+                assert time.monotonic() < deadline, "the fake vLLM server did not start"
+                time.sleep(0.05)
+        return FakeServer(process, port)
+
+    yield start
+    for process in started:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+    assert wait_gone(p.pid for p in started) == []
+
+
+@dataclass
+class StandIn:
+    executable: Path
+    record: Path
+    cache: Path
+
+    def starts(self) -> list[dict[str, Any]]:
+        """One entry per start of the stand-in: pid, pgid, sid, argv, grandchild."""
+        if not self.record.exists():
+            return []
+        return [json.loads(line) for line in self.record.read_text().splitlines()]
+
+    def pids(self) -> list[int]:
+        return [pid for s in self.starts() for pid in (s["pid"], s["grandchild"])]
+
+
+@pytest.fixture
+def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandIn]:
+    """A `vllm` executable that is the stand-in; VLLM_EXECUTABLE and LABS_VLLM_CACHE_DIR point at
+    it and a temporary directory. Afterwards, no process it started may be left."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    executable = bin_dir / "vllm"
+    # exec: the stand-in keeps the pid the manager started, as the real console script does.
+    executable.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
+    executable.chmod(0o755)
+    stand_in = StandIn(executable, tmp_path / "starts.jsonl", tmp_path / "cache")
+    monkeypatch.setenv("VLLM_EXECUTABLE", str(executable))
+    monkeypatch.setenv("LABS_VLLM_CACHE_DIR", str(stand_in.cache))
+    monkeypatch.setenv("STANDIN_RECORD", str(stand_in.record))
+    monkeypatch.delenv("LABS_VLLM_BASE_URL", raising=False)
+    yield stand_in
+    left = wait_gone(stand_in.pids(), timeout_s=1)
+    for start in stand_in.starts():
+        if alive(start["pid"]) or alive(start["grandchild"]):
+            os.killpg(start["pgid"], signal.SIGKILL)
+    assert left == [], f"processes left running: {left}"
+
+
+@pytest.fixture
+def manager(standin: StandIn) -> Iterator[ServerManager]:
+    """A ServerManager on the stand-in with short timeouts; stopped afterwards."""
+    mgr = ServerManager(start_timeout_s=20, stop_timeout_s=3, cache=standin.cache)
+    yield mgr
+    mgr.stop()
+
+
+@pytest.fixture
+def fresh_backend_manager(standin: StandIn) -> Iterator[None]:
+    """The vllm backend's process-wide manager, new for this test and stopped after it."""
+    vllm_backend._manager = ServerManager(start_timeout_s=20, stop_timeout_s=3)
+    yield
+    vllm_backend.stop_server()
+    vllm_backend._manager = None

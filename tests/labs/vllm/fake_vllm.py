@@ -1,0 +1,522 @@
+"""A stand-in for `vllm serve` in the tests: an OpenAI-compatible streaming server on loopback.
+
+Run it as its own process (`python fake_vllm.py --port N --config JSON`). It speaks just enough
+HTTP/1.1 (keep-alive, chunked server-sent events) and mimics what the vllm backend relies on:
+
+- `POST /v1/completions` with `prompt` as token ids, `stream`, `stream_options` (include_usage,
+  continuous_usage_stats), `return_token_ids`, `max_tokens`: streams `max_tokens` tokens on a
+  programmed schedule (first chunk `ttft_ms` after admission, then one chunk every `itl_ms`,
+  cycling through `itl_ms` and `chunk_tokens`), like vLLM with --skip-tokenizer-init (empty text);
+- `GET /health`, `GET /version`, `GET /v1/models`, and `GET /metrics` in vLLM's Prometheus format,
+  with counters that follow what it served (prefix-cache hits at block granularity, speculative
+  drafts from multi-token chunks, preemptions, running and waiting requests, KV usage);
+- `GET /fake/log`: what it really did, per request: when the request arrived (the kernel's
+  receive stamp) and, for each chunk, monotonic readings just before and just after writing it,
+  with its token count. The tests compare the load generator's numbers with these,
+  not with the programmed delays, because on a busy machine the fake's own timers run late.
+
+Per-request behaviour is keyed by the number after the last "-" of the X-Request-Id header
+(`requests: {"3": {"status": 500}}`): `status`, `cut_after_tokens` (close the connection
+mid-stream), `stall_after_tokens` (stop sending, keep the connection), `error_after_tokens` (an
+error event, as vLLM sends), `preemptions`.
+
+Standard library only, so it starts fast and its own overhead is small and predictable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import signal
+import socket
+import struct
+import sys
+import time
+from typing import Any
+
+SO_TIMESTAMPNS = 35  # Linux; not exported by the socket module
+
+DEFAULTS: dict[str, Any] = {
+    "model": "lab",
+    "version": "0.33.0",
+    "ttft_ms": 50.0,
+    "itl_ms": [20.0],
+    "chunk_tokens": [1],
+    "spec_k": 0,
+    "block_size": 16,
+    "num_gpu_blocks": 4096,
+    "max_num_seqs": 100_000,
+    "healthy_after_s": 0.0,
+    "never_healthy": False,
+    # Honour return_token_ids / continuous_usage_stats; off to test the other ways of counting.
+    "send_token_ids": True,
+    "send_usage": True,
+    # Counter values before the first request, so the tests see that the backend subtracts them.
+    "counters_start": {},
+    "requests": {},
+}
+
+COUNTERS = (
+    "num_preemptions",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "spec_decode_num_drafts",
+    "spec_decode_num_draft_tokens",
+    "spec_decode_num_accepted_tokens",
+    "prompt_tokens",
+    "generation_tokens",
+    "request_success",
+)
+
+
+def wall_offset() -> float:
+    """time.time() - time.monotonic(), from the tightest of five paired readings."""
+    pairs = []
+    for _ in range(5):
+        first = time.monotonic()
+        wall = time.time()
+        pairs.append((time.monotonic() - first, wall - first))
+    return min(pairs)[1]
+
+
+WALL_OFFSET = wall_offset()
+
+
+def kernel_time(ancdata: list[tuple[int, int, bytes]]) -> float:
+    """When the kernel received these bytes, on the monotonic clock (now, if it did not say)."""
+    stamps = [
+        p for level, kind, p in ancdata if (level, kind) == (socket.SOL_SOCKET, SO_TIMESTAMPNS)
+    ]
+    if stamps and len(stamps[0]) >= 16:
+        seconds, nanos = struct.unpack("@qq", stamps[0][:16])
+        arrived = seconds + nanos * 1e-9 - WALL_OFFSET
+        if time.monotonic() - 5 < arrived <= time.monotonic() + 0.001:
+            return arrived
+    return time.monotonic()
+
+
+class Engine:
+    """The fake engine's state: admitted and waiting requests, counters, the truth log."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.started = time.monotonic()
+        self.counters = {name: 0 for name in COUNTERS}
+        self.start_values = {name: int(config["counters_start"].get(name, 0)) for name in COUNTERS}
+        self.cached_blocks: set[int] = set()
+        self.running: dict[str, Stream] = {}
+        self.waiting: list[Stream] = []
+        self.log: dict[str, dict[str, Any]] = {}
+        self.arrivals = 0
+
+    def healthy(self) -> bool:
+        if self.config["never_healthy"]:
+            return False
+        return time.monotonic() - self.started >= float(self.config["healthy_after_s"])
+
+    def submit(self, stream: Stream) -> None:
+        if len(self.running) < int(self.config["max_num_seqs"]):
+            self.admit(stream)
+        else:
+            self.waiting.append(stream)
+
+    def admit(self, stream: Stream) -> None:
+        self.running[stream.xid] = stream
+        self.counters["prompt_tokens"] += len(stream.prompt)
+        self.counters["prefix_cache_queries"] += len(stream.prompt)
+        hit = self.prefix_hit(stream.prompt)
+        self.counters["prefix_cache_hits"] += hit
+        self.counters["num_preemptions"] += int(stream.behaviour.get("preemptions", 0))
+        stream.log["cached_tokens"] = hit
+        stream.start()
+
+    def prefix_hit(self, prompt: list[int]) -> int:
+        """Tokens of `prompt` found in the cache, in whole blocks; caches its full blocks."""
+        size = int(self.config["block_size"])
+        # The last token is always recomputed, so at most (len - 1) tokens can hit.
+        usable = (len(prompt) - 1) // size
+        hit, parent, hitting = 0, 0, True
+        for i in range(len(prompt) // size):
+            parent = hash((parent, tuple(prompt[i * size : (i + 1) * size])))
+            if hitting and i < usable and parent in self.cached_blocks:
+                hit += size
+            else:
+                hitting = False
+            self.cached_blocks.add(parent)
+        return hit
+
+    def finish(self, stream: Stream) -> None:
+        self.running.pop(stream.xid, None)
+        while self.waiting and len(self.running) < int(self.config["max_num_seqs"]):
+            self.admit(self.waiting.pop(0))
+
+    def kv_usage(self) -> float:
+        size = int(self.config["block_size"])
+        used = sum(math.ceil((len(s.prompt) + s.sent) / size) for s in self.running.values())
+        return min(1.0, used / max(1, int(self.config["num_gpu_blocks"]) - 1))
+
+    def metrics(self) -> str:
+        labels = f'engine="0",model_name="{self.config["model"]}"'
+        out: list[str] = []
+
+        def emit(name: str, kind: str, value: float, extra: str = "") -> None:
+            out.append(f"# HELP vllm:{name} {name.replace('_', ' ')}.")
+            out.append(f"# TYPE vllm:{name} {kind}")
+            suffix = "_total" if kind == "counter" else ""
+            out.append(f"vllm:{name}{suffix}{{{extra}{labels}}} {float(value)!r}")
+            if kind == "counter":
+                out.append(f"vllm:{name}_created{{{extra}{labels}}} {self.started!r}")
+
+        emit("num_requests_running", "gauge", len(self.running))
+        emit("num_requests_waiting", "gauge", len(self.waiting))
+        emit("kv_cache_usage_perc", "gauge", self.kv_usage())
+        for name in COUNTERS:
+            extra = 'finished_reason="length",' if name == "request_success" else ""
+            emit(name, "counter", self.start_values[name] + self.counters[name], extra)
+        # A histogram and an info gauge, as vLLM exposes them, so the parser meets both.
+        out.append("# TYPE vllm:time_to_first_token_seconds histogram")
+        for le in ("0.001", "0.01", "0.1", "1.0", "+Inf"):
+            out.append(f'vllm:time_to_first_token_seconds_bucket{{{labels},le="{le}"}} 0.0')
+        out.append(f"vllm:time_to_first_token_seconds_count{{{labels}}} 0.0")
+        out.append(f"vllm:time_to_first_token_seconds_sum{{{labels}}} 0.0")
+        out.append("# TYPE vllm:cache_config_info gauge")
+        info = (
+            f'block_size="{self.config["block_size"]}",cache_dtype="auto",'
+            f'enable_prefix_caching="True",gpu_memory_utilization="0.9",'
+            f'num_cpu_blocks="None",num_gpu_blocks="{self.config["num_gpu_blocks"]}"'
+        )
+        out.append(f"vllm:cache_config_info{{{info},{labels}}} 1.0")
+        return "\n".join(out) + "\n"
+
+
+class Stream:
+    """One streamed completion: its schedule, and what was really sent when."""
+
+    def __init__(self, conn: Conn, xid: str, body: dict[str, Any], behaviour: dict) -> None:
+        self.conn, self.xid, self.behaviour = conn, xid, behaviour
+        self.engine = conn.engine
+        self.prompt: list[int] = list(body["prompt"])
+        self.max_tokens = int(body["max_tokens"])
+        options = body.get("stream_options") or {}
+        self.include_usage = bool(options.get("include_usage"))
+        config = self.engine.config
+        self.continuous = bool(options.get("continuous_usage_stats")) and config["send_usage"]
+        self.token_ids = bool(body.get("return_token_ids")) and config["send_token_ids"]
+        self.sent = 0
+        self.chunk_no = 0
+        self.log: dict[str, Any] = {"recv_s": conn.arrived, "sends": [], "status": 200}
+        self.engine.log[xid] = self.log
+        self.first_at = 0.0
+        self.next_at = 0.0
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        config = self.engine.config
+        self.log["admit_s"] = now = time.monotonic()
+        self.first_at = now + float(config["ttft_ms"]) / 1000
+        self.next_at = self.first_at
+        # Absolute deadlines (not "sleep after the last send"), so late timers do not add up.
+        loop.call_at(self._loop_time(self.next_at), self.send_next)
+
+    def _loop_time(self, mono: float) -> float:
+        loop = asyncio.get_running_loop()
+        return loop.time() + (mono - time.monotonic())
+
+    def event(self, payload: dict[str, Any]) -> bytes:
+        data = b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    def send_next(self) -> None:
+        if self.conn.closed:
+            self.engine.finish(self)
+            return
+        config = self.engine.config
+        sizes = config["chunk_tokens"]
+        n = 1 if self.chunk_no == 0 else int(sizes[(self.chunk_no - 1) % len(sizes)])
+        n = min(n, self.max_tokens - self.sent)
+        for key, action in (
+            ("cut_after_tokens", self.cut),
+            ("stall_after_tokens", self.stall),
+            ("error_after_tokens", self.error),
+        ):
+            limit = self.behaviour.get(key)
+            if limit is not None and self.sent >= int(limit):
+                action()
+                return
+        first = self.chunk_no == 0
+        choice: dict[str, Any] = {"index": 0, "text": "", "logprobs": None}
+        choice["finish_reason"] = "length" if self.sent + n >= self.max_tokens else None
+        if self.token_ids:
+            choice["token_ids"] = [7] * n
+            if first:
+                choice["prompt_token_ids"] = self.prompt
+        payload: dict[str, Any] = {
+            "id": f"cmpl-{self.xid}",
+            "object": "text_completion",
+            "model": config["model"],
+            "choices": [choice],
+        }
+        if self.continuous:
+            done = self.sent + n
+            payload["usage"] = {
+                "prompt_tokens": len(self.prompt),
+                "completion_tokens": done,
+                "total_tokens": len(self.prompt) + done,
+            }
+        data = self.event(payload)
+        if not first and int(config["spec_k"]) > 0:
+            self.engine.counters["spec_decode_num_drafts"] += 1
+            self.engine.counters["spec_decode_num_draft_tokens"] += int(config["spec_k"])
+            self.engine.counters["spec_decode_num_accepted_tokens"] += n - 1
+        self.engine.counters["generation_tokens"] += n
+        self.sent += n
+        self.chunk_no += 1
+        # The chunk left at some moment between these two readings (the send call delivers it
+        # on loopback; if this process is descheduled inside the call, the interval says so).
+        before = time.monotonic()
+        self.conn.write(data)
+        self.log["sends"].append([before, time.monotonic(), n])
+        if self.sent >= self.max_tokens:
+            self.end()
+            return
+        itls = config["itl_ms"]
+        self.next_at += float(itls[(self.chunk_no - 1) % len(itls)]) / 1000
+        asyncio.get_running_loop().call_at(self._loop_time(self.next_at), self.send_next)
+
+    def end(self) -> None:
+        tail = b""
+        if self.include_usage:
+            usage = {
+                "prompt_tokens": len(self.prompt),
+                "completion_tokens": self.sent,
+                "total_tokens": len(self.prompt) + self.sent,
+            }
+            tail += self.event({"id": f"cmpl-{self.xid}", "choices": [], "usage": usage})
+        tail += b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+        self.conn.write(tail)
+        self.engine.counters["request_success"] += 1
+        self.engine.finish(self)
+        self.conn.response_done()
+
+    def cut(self) -> None:
+        self.log["cut"] = True
+        self.engine.finish(self)
+        self.conn.close()
+
+    def stall(self) -> None:
+        self.log["stalled"] = True
+        self.engine.finish(self)
+
+    def error(self) -> None:
+        err = {"error": {"message": "fake engine failure", "type": "InternalServerError"}}
+        self.conn.write(self.event(err) + b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+        self.engine.finish(self)
+        self.conn.response_done()
+
+
+class Conn:
+    """One HTTP/1.1 connection; requests are handled one at a time (no pipelining).
+
+    Raw non-blocking socket rather than an asyncio transport, to read the kernel's receive
+    timestamp of each request (SO_TIMESTAMPNS): the fake's truth for "when the request arrived"
+    must not include its own event loop's lag when 256 requests land together.
+    """
+
+    def __init__(self, engine: Engine, sock: socket.socket) -> None:
+        self.engine = engine
+        self.sock = sock
+        self.loop = asyncio.get_running_loop()
+        self.buf = b""
+        self.out = bytearray()
+        self.busy = False
+        self.closed = False
+        self.arrived = 0.0  # monotonic arrival of the bytes that completed the buffer
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        self.loop.add_reader(sock.fileno(), self.readable)
+
+    def readable(self) -> None:
+        try:
+            data, ancdata, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(16))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, ancdata = b"", []
+        if not data:
+            self.close()
+            return
+        self.arrived = kernel_time(ancdata)
+        self.buf += data
+        self.parse()
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if not self.out:
+            try:
+                data = data[self.sock.send(data) :]
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                self.close()
+                return
+            if data:
+                self.loop.add_writer(self.sock.fileno(), self.writable)
+        self.out += data
+
+    def writable(self) -> None:
+        try:
+            del self.out[: self.sock.send(self.out)]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.close()
+            return
+        if not self.out:
+            self.loop.remove_writer(self.sock.fileno())
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.loop.remove_reader(self.sock.fileno())
+            self.loop.remove_writer(self.sock.fileno())
+            self.sock.close()
+
+    def response_done(self) -> None:
+        self.busy = False
+        self.parse()
+
+    def parse(self) -> None:
+        while not self.busy and not self.closed:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].decode("latin-1").split("\r\n")
+            headers = {}
+            for line in head[1:]:
+                key, _, value = line.partition(":")
+                headers[key.strip().lower()] = value.strip()
+            length = int(headers.get("content-length", "0"))
+            if len(self.buf) < end + 4 + length:
+                return
+            body = self.buf[end + 4 : end + 4 + length]
+            self.buf = self.buf[end + 4 + length :]
+            method, path = head[0].split(" ")[:2]
+            self.busy = True
+            self.handle(method, path, headers, body)
+
+    def reply(self, status: str, body: bytes, content_type: str = "application/json") -> None:
+        head = (
+            f"HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        )
+        self.write(head.encode() + body)
+        self.response_done()
+
+    def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
+        engine = self.engine
+        if path == "/health":
+            self.reply("200 OK" if engine.healthy() else "503 Service Unavailable", b"")
+        elif path == "/version":
+            self.reply("200 OK", json.dumps({"version": engine.config["version"]}).encode())
+        elif path == "/v1/models":
+            models = {"object": "list", "data": [{"id": engine.config["model"]}]}
+            self.reply("200 OK", json.dumps(models).encode())
+        elif path == "/metrics":
+            self.reply("200 OK", engine.metrics().encode(), "text/plain; version=0.0.4")
+        elif path == "/fake/log":
+            self.reply("200 OK", json.dumps(engine.log).encode())
+        elif path == "/fake/state":
+            state = {"counters": engine.counters, "start_values": engine.start_values}
+            self.reply("200 OK", json.dumps(state).encode())
+        elif path == "/v1/completions" and method == "POST":
+            self.completion(headers, body)
+        else:
+            self.reply("404 Not Found", b'{"error": "not found"}')
+
+    def completion(self, headers: dict[str, str], raw: bytes) -> None:
+        engine = self.engine
+        engine.arrivals += 1
+        xid = headers.get("x-request-id") or f"anon-{engine.arrivals}"
+        suffix = xid.rsplit("-", 1)[-1]
+        behaviour = dict(engine.config["requests"].get(suffix, {}))
+        body = json.loads(raw)
+        bad = _check_body(body, engine.config["model"])
+        status = int(behaviour.get("status", 200))
+        if bad or status != 200:
+            engine.log[xid] = {"recv_s": self.arrived, "sends": [], "status": status or 400}
+            if bad:
+                self.reply("400 Bad Request", json.dumps({"error": {"message": bad}}).encode())
+            else:
+                message = {"error": {"message": "fake internal error", "code": status}}
+                self.reply(f"{status} Internal Server Error", json.dumps(message).encode())
+            return
+        self.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        engine.submit(Stream(self, xid, body, behaviour))
+
+
+def _check_body(body: dict[str, Any], model: str) -> str | None:
+    """What vLLM would refuse with --skip-tokenizer-init, as a message; None if fine."""
+    prompt = body.get("prompt")
+    if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+        return "prompt must be a list of token ids when the tokenizer is skipped"
+    if body.get("model") != model:
+        return f"The model `{body.get('model')}` does not exist."
+    if not body.get("stream") or not isinstance(body.get("max_tokens"), int):
+        return "this fake serves streaming requests with max_tokens only"
+    return None
+
+
+def load_config(text: str | None) -> dict[str, Any]:
+    config = dict(DEFAULTS)
+    if text:
+        config.update(json.loads(text))
+    for key in ("itl_ms", "chunk_tokens"):
+        if not isinstance(config[key], list):
+            config[key] = [config[key]]
+    return config
+
+
+async def serve(host: str, port: int, config: dict[str, Any], handle_term: bool = True) -> None:
+    loop = asyncio.get_running_loop()
+    engine = Engine(config)
+    listener = socket.create_server((host, port), backlog=1024)
+    listener.setblocking(False)
+
+    def accept() -> None:
+        for _ in range(64):
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            Conn(engine, sock)
+
+    loop.add_reader(listener.fileno(), accept)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT) if handle_term else ():
+        loop.add_signal_handler(sig, stop.set)
+    print(f"fake vLLM {config['version']} serving on http://{host}:{port}", flush=True)
+    await stop.wait()
+    loop.remove_reader(listener.fileno())
+    listener.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--config", default=None, help="JSON object overriding DEFAULTS")
+    args = parser.parse_args(argv)
+    asyncio.run(serve(args.host, args.port, load_config(args.config)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

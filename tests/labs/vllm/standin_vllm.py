@@ -1,0 +1,77 @@
+"""A stand-in for the `vllm` executable, started through the server manager in the tests.
+
+`vllm serve MODEL_DIR [flags] --host H --port P` appends what it was started with to the JSON
+lines file $STANDIN_RECORD (its pid, process group, session and arguments), starts a grandchild
+that only sleeps (as vLLM starts its engine-core processes), then serves the fake vLLM
+(fake_vllm.py) on H:P. $STANDIN_MODE changes that:
+
+- `die`: prints an error as vLLM would and exits with status 1 before serving;
+- `never_healthy`: serves, but /health answers 503 forever;
+- `ignore_term`: it and its grandchild ignore SIGTERM, so only SIGKILL stops them.
+
+$STANDIN_FAKE_CONFIG (JSON) is passed to the fake. `vllm --version` prints the fake's version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fake_vllm  # noqa: E402
+
+SLEEPER = """
+import signal, sys, time
+if sys.argv[1] == "ignore_term":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+while True:
+    time.sleep(1)
+"""
+
+
+def option(argv: list[str], name: str, default: str) -> str:
+    return argv[argv.index(name) + 1] if name in argv else default
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    if argv[:1] == ["--version"]:
+        print(fake_vllm.DEFAULTS["version"])
+        return 0
+    mode = os.environ.get("STANDIN_MODE", "ok")
+    if mode == "ignore_term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    grandchild = subprocess.Popen([sys.executable, "-c", SLEEPER, mode])
+    record = os.environ.get("STANDIN_RECORD")
+    if record:
+        entry = {
+            "pid": os.getpid(),
+            "pgid": os.getpgid(0),
+            "sid": os.getsid(0),
+            "argv": argv,
+            "grandchild": grandchild.pid,
+        }
+        with open(record, "a") as fh:
+            fh.write(json.dumps(entry) + "\n")
+    print(f"INFO stand-in vllm {' '.join(argv[:2])}: loading model", flush=True)
+    if mode == "die":
+        print("ERROR EngineCore failed to start.", file=sys.stderr, flush=True)
+        print("ValueError: No valid attention backend found", file=sys.stderr, flush=True)
+        return 1
+    config = fake_vllm.load_config(os.environ.get("STANDIN_FAKE_CONFIG"))
+    config["model"] = option(argv, "--served-model-name", argv[1])
+    config["block_size"] = int(option(argv, "--block-size", "16"))
+    config["never_healthy"] = mode == "never_healthy"
+    host, port = option(argv, "--host", "127.0.0.1"), int(option(argv, "--port", "8000"))
+    asyncio.run(fake_vllm.serve(host, port, config, handle_term=mode != "ignore_term"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

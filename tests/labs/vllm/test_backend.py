@@ -1,0 +1,206 @@
+"""The vllm backend end to end against the fake: a RunRecord like the simulator's, with the
+engine's counters read from /metrics; started through the server manager on the stand-in, or
+against an already-running server (base_url)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+from labs.backends import get_backend
+from labs.backends.base import RunRecord
+from labs.backends.vllm import backend as vllm_backend
+from labs.backends.vllm.backend import VLLMBackend, where_label
+from labs.backends.vllm.server import MODELS_DIR, ServerError
+from labs.catalog import MODELS
+from labs.metrics import summarize
+from labs.params import ParamError, parse_lab_params
+from tests.labs.vllm.conftest import StandIn, wait_gone
+
+PARAMS = {
+    "model": "qwen2.5-0.5b",
+    "num_prompts": 12,
+    "prompt_tokens": 128,
+    "output_tokens": 12,
+    "max_tokens": 64,
+    "shared_prefix_tokens": 64,
+    "seed": 3,
+}
+FAKE = {
+    "ttft_ms": 30,
+    "itl_ms": [10],
+    "chunk_tokens": [1, 3, 4],  # a speculative engine's steps: 1 + accepted drafts
+    "spec_k": 3,
+    "max_num_seqs": 4,  # so some requests wait
+    "counters_start": {
+        "num_preemptions": 11,
+        "prefix_cache_queries": 5000,
+        "prefix_cache_hits": 2000,
+        "spec_decode_num_drafts": 70,
+        "spec_decode_num_draft_tokens": 210,
+        "spec_decode_num_accepted_tokens": 100,
+    },
+    "requests": {"2": {"preemptions": 1}, "5": {"preemptions": 2}},
+}
+
+
+def test_a_run_against_a_running_server_reads_counters_right(fake_server: Any) -> None:
+    server = fake_server(FAKE)
+    progress: list[float] = []
+    backend = get_backend("vllm", base_url=server.base_url)
+    assert isinstance(backend, VLLMBackend)
+    backend.metrics_poll_s = 0.05
+    record = backend.run(parse_lab_params(PARAMS), progress.append)
+
+    assert (record.backend, record.simulated) == ("vllm", False)
+    assert record.where.startswith("vLLM 0.33.0 on ")
+    assert len(record.requests) == 12 and all(r.error is None for r in record.requests)
+    assert all(r.output_tokens == 12 and r.prompt_tokens == 128 for r in record.requests)
+    # Chunks of 1, then 1, 3, 4, 1, 3 tokens: multi-token chunks are counted as such.
+    assert [n for _, n in record.requests[0].chunks] == [1, 1, 3, 4, 1, 2]
+    counted = server.get("/fake/state")["counters"]
+    c = record.counters
+    # Each run's own counts: the page after the run minus the page before it.
+    assert c.preemptions == counted["num_preemptions"] == 3
+    assert c.prefix_cache_queries == counted["prefix_cache_queries"] == 12 * 128
+    # 64 shared tokens = 4 blocks of 16, found by every request after the first.
+    assert c.prefix_cache_hits == counted["prefix_cache_hits"] == 11 * 64
+    assert c.spec_drafts == counted["spec_decode_num_drafts"] == 12 * 5
+    assert c.spec_draft_tokens == 12 * 5 * 3
+    assert c.spec_accepted_tokens == 12 * (12 - 6)  # tokens minus chunks, per request
+    assert (c.num_gpu_blocks, c.block_size) == (4096, 16)
+    # Running and waiting over time, from the polls: never more than max_num_seqs running.
+    assert len(record.samples) >= 3
+    assert max(s.running for s in record.samples) <= 4
+    assert any(s.waiting > 0 for s in record.samples)
+    assert progress[-1] == 1.0
+    assert record.duration_s > 0 and record.wall_s >= record.duration_s
+    assert record.meta["token_counts_from"] == {"token_ids": 12 * 6}
+    # The same record the simulator gives: metrics and storage work unchanged.
+    assert RunRecord.from_dict(json.loads(json.dumps(record.to_dict()))) == record
+    summary = summarize(record)
+    assert summary["completed"] == 12 and summary["failed"] == 0
+    assert summary["prefix_cache_hit_rate"] == pytest.approx(704 / 1536)
+    assert summary["preemptions"] == 3
+
+
+def test_failed_requests_are_in_the_record_and_the_run_goes_on(fake_server: Any) -> None:
+    server = fake_server({"ttft_ms": 5, "itl_ms": [2], "requests": {"1": {"status": 500}}})
+    backend = VLLMBackend(base_url=server.base_url, metrics_poll_s=0)
+    record = backend.run(parse_lab_params({**PARAMS, "num_prompts": 3}))
+    errors = [r.error for r in record.requests]
+    assert errors[0] is None and errors[2] is None
+    assert errors[1] == "HTTP 500: fake internal error"
+    assert summarize(record)["failed"] == 1
+
+
+def test_no_server_at_base_url_fails_the_run_clearly() -> None:
+    from labs.backends.vllm.server import free_port
+
+    backend = VLLMBackend(base_url=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(ServerError, match="no vLLM server answers"):
+        backend.run(parse_lab_params(PARAMS))
+
+
+def test_the_label_says_which_vllm_on_which_gpu() -> None:
+    assert where_label("0.33.0", "NVIDIA H100 80GB HBM3", 1, None) == (
+        "vLLM 0.33.0 on NVIDIA H100 80GB HBM3"
+    )
+    assert where_label("0.33.0", "NVIDIA H100 80GB HBM3", 4, None) == (
+        "vLLM 0.33.0 on 4\u00d7 NVIDIA H100 80GB HBM3"
+    )
+    assert where_label("0.33.0", None, 1, None) == "vLLM 0.33.0 on an unknown GPU"
+    assert where_label("0.33.0", "x", 1, "http://gpu-box:8000") == "vLLM 0.33.0 at gpu-box"
+
+
+@pytest.mark.usefixtures("fresh_backend_manager")
+def test_a_worker_starts_reuses_and_restarts_its_server(
+    standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STANDIN_FAKE_CONFIG", json.dumps({"ttft_ms": 5, "itl_ms": [2]}))
+    backend = VLLMBackend(metrics_poll_s=0.05)
+    first = backend.run(parse_lab_params(PARAMS))
+    second = backend.run(parse_lab_params({**PARAMS, "seed": 4}))  # new requests, same engine
+    assert (first.meta["server_reused"], second.meta["server_reused"]) == (False, True)
+    assert first.meta["server_pid"] == second.meta["server_pid"]
+    assert first.meta["engine_args"][1:3] == ["serve", str(MODELS_DIR / "qwen2.5-0.5b")]
+    assert all(r.error is None for r in first.requests + second.requests)
+    third = backend.run(parse_lab_params({**PARAMS, "block_size": 32}))
+    assert third.meta["server_reused"] is False
+    old, new = standin.starts()
+    assert wait_gone([old["pid"], old["grandchild"]], 1) == []
+    vllm_backend.stop_server()
+    assert wait_gone([new["pid"], new["grandchild"]], 5) == []
+
+
+@pytest.mark.usefixtures("fresh_backend_manager")
+def test_a_server_that_dies_during_a_run_fails_it_with_its_log(
+    standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STANDIN_FAKE_CONFIG", json.dumps({"ttft_ms": 5000}))
+
+    def kill_server(fraction: float) -> None:
+        if standin.starts():
+            os.kill(standin.starts()[0]["pid"], 9)
+
+    with pytest.raises(ServerError, match="exited with code -9 during the run"):
+        VLLMBackend(metrics_poll_s=0).run(parse_lab_params(PARAMS), kill_server)
+    (start,) = standin.starts()
+    assert wait_gone([start["pid"], start["grandchild"]], 5) == []
+
+
+@pytest.mark.usefixtures("fresh_backend_manager")
+def test_a_cancelled_run_stops_the_load_but_keeps_the_server(
+    standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STANDIN_FAKE_CONFIG", json.dumps({"ttft_ms": 5000}))
+
+    class Cancelled(Exception):
+        pass
+
+    calls = []
+
+    def cancel(fraction: float) -> None:
+        calls.append(fraction)
+        if len(calls) > 2:
+            raise Cancelled
+
+    with pytest.raises(Cancelled):
+        VLLMBackend(metrics_poll_s=0).run(parse_lab_params(PARAMS), cancel)
+    (start,) = standin.starts()
+    manager = vllm_backend.server_manager()
+    assert manager.current is not None and manager.current.pid == start["pid"]
+
+
+@pytest.mark.usefixtures("fresh_backend_manager")
+def test_settings_vllm_cannot_run_fail_before_anything_starts(standin: StandIn) -> None:
+    with pytest.raises(ParamError, match="kv_allocation"):
+        VLLMBackend().run(parse_lab_params({**PARAMS, "kv_allocation": "contiguous"}))
+    assert standin.starts() == []
+
+
+def test_it_describes_the_worker_for_its_heartbeat() -> None:
+    info = VLLMBackend().describe()
+    assert info["where"].startswith("vLLM ")
+    assert set(info) == {"where", "gpu_name", "versions"}
+
+
+@pytest.mark.parametrize("slug", sorted(MODELS))
+def test_every_catalog_model_has_a_config_that_matches_the_catalog(slug: str) -> None:
+    config = json.loads((MODELS_DIR / slug / "config.json").read_text())
+    model = MODELS[slug]
+    assert config["num_hidden_layers"] == model.layers
+    assert config["hidden_size"] == model.hidden_size
+    assert config["num_attention_heads"] == model.heads
+    assert config["num_key_value_heads"] == model.kv_heads
+    assert config["head_dim"] == model.head_dim
+    assert config["vocab_size"] == model.vocab_size
+    assert config["max_position_embeddings"] == model.max_context
+    assert config["architectures"] and config["torch_dtype"] == "bfloat16"
+    assert config.get("num_local_experts", 1) == model.num_experts
+    assert config.get("num_experts_per_tok", 1) == model.experts_per_token
+    # Architecture facts only: no weights, no tokenizer files beside it.
+    assert sorted(p.name for p in (MODELS_DIR / slug).iterdir()) == ["config.json"]

@@ -1,0 +1,245 @@
+"""`vllm serve` arguments, and the server manager driving a stand-in `vllm` executable."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from labs.backends.vllm import server as srv
+from labs.params import ParamError, parse_lab_params
+from tests.labs.vllm.conftest import STANDIN, StandIn, alive, wait_gone
+
+SMALL = {"model": "qwen2.5-0.5b", "prompt_tokens": 100, "output_tokens": 20, "max_tokens": 40}
+
+
+def plan_for(tmp_path: Path, **values: Any) -> srv.ServePlan:
+    return srv.build_plan(parse_lab_params({**SMALL, **values}), cache=tmp_path)
+
+
+def test_the_arguments_for_a_lab_are_exactly_these(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, block_size=32, max_num_seqs=64, prefix_caching=False)
+    model_dir = str(srv.MODELS_DIR / "qwen2.5-0.5b")
+    assert plan.argv("vllm", port=8123) == [
+        "vllm", "serve", model_dir,
+        "--served-model-name", "lab",
+        "--load-format", "dummy",
+        "--skip-tokenizer-init",
+        "--seed", "0",
+        "--max-model-len", "1024",
+        "--block-size", "32",
+        "--max-num-seqs", "64",
+        "--max-num-batched-tokens", "2048",
+        "--enable-chunked-prefill",
+        "--no-enable-prefix-caching",
+        "--kv-cache-dtype", "auto",
+        "--gpu-memory-utilization", "0.9",
+        "--enable-prompt-tokens-details",
+        "--host", "127.0.0.1", "--port", "8123",
+    ]  # fmt: skip
+    assert plan.files == {}
+
+
+def test_speculation_accepts_at_the_learners_rate(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, spec_tokens=3, acceptance=0.7, draft_cost=0.25)
+    spec = json.loads(plan.args[plan.args.index("--speculative-config") + 1])
+    # (1 - 0.7^4) / (1 - 0.7) = 1 + 0.7 + 0.49 + 0.343 tokens per target pass.
+    assert spec["synthetic_acceptance_length"] == pytest.approx(2.533)
+    assert spec["rejection_sample_method"] == "synthetic"
+    assert (spec["method"], spec["num_speculative_tokens"]) == ("draft_model", 3)
+    ((path, text),) = plan.files.items()
+    assert path == Path(spec["model"]) / "config.json"
+    draft = json.loads(text)
+    assert draft["num_hidden_layers"] == 6  # a quarter of the target's 24 layers
+    assert draft["vocab_size"] == 151936  # vLLM needs the draft's vocabulary to match
+    assert srv.acceptance_length(0.0, 4) == 1.0
+    ngram = plan_for(tmp_path, spec_method="ngram", spec_tokens=2, acceptance=0.5)
+    spec = json.loads(ngram.args[ngram.args.index("--speculative-config") + 1])
+    assert spec == {
+        "method": "ngram",
+        "num_speculative_tokens": 2,
+        "rejection_sample_method": "synthetic",
+        "synthetic_acceptance_length": 1.75,
+    }
+
+
+def test_a_kv_capacity_becomes_exact_kv_cache_bytes(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, kv_capacity_tokens=1000)
+    # Qwen2.5-0.5B: 2 (K, V) x 24 layers x 2 KV heads x 64 x 2 bytes = 12,288 bytes a token;
+    # ceil(1000 / 16) = 63 blocks, plus vLLM's null block.
+    assert plan.args[plan.args.index("--kv-cache-memory-bytes") + 1] == str(64 * 16 * 12288)
+    assert "--gpu-memory-utilization" not in plan.args
+    spec = plan_for(tmp_path, kv_capacity_tokens=1000, spec_tokens=1, draft_cost=0.25)
+    # The 6-layer draft's KV comes out of the same pool.
+    assert spec.args[spec.args.index("--kv-cache-memory-bytes") + 1] == str(
+        64 * 16 * 12288 * 30 // 24
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"kv_allocation": "contiguous"}, "kv_allocation"),
+        ({"weight_dtype": "int4"}, "weight_dtype"),
+        ({"block_size": 8}, "block_size"),
+        (
+            {"chunked_prefill": False, "max_num_batched_tokens": 1024, "prompt_tokens": 1000,
+             "output_tokens": 200, "max_tokens": 200, "max_num_seqs": 64},
+            "max_num_batched_tokens",
+        ),
+    ],
+)  # fmt: skip
+def test_what_vllm_cannot_run_is_refused_naming_the_field(
+    tmp_path: Path, values: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ParamError) as caught:
+        plan_for(tmp_path, **values)
+    assert list(caught.value.errors) == [field]
+
+
+def test_a_worker_can_point_a_model_at_real_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    weights = tmp_path / "llama"
+    weights.mkdir()
+    config = json.loads((srv.MODELS_DIR / "llama-3.1-8b" / "config.json").read_text())
+    (weights / "config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("LABS_VLLM_MODEL_DIR_LLAMA_3_1_8B", str(weights))
+    plan = plan_for(tmp_path, model="llama-3.1-8b")
+    assert plan.args[1] == str(weights)
+    assert plan.args[plan.args.index("--load-format") + 1] == "auto"
+    with pytest.raises(ParamError, match="draft checkpoint"):
+        plan_for(tmp_path, model="llama-3.1-8b", spec_tokens=2)
+    (weights / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 80}))
+    with pytest.raises(ParamError, match="is not llama-3.1-8b: its config.json has layers 80"):
+        plan_for(tmp_path, model="llama-3.1-8b")
+
+
+# -- the manager and the stand-in ----------------------------------------------------------------
+
+
+def test_it_starts_the_exact_arguments_in_a_new_session_and_reuses_the_server(
+    tmp_path: Path, standin: StandIn, manager: srv.ServerManager
+) -> None:
+    plan = plan_for(tmp_path)
+    server, reused = manager.ensure(plan)
+    assert not reused
+    (start,) = standin.starts()
+    assert start["argv"] == server.argv[1:]
+    assert server.argv == plan.argv(str(standin.executable), port=server.port)
+    # Its own session and process group, which holds its child too.
+    assert start["pid"] == server.pid == start["pgid"] == start["sid"]
+    assert os.getpgid(start["grandchild"]) == server.pid
+    assert srv.group_members(server.pid) == sorted([server.pid, start["grandchild"]])
+    again, reused = manager.ensure(plan_for(tmp_path))
+    assert reused and again is server and len(standin.starts()) == 1
+    manager.stop()
+    assert wait_gone([start["pid"], start["grandchild"]], 1) == []
+    assert srv.group_members(start["pgid"]) == []
+
+
+def test_changed_arguments_restart_the_server_and_end_the_old_group(
+    tmp_path: Path, standin: StandIn, manager: srv.ServerManager
+) -> None:
+    first, _ = manager.ensure(plan_for(tmp_path, block_size=16))
+    second, reused = manager.ensure(plan_for(tmp_path, block_size=32))
+    assert not reused and second.pid != first.pid
+    old, new = standin.starts()
+    assert wait_gone([old["pid"], old["grandchild"]], 1) == []
+    assert "32" in new["argv"] and alive(new["pid"]) and alive(new["grandchild"])
+
+
+def test_a_server_that_dies_at_start_fails_with_its_log_and_leaves_nothing(
+    tmp_path: Path, standin: StandIn, manager: srv.ServerManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STANDIN_MODE", "die")
+    with pytest.raises(srv.ServerError) as caught:
+        manager.ensure(plan_for(tmp_path))
+    message = str(caught.value)
+    assert "exited with code 1 before it was ready" in message
+    assert "ValueError: No valid attention backend found" in message
+    (start,) = standin.starts()
+    # The grandchild outlived its parent; the manager still ended it with the group.
+    assert wait_gone([start["pid"], start["grandchild"]], 1) == []
+    assert manager.current is None
+
+
+def test_a_server_that_never_gets_healthy_times_out_and_leaves_nothing(
+    tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STANDIN_MODE", "never_healthy")
+    manager = srv.ServerManager(start_timeout_s=1.5, stop_timeout_s=3, cache=standin.cache)
+    began = time.monotonic()
+    with pytest.raises(srv.ServerError) as caught:
+        manager.ensure(plan_for(tmp_path))
+    assert time.monotonic() - began < 10
+    assert "was not healthy 2 s after start" in str(caught.value)
+    assert "stand-in vllm serve" in str(caught.value)  # the log's last lines
+    (start,) = standin.starts()
+    assert wait_gone([start["pid"], start["grandchild"]], 1) == []
+
+
+def test_a_group_that_ignores_sigterm_is_killed(
+    tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STANDIN_MODE", "ignore_term")
+    manager = srv.ServerManager(start_timeout_s=20, stop_timeout_s=1, cache=standin.cache)
+    server, _ = manager.ensure(plan_for(tmp_path))
+    began = time.monotonic()
+    manager.stop()
+    assert 1 <= time.monotonic() - began < 10
+    (start,) = standin.starts()
+    assert wait_gone([start["pid"], start["grandchild"]], 1) == []
+    assert server.process.returncode == -9
+
+
+def test_a_server_that_dies_later_is_noticed_and_its_group_ended(
+    tmp_path: Path, standin: StandIn, manager: srv.ServerManager
+) -> None:
+    server, _ = manager.ensure(plan_for(tmp_path))
+    (start,) = standin.starts()
+    os.kill(server.pid, 9)
+    server.process.wait(timeout=10)
+    with pytest.raises(srv.ServerError, match="exited with code -9 during the run"):
+        manager.check()
+    assert wait_gone([start["grandchild"]], 5) == []
+
+
+def test_a_server_left_by_a_killed_worker_is_stopped_by_the_next(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    plan = plan_for(tmp_path)
+    first = srv.ServerManager(start_timeout_s=20, stop_timeout_s=3, cache=standin.cache)
+    orphan, _ = first.ensure(plan)
+    first.current = None  # the worker is gone without stopping it
+    (start,) = standin.starts()
+    successor = srv.ServerManager(start_timeout_s=20, stop_timeout_s=3, cache=standin.cache)
+    try:
+        server, reused = successor.ensure(plan)
+        assert not reused and server.pid != orphan.pid
+        assert wait_gone([start["pid"], start["grandchild"]], 1) == []
+    finally:
+        successor.stop()
+        orphan.process.wait(timeout=10)
+
+
+def test_a_missing_executable_says_how_to_install_vllm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_EXECUTABLE", "no-such-vllm-here")
+    manager = srv.ServerManager(cache=tmp_path)
+    with pytest.raises(srv.ServerError, match=r"pip install '\.\[gpu\]'"):
+        manager.ensure(plan_for(tmp_path))
+
+
+def test_the_stand_in_answers_version_like_vllm() -> None:
+    out = subprocess.run(
+        [sys.executable, str(STANDIN), "--version"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "0.33.0"
