@@ -32,6 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--backend", choices=tuple(BACKENDS), default="sim", help="where to run (default sim)"
     )
     parser.add_argument(
+        "--base-url",
+        default=None,
+        help="vllm backend: measure the vLLM server already running at this URL",
+    )
+    parser.add_argument(
         "--goodput",
         nargs="+",
         metavar="KEY:MS",

@@ -15,11 +15,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from labs.cli import error_line
 from labs.cli import predict as predict_cli
 from labs.cli import run as run_cli
+from labs.cli import serve_args as serve_args_cli
 from labs.params import ParamError
 
 SUBCOMMANDS: dict[str, ModuleType] = {
     "predict": predict_cli,
     "run": run_cli,
+    "serve-args": serve_args_cli,
 }
 
 
