@@ -29,7 +29,8 @@ def sweep_get_for_owner(*, user: Any, pk: int) -> Sweep:
 
 
 def run_list_for_owner(*, user: Any, limit: int = 100) -> list[LabRun]:
-    return list(LabRun.objects.for_owner(user).filter(sweep=None)[:limit])
+    """Newest first, sweep runs included, so any two can be compared."""
+    return list(LabRun.objects.for_owner(user).select_related("sweep")[:limit])
 
 
 def sweep_list_for_owner(*, user: Any, limit: int = 50) -> list[Sweep]:

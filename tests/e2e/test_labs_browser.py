@@ -111,3 +111,9 @@ def test_a_sweep_from_the_batching_lab_charts_measured_and_predicted(page, celer
     )
     assert datasets == ["measured (simulated on CPU)", "predicted"]
     _shoot(page, "sweep")
+    # History lists the sweep (its runs live on its page) and the lab index the backends.
+    page.goto("/labs/runs/")
+    page.get_by_role("heading", name="Sweeps").wait_for()
+    _shoot(page, "history")
+    page.goto("/labs/")
+    _shoot(page, "labs-index")
