@@ -31,7 +31,7 @@ PARAMS = {
 }
 FAKE = {
     "ttft_ms": 30,
-    "itl_ms": [10],
+    "itl_ms": [20],
     "chunk_tokens": [1, 3, 4],  # a speculative engine's steps: 1 + accepted drafts
     "spec_k": 3,
     "max_num_seqs": 4,  # so some requests wait
@@ -204,3 +204,21 @@ def test_every_catalog_model_has_a_config_that_matches_the_catalog(slug: str) ->
     assert config.get("num_experts_per_tok", 1) == model.experts_per_token
     # Architecture facts only: no weights, no tokenizer files beside it.
     assert sorted(p.name for p in (MODELS_DIR / slug).iterdir()) == ["config.json"]
+
+
+def test_lab_run_measures_an_already_running_server(fake_server: Any) -> None:
+    import io
+
+    from django.core.management import call_command
+
+    server = fake_server({"ttft_ms": 5, "itl_ms": [2]})
+    out = io.StringIO()
+    call_command(
+        "lab", "run", "--backend", "vllm", "--base-url", server.base_url, "--json",
+        "--model", "qwen2.5-0.5b", "--num-prompts", "4", "--prompt-tokens", "64",
+        "--output-tokens", "8", "--max-tokens", "16", stdout=out,
+    )  # fmt: skip
+    result = json.loads(out.getvalue())
+    assert result["backend"] == "vllm" and result["where"].startswith("vLLM 0.33.0")
+    assert result["measured"]["completed"] == 4 and result["measured"]["failed"] == 0
+    assert len(server.get("/fake/log")) == 4
