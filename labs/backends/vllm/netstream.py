@@ -10,9 +10,10 @@ socket was found readable, which is still ahead of any parsing.
 
 Stamps are exact as long as each socket is read before the next chunk of the same stream lands
 (the kernel merges unread pieces and keeps the newest stamp). The event loop alone would not
-manage that: it reads sockets only between steps, and parsing a burst of 256 chunks through httpx
-takes ~20 ms here (~75 us each), as long as a short inter-token gap. So every read of any stream first sweeps all sockets
-with a zero-timeout epoll and files whatever has arrived, stamped, under its own stream.
+manage that: it reads sockets only between steps, and parsing a burst of 256 chunks through
+httpx takes ~20 ms here (~75 us each), as long as a short inter-token gap. So every read of any
+stream first sweeps all sockets with a zero-timeout epoll and files whatever has arrived,
+stamped, under its own stream.
 
 It also notes `request_sent_s`, the moment a request's first byte was handed to the socket, so a
 request's arrival time does not include time spent waiting for a connection.
