@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from labs.params import LabParams
 
 
+class BackendError(RuntimeError):
+    """A backend could not run the lab (its engine is missing, died or never got healthy). The
+    message says why in a sentence a learner can act on; the run is marked failed with it."""
+
+
 @dataclass
 class RequestRecord:
     """One request as the client saw it."""

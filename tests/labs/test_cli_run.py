@@ -133,3 +133,12 @@ def test_call_command_raises_command_error_with_status_2():
         call_command("lab", "run", "--kv-capacity-tokens", "100")
     assert error.value.returncode == 2
     assert "--kv-capacity-tokens" in str(error.value)
+
+
+def test_a_backend_that_cannot_start_is_one_line_with_status_1(monkeypatch):
+    monkeypatch.setenv("VLLM_EXECUTABLE", "/nonexistent/vllm")
+    result = lab_run("--backend", "vllm", "--num-prompts", "2")
+    assert result.returncode == 1
+    assert "not installed on this worker" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

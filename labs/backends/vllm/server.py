@@ -45,6 +45,7 @@ from typing import Any
 
 import httpx
 
+from labs.backends.base import BackendError
 from labs.catalog import KV_DTYPE_BYTES, ModelSpec
 from labs.params import LabParams, ParamError
 
@@ -315,7 +316,7 @@ def build_plan(
 # -- the manager ----------------------------------------------------------------------------------
 
 
-class ServerError(RuntimeError):
+class ServerError(BackendError):
     """`vllm serve` is missing, died, or never became healthy. The message ends with the last
     lines of its log."""
 

@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from labs.backends.base import BackendError
 from labs.cli import error_line
 from labs.cli import predict as predict_cli
 from labs.cli import run as run_cli
@@ -58,3 +59,6 @@ class Command(BaseCommand):
             module.run(options, self.stdout)
         except ParamError as error:
             raise CommandError(error_line(error), returncode=2) from None
+        except BackendError as error:
+            # Not bad input: the engine could not run. One line, exit 1, no traceback.
+            raise CommandError(str(error), returncode=1) from None
