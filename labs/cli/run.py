@@ -17,7 +17,7 @@ from typing import Any, TextIO
 from labs.backends import BACKENDS, get_backend
 from labs.cli import add_param_options, params_from_args
 from labs.metrics import SLO_KEYS, summarize
-from labs.params import ParamError
+from labs.params import LabParams, ParamError
 from labs.predict import predict
 
 HELP = "run a workload on a backend (sim: simulated on CPU) and print measured vs predicted"
@@ -69,9 +69,21 @@ def parse_goodput(items: list[str] | None) -> dict[str, float] | None:
     return slos
 
 
+def _run_params(options: Mapping[str, Any]) -> LabParams:
+    """The predictor's batch is `concurrency`; a run's is what it keeps in flight. Unless the
+    learner set `--concurrency`, predict for the run's own: --max-concurrency or every prompt at
+    once, whichever is fewer (max_num_seqs still caps both)."""
+    params = params_from_args(options)
+    if options.get("concurrency") is not None:
+        return params
+    work = params.workload
+    in_flight = min(work.max_concurrency or work.num_prompts, work.num_prompts)
+    return params_from_args({**options, "concurrency": in_flight})
+
+
 def run(options: Mapping[str, Any], stdout: TextIO) -> None:
     """Run and print. Raises ParamError for bad options."""
-    params = params_from_args(options)
+    params = _run_params(options)
     slo_ms = parse_goodput(options.get("goodput"))
     name = options.get("backend") or "sim"
     extra = {k: options[k] for k in BACKEND_OPTIONS.get(name, ()) if options.get(k) is not None}
@@ -120,7 +132,7 @@ def format_table(where: str, measured: Mapping[str, Any], predicted: Mapping[str
         ("requests/s", "requests_per_s", _num(",.3f"), None),
         ("goodput requests/s", "goodput_requests_per_s", _num(",.3f"), None),
         ("completed / failed", None, None, None),
-        ("most running sequences", "max_running_seqs", _num(","), "max_concurrent_seqs"),
+        ("most running sequences", "max_running_seqs", _num(","), "running_seqs"),
         ("preemptions", "preemptions", _num(","), None),
         ("KV usage peak", "kv_usage_peak", _num(".1%"), None),
         ("prefix-cache hit rate", "prefix_cache_hit_rate", _num(".1%"), None),

@@ -142,3 +142,14 @@ def test_a_backend_that_cannot_start_is_one_line_with_status_1(monkeypatch):
     assert "not installed on this worker" in result.stderr
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_prediction_is_for_the_batch_the_run_keeps_in_flight():
+    capped = run_json(*SMALL, "--max-concurrency", "8")
+    assert capped["predicted"]["running_seqs"] == 8
+    assert capped["measured"]["max_running_seqs"] == 8
+    all_at_once = run_json(*SMALL, "--max-concurrency", "32")  # only 20 prompts to send
+    assert all_at_once["predicted"]["running_seqs"] == 20
+    assert all_at_once["measured"]["max_running_seqs"] == 20
+    given = run_json(*SMALL, "--max-concurrency", "32", "--concurrency", "4")
+    assert given["predicted"]["running_seqs"] == 4
