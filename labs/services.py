@@ -67,11 +67,16 @@ def _predicted(params: LabParams) -> dict[str, object]:
 
 def _precheck(backend: str, params: LabParams) -> None:
     """Refuse at submit what the backend would refuse at once: the simulator needs a KV pool
-    that holds the longest request (it raises ParamError naming kv_capacity_tokens)."""
+    that holds the longest request (it raises ParamError naming kv_capacity_tokens); vLLM
+    cannot run some settings (contiguous KV, small blocks), each refused by field."""
     if backend == "sim":
         from labs.backends.sim import build_simulator
 
         build_simulator(params)
+    elif backend == "vllm":
+        from labs.backends.vllm.server import check_supported
+
+        check_supported(params)
 
 
 def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:

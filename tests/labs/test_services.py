@@ -131,6 +131,27 @@ def test_bad_params_raise_one_message_per_field_and_save_nothing(alice, sent):
     assert not LabRun.objects.exists() and sent == []
 
 
+def test_settings_vllm_cannot_run_are_refused_at_submit_by_field(alice, sent):
+    make_heartbeat("vllm")
+    with pytest.raises(ParamError) as info:
+        services.run_request(
+            owner=alice,
+            lab="paged-kv",
+            backend="vllm",
+            data={**SMALL, "kv_allocation": "contiguous", "block_size": "8"},
+        )
+    assert set(info.value.errors) == {"kv_allocation", "block_size"}
+    assert not LabRun.objects.exists() and sent == []
+    # The same settings are fine for the simulator, which is where contiguous KV can be shown.
+    make_heartbeat("sim")
+    services.run_request(
+        owner=alice,
+        lab="paged-kv",
+        backend="sim",
+        data={**SMALL, "kv_allocation": "contiguous", "block_size": "8"},
+    )
+
+
 def test_a_sweep_is_one_group_on_the_backend_queue(alice, sent, django_capture_on_commit_callbacks):
     make_heartbeat("sim")
     with django_capture_on_commit_callbacks(execute=True):

@@ -231,6 +231,28 @@ def _draft(params: LabParams, source: ModelSource, cache: Path) -> _Draft | None
     return _Draft(path, layers, text + "\n", {"draft_layers": layers, "draft_note": note})
 
 
+def check_supported(params: LabParams) -> None:
+    """Refuse settings vLLM cannot run, without touching a GPU or a file (the web app calls it at
+    submit, so such a run is refused before it is queued).
+
+    Raises:
+        ParamError: each unsupported setting, naming its field.
+    """
+    errors = _unsupported(params)
+    if errors:
+        raise ParamError(errors)
+    engine = params.engine
+    max_len = _max_model_len(params)
+    if not engine.chunked_prefill and engine.max_num_batched_tokens < max_len:
+        raise ParamError(
+            {
+                "max_num_batched_tokens": "max_num_batched_tokens must be at least the longest "
+                f"request (prompt + output = {max_len:,} tokens) on vLLM when chunked_prefill "
+                f"is off, got {engine.max_num_batched_tokens:,}"
+            }
+        )
+
+
 def build_plan(
     params: LabParams,
     *,
@@ -242,20 +264,10 @@ def build_plan(
     Raises:
         ParamError: settings vLLM cannot run, each naming its field.
     """
-    errors = _unsupported(params)
-    if errors:
-        raise ParamError(errors)
+    check_supported(params)
     engine, model = params.engine, params.model
     source = model_source(params, model_path)
     max_len = _max_model_len(params)
-    if not engine.chunked_prefill and engine.max_num_batched_tokens < max_len:
-        raise ParamError(
-            {
-                "max_num_batched_tokens": "max_num_batched_tokens must be at least the longest "
-                f"request (prompt + output = {max_len:,} tokens) on vLLM when chunked_prefill "
-                f"is off, got {engine.max_num_batched_tokens:,}"
-            }
-        )
     draft = _draft(params, source, cache if cache is not None else cache_dir())
     draft_layers = draft.layers if draft is not None else 0
     notes: dict[str, Any] = dict(draft.notes) if draft is not None else {}
