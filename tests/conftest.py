@@ -6,6 +6,11 @@ from django.contrib.auth import get_user_model
 from tests.worker import start_worker
 
 
+def pytest_collection_modifyitems(config, items):
+    # Browser tests last: they are the slowest, and the rest should report first.
+    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
+
+
 def make_user(username: str = "alice", *, password: str = "a-long-passphrase-1", **extra):
     return get_user_model().objects.create_user(username=username, password=password, **extra)
 

@@ -9,6 +9,9 @@
 
   function press(el) {
     if (el && !el.disabled) {
+      // A key can land between htmx swapping new content in and wiring it up; wire the form now
+      // (htmx.process is idempotent) so the click goes through htmx, not a full-page post.
+      if (el.form && window.htmx) window.htmx.process(el.form);
       el.click();
       return true;
     }

@@ -75,3 +75,11 @@ def test_htmx_requests_carry_the_csrf_token(client, alice):
     html = client.get(reverse("quiz:today")).content.decode()
     assert 'hx-headers=\'{"X-CSRFToken": "' in html
     assert "vendor/htmx-2.0.11.min.js" in html
+
+
+def test_an_htmx_request_after_logout_sends_the_whole_page_to_login(client):
+    response = client.get(reverse("quiz:today"), headers={"HX-Request": "true"})
+    assert response.status_code == 200
+    assert response["HX-Redirect"].startswith(reverse("login"))
+    # A normal request still gets the plain redirect.
+    assert client.get(reverse("quiz:today"))["Location"].startswith(reverse("login"))

@@ -7,10 +7,6 @@ import shutil
 
 import pytest
 
-# Playwright's sync API keeps an event loop on the main thread; Django's ORM refuses to run there
-# unless told the test thread is allowed to.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -25,8 +21,11 @@ PHONE = {"width": 390, "height": 844}
 LAPTOP = {"width": 1366, "height": 860}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """One Chromium per test module. Playwright's sync API runs an event loop on the main thread
+    while it is open; closing it with the module keeps that loop out of the tests that follow
+    (asyncio.run refuses to start inside a running loop)."""
     if not os.path.exists(CHROMIUM):
         pytest.fail("Chromium is missing: run `make browsers` (Debian's chromium package)")
     from playwright.sync_api import sync_playwright
@@ -35,6 +34,15 @@ def browser():
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _orm_beside_playwright():
+    # With Playwright's loop running on the main thread, Django's ORM refuses to run in the test
+    # (and in its database teardown) unless told this thread may; set for browser modules only.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        yield
 
 
 @pytest.fixture
