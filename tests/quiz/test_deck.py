@@ -87,6 +87,25 @@ def test_it_completes_each_kind(deck):
             assert not options, card.slug
 
 
+def test_it_does_not_give_away_choice_answers_by_length():
+    # A learner must not be able to pick the right option by choosing the longest one.
+    offenders, choice_cards = [], 0
+    for path in sorted((CONTENT / "cards").glob("*.yaml")):
+        card = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if card["kind"] != "choice":
+            continue
+        choice_cards += 1
+        right = [len(o["text"]) for o in card["choice"] if o.get("correct")]
+        wrong = [len(o["text"]) for o in card["choice"] if not o.get("correct")]
+        if right and wrong and right[0] > max(wrong):
+            offenders.append(f"{card['slug']} ({right[0]} vs {max(wrong)} chars)")
+    assert choice_cards
+    assert len(offenders) <= 0.3 * choice_cards, (
+        f"the correct option is the strictly longest in {len(offenders)} of {choice_cards} "
+        f"choice cards (at most 30 %): " + ", ".join(offenders)
+    )
+
+
 def test_it_uses_only_the_documented_tags(deck):
     for card in deck:
         tags = {t.slug for t in card.tags.all()}
