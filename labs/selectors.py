@@ -15,6 +15,7 @@ from django.urls import NoReverseMatch, reverse
 from labs import results
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.presets import LABS, Lab, load_presets
+from labs.workers import start_command
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ def sweep_list_for_owner(*, user: Any, limit: int = 50) -> list[Sweep]:
 class BackendStatus:
     backend: str
     queue: str
+    start_command: str
     online: bool
     workers: int
     where: str
@@ -59,6 +61,7 @@ def backends_online() -> list[BackendStatus]:
             BackendStatus(
                 backend=backend,
                 queue=queue,
+                start_command=start_command(queue),
                 online=bool(mine),
                 workers=len(mine),
                 where=newest.where if newest else "",

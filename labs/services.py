@@ -24,6 +24,7 @@ from django.utils import timezone
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.params import FIELDS_BY_NAME, LabParams, ParamError, parse_lab_params
 from labs.tasks import run_execute_task
+from labs.workers import start_command
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
     if not WorkerHeartbeat.objects.online().filter(backend=backend).exists():
         raise RunRefused(
             f"No worker for the {backend} backend is online right now, so nothing was queued. "
-            f"Start one with `celery -A config worker -Q {queue}` and try again.",
+            f"Start one with `{start_command(queue)}` and try again.",
             kind="no-worker",
         )
     active = LabRun.objects.for_owner(owner).active()

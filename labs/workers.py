@@ -38,6 +38,15 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def start_command(queue: str) -> str:
+    """The command that starts a worker for `queue`, as the README gives it. vLLM starts its own
+    engine processes, which a prefork child may not, so the GPU queue runs a solo pool."""
+    command = f"celery -A config worker -Q {queue}"
+    if queue == "labs.gpu":
+        command += " --pool=solo --concurrency=1"
+    return command
+
+
 def describe_backend(backend: str) -> dict[str, Any]:
     """How results from this worker are labelled, its GPU and the versions that matter."""
     versions = {
