@@ -94,6 +94,19 @@ def test_a_preset_opens_its_lab_with_the_cards_numbers(alice_client):
     assert f'name="preset" value="{preset.slug}"' in html
 
 
+@pytest.mark.parametrize("slug", sorted(load_presets()))
+def test_every_preset_opens_its_lab_with_its_own_numbers(alice_client, slug):
+    preset = load_presets()[slug]
+    response = alice_client.get(reverse("labs:preset-open", args=[slug]), follow=True)
+    assert response.status_code == 200
+    form = response.context["form"]
+    for name, value in preset.params.items():
+        shown = form[name].value()
+        assert str(shown).lower() == str(value).lower(), (name, shown, value)
+    # The preset's numbers are valid lab parameters, so the page shows their prediction.
+    assert response.context["prediction"], "no prediction for this preset"
+
+
 def test_the_prediction_partial_follows_block_size(alice_client):
     url = reverse("labs:lab-predict", args=["paged-kv"])
     base = {"prompt_tokens": "700", "output_tokens": "300", "max_tokens": "2048"}
