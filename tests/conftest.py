@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from django.contrib.auth import get_user_model
 
@@ -9,6 +11,16 @@ from tests.worker import start_worker
 def pytest_collection_modifyitems(config, items):
     # Browser tests last: they are the slowest, and the rest should report first.
     items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # pytest-django deletes the SQLite test database file but not its WAL side files.
+    from django.conf import settings
+
+    name = settings.DATABASES["default"].get("TEST", {}).get("NAME")
+    if name and settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        for suffix in ("-wal", "-shm"):
+            Path(name + suffix).unlink(missing_ok=True)
 
 
 def make_user(username: str = "alice", *, password: str = "a-long-passphrase-1", **extra):
