@@ -51,20 +51,27 @@ CARDS = read_tree(CONTENT).cards
 CHECKED = [c for c in CARDS if c.check is not None]
 
 
+def predicted_base(check: dict, where: str) -> float:
+    """The predictor's number for a `check` block ({key, params} or {formula, args}), in its base
+    unit (bytes, seconds, tokens, ratio, ...). `where` names the card in failure messages."""
+    if "formula" in check:
+        # A public formula of the predictor applied to numbers the question gives.
+        name = check["formula"]
+        formula = getattr(labs.predict, name, None)
+        assert callable(formula) and not name.startswith("_"), f"{where}: no formula {name!r}"
+        key, value = name, formula(**check["args"])
+    else:
+        result = predict(parse_lab_params(check["params"])).as_dict()
+        key = check["key"]
+        assert key in result, f"{where}: the predictor has no key {key!r}"
+        value = result[key]
+    assert isinstance(value, int | float), f"{where}: {key} is {value!r} for these params"
+    return value
+
+
 def predicted_in_card_unit(card: CardSpec) -> float:
     assert card.check is not None
-    if "formula" in card.check:
-        # A public formula of the predictor applied to numbers the question gives.
-        name = card.check["formula"]
-        formula = getattr(labs.predict, name, None)
-        assert callable(formula) and not name.startswith("_"), f"{card.slug}: no formula {name!r}"
-        key, value = name, formula(**card.check["args"])
-    else:
-        result = predict(parse_lab_params(card.check["params"])).as_dict()
-        key = card.check["key"]
-        assert key in result, f"{card.slug}: the predictor has no key {key!r}"
-        value = result[key]
-    assert isinstance(value, int | float), f"{card.slug}: {key} is {value!r} for these params"
+    value = predicted_base(card.check, card.slug)
     assert card.numeric_unit in UNIT_SIZE, f"{card.slug}: unit {card.numeric_unit!r} unknown"
     return value / UNIT_SIZE[card.numeric_unit]
 
