@@ -20,9 +20,10 @@ from labs.params import (
     LabParams,
     ParamError,
     ParamField,
+    align_run_batch,
     parse_lab_params,
 )
-from labs.presets import Lab, lab_data
+from labs.presets import Lab
 
 BACKEND_LABELS = {"sim": "Simulator (CPU)", "vllm": "vLLM (GPU)"}
 # The page's <form id>; the run panel's controls sit outside it and name it (form="...").
@@ -101,11 +102,11 @@ class LabParamsForm(forms.Form):
         self.params: LabParams | None = None
 
     def param_data(self) -> dict[str, object]:
-        """The parameters given (cleaned text; empty ones mean the default), with the lab
-        pages' one convention applied (`labs.presets.lab_data`)."""
+        """The parameters given (cleaned text; empty ones mean the default), with one batch
+        for prediction and run (`labs.params.align_run_batch`)."""
         data = self.cleaned_data if hasattr(self, "cleaned_data") else {}
         given = {k: v for k, v in data.items() if k in FIELDS_BY_NAME and v not in ("", None)}
-        return lab_data(given)
+        return align_run_batch(given)
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}

@@ -25,6 +25,7 @@ Pure Python: no Django imports, so the simulator and the predictor can use it an
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from collections.abc import Mapping
@@ -829,3 +830,29 @@ def _engine(v: dict[str, Any]) -> EngineConfig:
 
 def _workload(v: dict[str, Any]) -> Workload:
     return Workload(**{f.name: v[f.name] for f in fields(Workload)})
+
+
+def align_run_batch(data: Mapping[str, object]) -> dict[str, object]:
+    """One batch for the prediction and the run, for the lab pages and `lab run` alike.
+
+    The predictor's batch is `concurrency`; a run's is what it keeps in flight (`max_concurrency`,
+    unset = every prompt at once, as `vllm bench serve` without a rate). Whichever of the two is
+    missing follows the other; with neither, both are every prompt. Values stay as given (text or
+    numbers): a bad one is left for `parse_lab_params` to name.
+    """
+    values = dict(data)
+
+    def given(name: str) -> bool:
+        return values.get(name) not in (None, "")
+
+    if given("concurrency"):
+        if not given("max_concurrency"):
+            values["max_concurrency"] = values["concurrency"]
+        return values
+    default_prompts = FIELDS_BY_NAME["num_prompts"].default
+    prompts = values["num_prompts"] if given("num_prompts") else default_prompts
+    in_flight = values["max_concurrency"] if given("max_concurrency") else prompts
+    # A value that is not a whole number is left for parse_lab_params to name.
+    with contextlib.suppress(ValueError):
+        values["concurrency"] = min(int(str(in_flight)), int(str(prompts)))
+    return values

@@ -381,22 +381,6 @@ def load_presets(path: Path = PRESETS_PATH) -> dict[str, Preset]:
     return _load(path, mtime)
 
 
-def lab_data(data: Mapping[str, object]) -> dict[str, object]:
-    """A lab page's parameters as the run gets them.
-
-    The predictor's batch is `concurrency`; the simulator's is however many requests are in
-    flight (`max_concurrency`, unset = all at once). On the lab pages an unset max_concurrency
-    follows concurrency, so a run has the batch its prediction assumes.
-    """
-    values = dict(data)
-    if values.get("max_concurrency") in (None, ""):
-        concurrency = values.get("concurrency")
-        values["max_concurrency"] = (
-            FIELDS_BY_NAME["concurrency"].default if concurrency in (None, "") else concurrency
-        )
-    return values
-
-
 def lab_initial(
     lab: Lab, preset: Preset | None = None, overrides: Mapping[str, object] | None = None
 ) -> dict[str, object]:

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 from labs.backends import BACKENDS, get_backend
 from labs.cli import add_param_options, params_from_args
 from labs.metrics import SLO_KEYS, summarize
-from labs.params import LabParams, ParamError
+from labs.params import ParamError, align_run_batch
 from labs.predict import predict
 
 HELP = "run a workload on a backend (sim: simulated on CPU) and print measured vs predicted"
@@ -69,21 +69,9 @@ def parse_goodput(items: list[str] | None) -> dict[str, float] | None:
     return slos
 
 
-def _run_params(options: Mapping[str, Any]) -> LabParams:
-    """The predictor's batch is `concurrency`; a run's is what it keeps in flight. Unless the
-    learner set `--concurrency`, predict for the run's own: --max-concurrency or every prompt at
-    once, whichever is fewer (max_num_seqs still caps both)."""
-    params = params_from_args(options)
-    if options.get("concurrency") is not None:
-        return params
-    work = params.workload
-    in_flight = min(work.max_concurrency or work.num_prompts, work.num_prompts)
-    return params_from_args({**options, "concurrency": in_flight})
-
-
 def run(options: Mapping[str, Any], stdout: TextIO) -> None:
     """Run and print. Raises ParamError for bad options."""
-    params = _run_params(options)
+    params = params_from_args(align_run_batch(options))
     slo_ms = parse_goodput(options.get("goodput"))
     name = options.get("backend") or "sim"
     extra = {k: options[k] for k in BACKEND_OPTIONS.get(name, ()) if options.get(k) is not None}

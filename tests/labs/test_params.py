@@ -13,6 +13,7 @@ from labs.params import (
     FIELDS_BY_NAME,
     PARAM_FIELDS,
     ParamError,
+    align_run_batch,
     parse_lab_params,
 )
 
@@ -361,3 +362,25 @@ def test_as_dict_is_json_and_parses_back_to_the_same_params(data):
     assert again == params
     assert again.as_dict() == values
     assert all(not isinstance(v, float) or math.isfinite(v) for v in values.values())
+
+
+@pytest.mark.parametrize(
+    ("given", "concurrency", "max_concurrency"),
+    [
+        ({"num_prompts": "50"}, 50, None),  # neither: every prompt in flight
+        ({"num_prompts": "50", "max_concurrency": "8"}, 8, 8),  # the run's cap sets the batch
+        ({"num_prompts": "5", "max_concurrency": "8"}, 5, 8),  # but never more than the prompts
+        ({"num_prompts": "50", "concurrency": "4"}, 4, 4),  # the prediction's batch caps the run
+        ({"concurrency": "4", "max_concurrency": "16"}, 4, 16),  # both given: as given
+    ],
+)
+def test_the_prediction_and_the_run_share_one_batch(given, concurrency, max_concurrency):
+    params = parse_lab_params(align_run_batch(given))
+    assert params.workload.concurrency == concurrency
+    assert params.workload.max_concurrency == max_concurrency
+
+
+def test_aligning_the_batch_leaves_bad_values_for_the_parser_to_name():
+    with pytest.raises(ParamError) as info:
+        parse_lab_params(align_run_batch({"max_concurrency": "many"}))
+    assert set(info.value.errors) == {"max_concurrency"}

@@ -144,7 +144,11 @@ def test_run_creates_a_queued_run_and_redirects_to_it(alice_client, alice, no_br
     assert response.status_code == 302 and response["Location"] == run.get_absolute_url()
     assert run.owner == alice and run.lab == "paged-kv" and run.state == RunState.QUEUED
     assert run.params["block_size"] == 32
-    assert run.params["max_concurrency"] == 1  # the lab pages' max_concurrency follows concurrency
+    # Neither batch setting given: every prompt in flight, and the prediction is for that batch.
+    assert run.params["concurrency"] == 8 and run.params["max_concurrency"] is None
+    alice_client.post(reverse("labs:run-create", args=["paged-kv"]), {**data, "concurrency": "4"})
+    second = LabRun.objects.latest("pk")
+    assert second.params["concurrency"] == 4 and second.params["max_concurrency"] == 4
 
 
 def test_run_with_no_worker_online_is_refused_with_the_reason(alice_client, no_broker):

@@ -15,7 +15,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from labs.backends.vllm.server import MODELS_DIR
-from labs.presets import LABS, lab_data, lab_initial, load_presets
+from labs.params import align_run_batch
+from labs.presets import LABS, lab_initial, load_presets
 
 # Every flag the backend may pass, with where vLLM 0.33 defines it. Sources: shared/vllm-notes.md
 # section 1 (table and the example server), or, for the few the notes do not list, the vLLM
@@ -107,7 +108,7 @@ def preset_cases() -> list[Any]:
 @pytest.mark.parametrize("slug", preset_cases())
 def test_every_preset_gets_flags_vllm_033_accepts(slug: str) -> None:
     preset = load_presets()[slug]
-    values = lab_data(lab_initial(LABS[preset.lab], preset))
+    values = align_run_batch(lab_initial(LABS[preset.lab], preset))
     options = {k: str(v) for k, v in values.items() if v is not None}
     try:
         argv = serve_args(**options)
