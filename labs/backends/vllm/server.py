@@ -48,6 +48,7 @@ import httpx
 from labs.backends.base import BackendError
 from labs.catalog import KV_DTYPE_BYTES, ModelSpec
 from labs.params import LabParams, ParamError
+from labs.predict import spec_tokens_per_step
 
 logger = logging.getLogger(__name__)
 
@@ -146,14 +147,6 @@ class ServePlan:
         self, executable: str = "vllm", *, host: str = HOST, port: int = DEFAULT_PORT
     ) -> list[str]:
         return [executable, *self.args, "--host", host, "--port", str(port)]
-
-
-def acceptance_length(alpha: float, k: int) -> float:
-    """Expected tokens per target pass with k drafts each accepted at rate alpha, stopping at the
-    first rejection, plus the target's own token: 1 + alpha + ... + alpha^k."""
-    if alpha >= 1:
-        return float(k + 1)
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
 def _unsupported(params: LabParams) -> dict[str, str]:
@@ -303,7 +296,8 @@ def build_plan(
         args += ["--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}"]
     files: dict[Path, str] = {}
     if engine.spec_method != "none":
-        length = acceptance_length(engine.acceptance, engine.spec_tokens)
+        # The learner's alpha as the mean tokens per target pass vLLM should accept.
+        length = spec_tokens_per_step(engine.spec_tokens, engine.acceptance)
         spec: dict[str, Any] = {"num_speculative_tokens": engine.spec_tokens}
         if draft is None:
             spec["method"] = "ngram"

@@ -14,6 +14,7 @@ import pytest
 
 from labs.backends.vllm import server as srv
 from labs.params import ParamError, parse_lab_params
+from labs.predict import spec_tokens_per_step
 from tests.labs.vllm.conftest import STANDIN, StandIn, alive, wait_gone
 
 SMALL = {"model": "qwen2.5-0.5b", "prompt_tokens": 100, "output_tokens": 20, "max_tokens": 40}
@@ -58,7 +59,7 @@ def test_speculation_accepts_at_the_learners_rate(tmp_path: Path) -> None:
     draft = json.loads(text)
     assert draft["num_hidden_layers"] == 6  # a quarter of the target's 24 layers
     assert draft["vocab_size"] == 151936  # vLLM needs the draft's vocabulary to match
-    assert srv.acceptance_length(0.0, 4) == 1.0
+    assert spec_tokens_per_step(4, 0.0) == 1.0
     ngram = plan_for(tmp_path, spec_method="ngram", spec_tokens=2, acceptance=0.5)
     spec = json.loads(ngram.args[ngram.args.index("--speculative-config") + 1])
     assert spec == {
