@@ -73,7 +73,7 @@ def start_worker(
     *,
     pool: str = "solo",
     extra_env: dict[str, str] | None = None,
-    ready_timeout_s: float = 60.0,
+    ready_timeout_s: float = 180.0,
 ) -> WorkerProcess:
     purge(queues)
     name = f"test-{uuid.uuid4().hex[:8]}"

@@ -49,7 +49,8 @@ def _orm_beside_playwright():
 def page(browser, live_server):
     context = browser.new_context(base_url=live_server.url, viewport=LAPTOP)
     page = context.new_page()
-    page.set_default_timeout(15_000)
+    # Generous: a waiting limit, not a speed check (the machine may be busy with other work).
+    page.set_default_timeout(60_000)
     yield page
     context.close()
 

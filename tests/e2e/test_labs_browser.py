@@ -35,7 +35,9 @@ def _shoot(page, name: str) -> None:
     for label, size in (("laptop", LAPTOP), ("phone", PHONE)):
         page.set_viewport_size(size)
         page.evaluate("window.scrollTo(0, 0)")  # else the sticky nav lands mid-page
-        page.wait_for_timeout(300)  # charts resize on the next frame
+        # Charts resize on a later frame (sooner or later, by how busy the machine is): wait
+        # until the page fits, then check it.
+        page.wait_for_function("document.documentElement.scrollWidth <= window.innerWidth")
         _no_sideways_scroll(page)
         page.screenshot(path=str(SHOTS / f"{name}-{label}.png"), full_page=True)
         if label == "phone":  # a tall phone page, also cut into screens a person can read

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import statistics
 import subprocess
 import sys
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -445,16 +442,3 @@ def test_prediction_as_dict_has_every_key_the_issue_names():
         "weight_read_s",
         "kv_read_s",
     } <= keys
-
-
-def test_one_prediction_takes_well_under_5_ms():
-    # The lab page predicts on every slider change. tests/benchmarks/bench_predict.py measures
-    # it properly; this only guards against a 100x regression.
-    params = parse_lab_params({"concurrency": 64, "spec_tokens": 3, "prompt_tokens": 1_000})
-    times = []
-    for _ in range(50):
-        start = time.perf_counter()
-        predict(params)
-        times.append(time.perf_counter() - start)
-    assert statistics.median(times) < 0.005
-    assert math.isfinite(times[0])

@@ -34,8 +34,9 @@ def alive(pid: int) -> bool:
     return stat[stat.rfind(")") + 2 :].split()[0] != "Z"
 
 
-def wait_gone(pids: Iterable[int], timeout_s: float = 10.0) -> list[int]:
-    """The pids still alive after waiting up to `timeout_s`."""
+def wait_gone(pids: Iterable[int], timeout_s: float = 30.0) -> list[int]:
+    """The pids still alive after waiting up to `timeout_s` (generous: a process that was not
+    stopped never goes, so the wait only has to outlast a busy machine)."""
     deadline = time.monotonic() + timeout_s
     left = [p for p in pids if alive(p)]
     while left and time.monotonic() < deadline:
@@ -73,7 +74,7 @@ def fake_server(tmp_path: Path) -> Iterator[Any]:
             start_new_session=True,
         )
         started.append(process)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 120  # a limit for a busy machine, not a speed check
         while True:
             try:
                 httpx.get(f"http://127.0.0.1:{port}/health", timeout=1, trust_env=False)
@@ -127,7 +128,7 @@ def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandIn
     monkeypatch.setenv("STANDIN_RECORD", str(stand_in.record))
     monkeypatch.delenv("LABS_VLLM_BASE_URL", raising=False)
     yield stand_in
-    left = wait_gone(stand_in.pids(), timeout_s=1)
+    left = wait_gone(stand_in.pids())
     for start in stand_in.starts():
         if alive(start["pid"]) or alive(start["grandchild"]):
             os.killpg(start["pgid"], signal.SIGKILL)
@@ -137,7 +138,7 @@ def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandIn
 @pytest.fixture
 def manager(standin: StandIn) -> Iterator[ServerManager]:
     """A ServerManager on the stand-in with short timeouts; stopped afterwards."""
-    mgr = ServerManager(start_timeout_s=20, stop_timeout_s=3, cache=standin.cache)
+    mgr = ServerManager(start_timeout_s=120, stop_timeout_s=3, cache=standin.cache)
     yield mgr
     mgr.stop()
 
@@ -145,7 +146,7 @@ def manager(standin: StandIn) -> Iterator[ServerManager]:
 @pytest.fixture
 def fresh_backend_manager(standin: StandIn) -> Iterator[None]:
     """The vllm backend's process-wide manager, new for this test and stopped after it."""
-    vllm_backend._manager = ServerManager(start_timeout_s=20, stop_timeout_s=3)
+    vllm_backend._manager = ServerManager(start_timeout_s=120, stop_timeout_s=3)
     yield
     vllm_backend.stop_server()
     vllm_backend._manager = None

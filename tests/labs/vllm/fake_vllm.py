@@ -18,7 +18,8 @@ HTTP/1.1 (keep-alive, chunked server-sent events) and mimics what the vllm backe
 Per-request behaviour is keyed by the number after the last "-" of the X-Request-Id header
 (`requests: {"3": {"status": 500}}`): `status`, `cut_after_tokens` (close the connection
 mid-stream), `stall_after_tokens` (stop sending, keep the connection), `error_after_tokens` (an
-error event, as vLLM sends), `preemptions`.
+error event, as vLLM sends), `preemptions`, and its own schedule (`ttft_ms`, `itl_ms`,
+`chunk_tokens`), so tests can tell requests apart by their timing.
 
 Standard library only, so it starts fast and its own overhead is small and predictable.
 """
@@ -211,12 +212,17 @@ class Stream:
         self.engine.log[xid] = self.log
         self.first_at = 0.0
         self.next_at = 0.0
+        # The request's own schedule where it has one, else the server's.
+        self.schedule: dict[str, Any] = {
+            "ttft_ms": behaviour.get("ttft_ms", config["ttft_ms"]),
+            "itl_ms": _as_list(behaviour.get("itl_ms", config["itl_ms"])),
+            "chunk_tokens": _as_list(behaviour.get("chunk_tokens", config["chunk_tokens"])),
+        }
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        config = self.engine.config
         self.log["admit_s"] = now = time.monotonic()
-        self.first_at = now + float(config["ttft_ms"]) / 1000
+        self.first_at = now + float(self.schedule["ttft_ms"]) / 1000
         self.next_at = self.first_at
         # Absolute deadlines (not "sleep after the last send"), so late timers do not add up.
         loop.call_at(self._loop_time(self.next_at), self.send_next)
@@ -234,7 +240,7 @@ class Stream:
             self.engine.finish(self)
             return
         config = self.engine.config
-        sizes = config["chunk_tokens"]
+        sizes = self.schedule["chunk_tokens"]
         n = 1 if self.chunk_no == 0 else int(sizes[(self.chunk_no - 1) % len(sizes)])
         n = min(n, self.max_tokens - self.sent)
         for key, action in (
@@ -282,7 +288,7 @@ class Stream:
         if self.sent >= self.max_tokens:
             self.end()
             return
-        itls = config["itl_ms"]
+        itls = self.schedule["itl_ms"]
         self.next_at += float(itls[(self.chunk_no - 1) % len(itls)]) / 1000
         asyncio.get_running_loop().call_at(self._loop_time(self.next_at), self.send_next)
 
@@ -480,9 +486,12 @@ def load_config(text: str | None) -> dict[str, Any]:
     if text:
         config.update(json.loads(text))
     for key in ("itl_ms", "chunk_tokens"):
-        if not isinstance(config[key], list):
-            config[key] = [config[key]]
+        config[key] = _as_list(config[key])
     return config
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
 
 
 async def serve(host: str, port: int, config: dict[str, Any], handle_term: bool = True) -> None:

@@ -1,190 +1,118 @@
-"""The load generator against the fake vLLM: timing, token counting, and failures.
+"""The load generator against the fake vLLM: token counting, attribution, and failures.
 
-Timing is checked against what the fake reports it did (the monotonic time of each request's
-arrival, from the kernel, and the time just before it wrote each chunk), not against the delays
-it was asked for: on a busy machine its timers fire late, and that is not the client's error.
+Times are checked against what the fake reports it did (the kernel's stamp of each request's
+arrival, and monotonic readings either side of each chunk it wrote), not against the delays it was
+asked for, and only with bounds a busy CPU cannot break: causality (nothing is stamped before it
+was sent; a request leaves the client before the fake receives it) and the fake's programmed delays
+as lower bounds. How close the client's times come to the truth (within 2 ms on a quiet machine)
+is a benchmark: tests/benchmarks/bench_loadgen.py, run by `make bench`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import statistics
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from labs.backends.base import RequestRecord
 from labs.backends.vllm.loadgen import LoadOptions, PlannedRequest, plan_requests, run_load
 from labs.params import parse_lab_params
 from labs.sim.workload import lab_workload
+from tests.labs.vllm.timing import (
+    CHUNKS,
+    CLOCK_SLACK_S,
+    OUTPUT_TOKENS,
+    TIMING,
+    by_index,
+    check_causal,
+    planned,
+)
 
-# Uneven gaps and multi-token chunks (as speculative decoding sends them).
-TIMING = {"ttft_ms": 80, "itl_ms": [20, 35, 50], "chunk_tokens": [1, 3, 2, 4]}
-OUTPUT_TOKENS = 24
-CHUNKS = 11  # 1 (the prefill step's token), then 1, 3, 2, 4, 1, 3, 2, 4, 1 and the last 2
-BOUND_MS = 2.0
-ATTEMPTS = 5
-CROWDED = 0.25  # other processes' share of the CPUs above which a run proves nothing
-
-
-def cpu_ms(pids: list[int]) -> tuple[float, float]:
-    """(CPU time all processes used, CPU time `pids` used), in ms so far (Linux /proc)."""
-    tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-        # user, nice, system: what processes ran. Interrupt and softirq time is left out, since
-        # much of it is this test's own loopback traffic.
-        busy = sum(int(v) for v in fields[:3]) * tick_ms
-        ours = 0.0
-        for pid in pids:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            utime, stime = stat[stat.rfind(")") + 2 :].split()[11:13]
-            ours += (int(utime) + int(stime)) * tick_ms
-    except (OSError, ValueError, IndexError):
-        return 0.0, 0.0
-    return busy, ours
+# Three requests the fake serves on schedules of their own (fast, slow, in between), with chunk
+# sizes of their own, among others on the common schedule: a TTFT, gap or chunk credited to the
+# wrong request breaks a lower bound or a chunk count.
+OWN = {
+    "0": {"ttft_ms": 5, "itl_ms": [5], "chunk_tokens": [1]},
+    "1": {"ttft_ms": 300, "itl_ms": [40, 80], "chunk_tokens": [3, 1]},
+    "2": {"ttft_ms": 150, "itl_ms": [15], "chunk_tokens": [2, 5]},
+}
+TIMER_SLACK_S = 0.001  # the fake's timers never fire early; this covers rounding
 
 
-def planned(n: int, output_tokens: int = OUTPUT_TOKENS) -> list[PlannedRequest]:
-    return [PlannedRequest(str(i), list(range(1000, 1064)), output_tokens, 0.0) for i in range(n)]
+def schedule(index: str) -> dict[str, Any]:
+    return {**TIMING, **OWN.get(index, {})}
 
 
-def by_index(log: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The fake's log keyed by request index (the end of X-Request-Id)."""
-    return {key.rsplit("-", 1)[-1]: entry for key, entry in log.items()}
-
-
-@dataclass
-class Timing:
-    ttft_ms: list[float]  # measured minus true TTFT, per request
-    itl_ms: list[float]  # measured minus true gap, per pair of chunks
-    fake_late_ms: float  # median lateness of the fake's sends behind its programmed schedule
-    others_share: float = 0.0  # share of all CPUs other processes used during the attempt
-
-    @staticmethod
-    def summary(errors: list[float]) -> tuple[float, float]:
-        absolute = [abs(e) for e in errors]
-        return statistics.median(absolute), max(absolute)
-
-    def worst_ms(self) -> float:
-        return max(self.summary(self.ttft_ms)[1], self.summary(self.itl_ms)[1])
-
-    def line(self, streams: int) -> str:
-        (tm, tx), (im, ix) = self.summary(self.ttft_ms), self.summary(self.itl_ms)
-        return (
-            f"{streams} streams: TTFT error median {tm:.3f} ms max {tx:.3f} ms; "
-            f"ITL error median {im:.3f} ms max {ix:.3f} ms ({len(self.itl_ms)} gaps); "
-            f"fake late by {self.fake_late_ms:.3f} ms (median); "
-            f"other processes used {self.others_share:.0%} of the CPUs"
-        )
-
-
-def off_by(value: float, low: float, high: float) -> float:
-    """How far `value` lies outside [low, high] (0 inside), signed."""
-    return value - low if value < low else value - high if value > high else 0.0
-
-
-def compare(
-    records: list[RequestRecord], t0: float, log: dict[str, Any], itl_ms: list[float] | None = None
-) -> Timing:
-    """Measured times against the fake's: each chunk left the fake between the readings it took
-    before and after writing it, so a true time is an interval, usually ~20 us wide."""
-    truth = by_index(log)
-    ttft, itl, late = [], [], []
-    for record in records:
-        assert record.error is None, record.error
+def test_it_counts_chunks_and_credits_ttft_and_gaps_to_their_own_request(fake_server: Any) -> None:
+    server = fake_server({**TIMING, "requests": OWN})
+    result = asyncio.run(
+        run_load(server.base_url, "lab", planned(16), LoadOptions(metrics_poll_s=0))
+    )
+    ended = time.monotonic()
+    truth = by_index(server.get("/fake/log"))
+    assert sorted(int(r.req_id) for r in result.requests) == list(range(16))
+    for record in result.requests:
         entry = truth[record.req_id]
-        sends = entry["sends"]  # [before_s, after_s, tokens]
-        # Every chunk is seen, with the right number of tokens, in order.
-        assert [n for _, n in record.chunks] == [n for _, _, n in sends]
-        received = [t0 + t for t, _ in record.chunks]
-        for got, (before, _, _) in zip(received, sends, strict=True):
-            assert got >= before - 0.0002, "a chunk was stamped before it was sent"
-        measured_ttft = record.chunks[0][0] - record.arrival_s
-        first_low, first_high = sends[0][0] - entry["recv_s"], sends[0][1] - entry["recv_s"]
-        ttft.append(off_by(measured_ttft, first_low, first_high) * 1000)
-        for i in range(1, len(sends)):
-            gap = received[i] - received[i - 1]
-            low, high = sends[i][0] - sends[i - 1][1], sends[i][1] - sends[i - 1][0]
-            itl.append(off_by(gap, low, high) * 1000)
-        # The fake's schedule: first chunk ttft_ms after admission, then the cycled gaps.
-        gaps = itl_ms or TIMING["itl_ms"]
-        due = entry["admit_s"] + TIMING["ttft_ms"] / 1000
-        for i, (before, _, _) in enumerate(sends):
-            if i:
-                due += gaps[(i - 1) % len(gaps)] / 1000
-            late.append((before - due) * 1000)
-    return Timing(ttft, itl, statistics.median(late))
+        check_causal(record, result.t0, entry)
+        assert record.output_tokens == OUTPUT_TOKENS
+        assert record.finish_s == record.chunks[-1][0]
+        assert result.t0 + record.finish_s <= ended
+        # The fake sends chunk j no earlier than its TTFT plus the first j gaps after admission,
+        # which follows the request's arrival: so the request's own measured times can only be
+        # at least that. Another request's (the fast one's) would be earlier.
+        plan = schedule(record.req_id)
+        due_s = plan["ttft_ms"] / 1000
+        for j, (at_s, _) in enumerate(record.chunks):
+            if j:
+                due_s += plan["itl_ms"][(j - 1) % len(plan["itl_ms"])] / 1000
+            assert at_s - record.arrival_s >= due_s - TIMER_SLACK_S, (record.req_id, j)
+    sizes = {r.req_id: [n for _, n in r.chunks] for r in result.requests}
+    assert sizes["0"] == [1] * OUTPUT_TOKENS
+    assert sizes["1"][:5] == [1, 3, 1, 3, 1] and sizes["2"][:4] == [1, 2, 5, 2]
+    assert sizes["3"] == [1, 1, 3, 2, 4, 1, 3, 2, 4, 1, 2] and len(sizes["3"]) == CHUNKS
+    assert result.count_sources == {"token_ids": sum(len(v) for v in sizes.values())}
 
 
-@pytest.mark.parametrize("streams", [1, 256])
-def test_it_measures_ttft_and_gaps_within_2ms(fake_server: Any, streams: int) -> None:
-    # When other processes keep the CPUs busy, Linux sometimes holds loopback packets for its
-    # softirq thread, which then waits a scheduler slice (~20 ms) for a CPU: the chunk really
-    # reaches this side that late, and no client can see it earlier. So a run whose worst error
-    # is over the bound is repeated (up to 5 runs), and if every run was crowded (other
-    # processes used more than a quarter of the CPUs) the test is skipped with the figures
-    # rather than failed. Medians must be within the bound on every run.
-    attempts: list[Timing] = []
-    for _ in range(ATTEMPTS):
-        server = fake_server(TIMING)
-        pids = [os.getpid(), server.process.pid]
-        busy, ours = cpu_ms(pids)
-        result = asyncio.run(
-            run_load(server.base_url, "lab", planned(streams), LoadOptions(metrics_poll_s=0.5))
-        )
-        timing = compare(result.requests, result.t0, server.get("/fake/log"))
-        busy_after, ours_after = cpu_ms(pids)
-        others = max(0.0, (busy_after - busy) - (ours_after - ours))
-        timing.others_share = others / (result.wall_s * 1000 * (os.cpu_count() or 1))
-        attempts.append(timing)
-        assert result.count_sources == {"token_ids": streams * CHUNKS}
-        if timing.worst_ms() <= BOUND_MS:
+def test_a_chunk_is_stamped_when_it_arrives_not_when_the_client_parses_it(
+    fake_server: Any,
+) -> None:
+    # The client's event loop is blocked (as when the worker thread holding the GIL writes
+    # progress) until the fake has sent the first chunk; the client can only parse it after the
+    # stall. Its stamp must still come from before the stall ended: the kernel's, not the
+    # parser's. The fake then sends nothing more, so no later chunk can share the stamp.
+    server = fake_server(
+        {"ttft_ms": 200, "itl_ms": [5], "requests": {"0": {"stall_after_tokens": 1}}}
+    )
+
+    def sent_first_chunk() -> list[Any]:
+        entry = by_index(server.get("/fake/log")).get("0")
+        return entry["sends"] if entry else []
+
+    async def stalled() -> tuple[Any, float, float]:
+        options = LoadOptions(metrics_poll_s=0, read_timeout_s=0.5)
+        load = asyncio.create_task(run_load(server.base_url, "lab", planned(1, 4), options))
+        while not by_index(server.get("/fake/log")).get("0"):
+            await asyncio.sleep(0.005)  # until the request has reached the fake
+        began = time.monotonic()
+        while not sent_first_chunk():
+            time.sleep(0.005)  # blocks the loop: nothing is read or parsed
+        ended = time.monotonic()
+        return await load, began, ended
+
+    for _ in range(5):
+        result, began, ended = asyncio.run(stalled())
+        (record,) = result.requests
+        sends = by_index(server.get("/fake/log"))["0"]["sends"]
+        if sends[0][0] > began:  # else the chunk may have been read before the stall
             break
-    report = "\n".join(t.line(streams) for t in attempts)
-    print("\n" + report)
-    for timing in attempts:
-        assert Timing.summary(timing.ttft_ms)[0] < BOUND_MS, report
-        assert Timing.summary(timing.itl_ms)[0] < BOUND_MS, report
-    if min(t.worst_ms() for t in attempts) > BOUND_MS and all(
-        t.others_share > CROWDED for t in attempts
-    ):
-        pytest.skip("every run shared the CPUs with other busy processes:\n" + report)
-    assert min(t.worst_ms() for t in attempts) <= BOUND_MS, report
-
-
-def test_chunks_are_timed_by_arrival_even_while_the_client_is_busy(fake_server: Any) -> None:
-    # The event loop stalls for 8 ms every 25 ms (as when the worker thread holding the GIL
-    # writes progress to the database). Chunks are stamped by the kernel when they arrive, so
-    # the stalls do not show; stamping them when parsed would be up to 8 ms late.
-    server = fake_server({**TIMING, "itl_ms": [30]})
-
-    async def with_stalls() -> Any:
-        load = asyncio.create_task(
-            run_load(server.base_url, "lab", planned(8), LoadOptions(metrics_poll_s=0))
+        server = fake_server(
+            {"ttft_ms": 200, "itl_ms": [5], "requests": {"0": {"stall_after_tokens": 1}}}
         )
-        while not load.done():
-            await asyncio.sleep(0.025)
-            time.sleep(0.008)  # blocks the loop
-        return load.result()
-
-    busy, ours = cpu_ms([os.getpid(), server.process.pid])
-    result = asyncio.run(with_stalls())
-    timing = compare(result.requests, result.t0, server.get("/fake/log"), [30])
-    busy_after, ours_after = cpu_ms([os.getpid(), server.process.pid])
-    others = max(0.0, (busy_after - busy) - (ours_after - ours))
-    timing.others_share = others / (result.wall_s * 1000 * (os.cpu_count() or 1))
-    print("\n" + timing.line(8))
-    assert Timing.summary(timing.ttft_ms)[0] < BOUND_MS, timing.line(8)
-    assert Timing.summary(timing.itl_ms)[0] < BOUND_MS, timing.line(8)
-    if timing.worst_ms() > BOUND_MS and timing.others_share > CROWDED:
-        pytest.skip("the run shared the CPUs with other busy processes:\n" + timing.line(8))
-    assert timing.worst_ms() <= BOUND_MS, timing.line(8)
+    assert sends[0][0] > began, "the fake never sent its chunk after the client's loop stalled"
+    assert record.error == "timed out after 1 tokens (read timeout)"
+    ((at_s, tokens),) = record.chunks
+    assert tokens == 1
+    assert sends[0][0] - CLOCK_SLACK_S <= result.t0 + at_s < ended
 
 
 def test_it_counts_tokens_from_usage_when_chunks_carry_no_token_ids(fake_server: Any) -> None:

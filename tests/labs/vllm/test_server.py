@@ -141,7 +141,7 @@ def test_it_starts_the_exact_arguments_in_a_new_session_and_reuses_the_server(
     again, reused = manager.ensure(plan_for(tmp_path))
     assert reused and again is server and len(standin.starts()) == 1
     manager.stop()
-    assert wait_gone([start["pid"], start["grandchild"]], 1) == []
+    assert wait_gone([start["pid"], start["grandchild"]]) == []
     assert srv.group_members(start["pgid"]) == []
 
 
@@ -152,7 +152,7 @@ def test_changed_arguments_restart_the_server_and_end_the_old_group(
     second, reused = manager.ensure(plan_for(tmp_path, block_size=32))
     assert not reused and second.pid != first.pid
     old, new = standin.starts()
-    assert wait_gone([old["pid"], old["grandchild"]], 1) == []
+    assert wait_gone([old["pid"], old["grandchild"]]) == []
     assert "32" in new["argv"] and alive(new["pid"]) and alive(new["grandchild"])
 
 
@@ -167,7 +167,7 @@ def test_a_server_that_dies_at_start_fails_with_its_log_and_leaves_nothing(
     assert "ValueError: No valid attention backend found" in message
     (start,) = standin.starts()
     # The grandchild outlived its parent; the manager still ended it with the group.
-    assert wait_gone([start["pid"], start["grandchild"]], 1) == []
+    assert wait_gone([start["pid"], start["grandchild"]]) == []
     assert manager.current is None
 
 
@@ -179,24 +179,24 @@ def test_a_server_that_never_gets_healthy_times_out_and_leaves_nothing(
     began = time.monotonic()
     with pytest.raises(srv.ServerError) as caught:
         manager.ensure(plan_for(tmp_path))
-    assert time.monotonic() - began < 10
+    assert time.monotonic() - began >= 1.5  # it waited its start timeout (a busy CPU only adds)
     assert "was not healthy 2 s after start" in str(caught.value)
     assert "stand-in vllm serve" in str(caught.value)  # the log's last lines
     (start,) = standin.starts()
-    assert wait_gone([start["pid"], start["grandchild"]], 1) == []
+    assert wait_gone([start["pid"], start["grandchild"]]) == []
 
 
 def test_a_group_that_ignores_sigterm_is_killed(
     tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("STANDIN_MODE", "ignore_term")
-    manager = srv.ServerManager(start_timeout_s=20, stop_timeout_s=1, cache=standin.cache)
+    manager = srv.ServerManager(start_timeout_s=120, stop_timeout_s=1, cache=standin.cache)
     server, _ = manager.ensure(plan_for(tmp_path))
     began = time.monotonic()
     manager.stop()
-    assert 1 <= time.monotonic() - began < 10
+    assert time.monotonic() - began >= 1  # it gave SIGTERM its stop timeout before SIGKILL
     (start,) = standin.starts()
-    assert wait_gone([start["pid"], start["grandchild"]], 1) == []
+    assert wait_gone([start["pid"], start["grandchild"]]) == []
     assert server.process.returncode == -9
 
 
@@ -209,22 +209,22 @@ def test_a_server_that_dies_later_is_noticed_and_its_group_ended(
     server.process.wait(timeout=10)
     with pytest.raises(srv.ServerError, match="exited with code -9 during the run"):
         manager.check()
-    assert wait_gone([start["grandchild"]], 5) == []
+    assert wait_gone([start["grandchild"]]) == []
 
 
 def test_a_server_left_by_a_killed_worker_is_stopped_by_the_next(
     tmp_path: Path, standin: StandIn
 ) -> None:
     plan = plan_for(tmp_path)
-    first = srv.ServerManager(start_timeout_s=20, stop_timeout_s=3, cache=standin.cache)
+    first = srv.ServerManager(start_timeout_s=120, stop_timeout_s=3, cache=standin.cache)
     orphan, _ = first.ensure(plan)
     first.current = None  # the worker is gone without stopping it
     (start,) = standin.starts()
-    successor = srv.ServerManager(start_timeout_s=20, stop_timeout_s=3, cache=standin.cache)
+    successor = srv.ServerManager(start_timeout_s=120, stop_timeout_s=3, cache=standin.cache)
     try:
         server, reused = successor.ensure(plan)
         assert not reused and server.pid != orphan.pid
-        assert wait_gone([start["pid"], start["grandchild"]], 1) == []
+        assert wait_gone([start["pid"], start["grandchild"]]) == []
     finally:
         successor.stop()
         orphan.process.wait(timeout=10)
