@@ -11,5 +11,6 @@ urlpatterns = [
     path("cards/<slug:slug>/", views.card_detail, name="card-detail"),
     path("cards/<slug:slug>/unsuspend/", views.card_unsuspend, name="card-unsuspend"),
     path("stats/", views.stats, name="stats"),
+    path("stats/anki/", views.anki_export, name="anki-export"),
     path("settings/", views.settings_edit, name="settings-edit"),
 ]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import io
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -17,6 +18,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.middleware import HtmxDetails
 
 from quiz import scheduling, selectors, services
+from quiz.anki import write_apkg
 from quiz.forms import AnswerForm, GradeForm, LearnerSettingsForm
 from quiz.models import Card, Showing
 
@@ -219,6 +221,17 @@ def card_unsuspend(request: HttpRequest, slug: str) -> HttpResponse:
 def stats(request: HttpRequest) -> HttpResponse:
     data = selectors.stats_for(user=request.user, now=_now())
     return render(request, "quiz/stats.html", {"stats": data, "chart_data": data.chart_data()})
+
+
+@require_GET
+@login_required
+def anki_export(request: HttpRequest) -> HttpResponse:
+    """The shared deck as an .apkg download (the same file as `manage.py export_anki`)."""
+    buffer = io.BytesIO()
+    write_apkg(selectors.content_snapshot()[0], buffer)
+    response = HttpResponse(buffer.getvalue(), content_type="application/octet-stream")
+    response["Content-Disposition"] = 'attachment; filename="serving-school.apkg"'
+    return response
 
 
 @require_http_methods(["GET", "POST"])

@@ -1,0 +1,186 @@
+"""The shared deck as an Anki package (.apkg), built with genanki.
+
+Plain Python over the content specs (`selectors.content_snapshot`), no ORM, so the export holds
+exactly what `export_content` writes: the deck's active cards, never a learner's personal ones.
+
+Ids are derived from slugs, not from the clock: the same card always becomes the note with the
+same GUID and the same note id, so importing a newer export into Anki updates the notes already
+there instead of adding duplicates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import genanki
+
+from quiz.content import CardSpec, ContentTree
+from quiz.templatetags.quiz_tags import num, render_markdown
+
+# Fixed once: Anki matches a note type by id, so changing it would fork every learner's notes.
+MODEL_ID = 1_607_392_319
+FIELDS = (
+    "Slug",
+    "Kind",
+    "Prompt",
+    "Options",
+    "Answer",
+    "Numeric",
+    "Reasons",
+    "Steps",
+    "Explanation",
+    "FollowUp",
+    "Source",
+)
+
+_FRONT = """<div class="prompt">{{Prompt}}</div>
+{{#Options}}<div class="options">{{Options}}</div>{{/Options}}"""
+_BACK = """{{FrontSide}}
+<hr id="answer">
+<div class="answer">{{Answer}}</div>
+{{#Numeric}}<p class="numeric">{{Numeric}}</p>{{/Numeric}}
+{{#Reasons}}<h4>Every option</h4>{{Reasons}}{{/Reasons}}
+{{#Steps}}<h4>Worked steps</h4>{{Steps}}{{/Steps}}
+{{#Explanation}}<h4>Why</h4>{{Explanation}}{{/Explanation}}
+{{#FollowUp}}<h4>Follow-up</h4>{{FollowUp}}{{/FollowUp}}
+{{#Source}}<p class="source">{{Source}}</p>{{/Source}}"""
+_CSS = """.card { font-family: system-ui, sans-serif; font-size: 18px; text-align: left;
+  color: #1d2430; background: #fff; line-height: 1.45; }
+.options ol { list-style: upper-alpha; }
+.numeric { font-weight: 600; }
+.source { color: #667; font-size: 13px; }"""
+
+MODEL = genanki.Model(
+    MODEL_ID,
+    "Serving School card",
+    fields=[{"name": name} for name in FIELDS],
+    templates=[{"name": "Card", "qfmt": _FRONT, "afmt": _BACK}],
+    css=_CSS,
+    sort_field_index=FIELDS.index("Prompt"),
+)
+
+
+def _stable_int(text: str, *, bits: int = 52) -> int:
+    # Below 2**53 so the id survives JavaScript (Anki's web views) untouched; never 0.
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % (2**bits - 1) + 1
+
+
+def note_id_for(slug: str) -> int:
+    return _stable_int(f"serving-school-note:{slug}")
+
+
+def guid_for(slug: str) -> str:
+    return genanki.guid_for("serving-school", slug)
+
+
+def deck_id_for(slug: str) -> int:
+    return _stable_int(f"serving-school-deck:{slug}", bits=40)
+
+
+class _StableNote(genanki.Note):
+    """A note whose id comes from its card's slug (genanki numbers notes from the clock)."""
+
+    def __init__(self, *, note_id: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.note_id = note_id
+
+    def write_to_db(self, cursor: Any, timestamp: float, deck_id: int, id_gen: Iterator[int]):
+        # genanki takes the note id first from id_gen, then one id per card.
+        return super().write_to_db(
+            cursor, timestamp, deck_id, itertools.chain([self.note_id], id_gen)
+        )
+
+
+def _md(text: str) -> str:
+    return render_markdown(text) if text else ""
+
+
+def _options(card: CardSpec) -> str:
+    if not card.choice:
+        return ""
+    items = "".join(f"<li>{_md(option.text)}</li>" for option in card.choice)
+    return f"<ol>{items}</ol>"
+
+
+def _reasons(card: CardSpec) -> str:
+    """Every option with its letter, right or wrong, and why."""
+    if not card.choice:
+        return ""
+    rows = []
+    for letter, option in zip("ABCDEFGH", card.choice, strict=False):
+        verdict = "right" if option.correct else "wrong"
+        why = _md(option.why) if option.why else ""
+        rows.append(f"<li><b>{letter} ({verdict})</b>: {_md(option.text)}{why}</li>")
+    return f"<ul>{''.join(rows)}</ul>"
+
+
+def numeric_text(card: CardSpec) -> str:
+    """'1,748 slots (± 10 slots)': the answer, tolerance and units as the quiz accepts them."""
+    if card.numeric_value is None:
+        return ""
+    unit = f" {card.numeric_unit}" if card.numeric_unit else ""
+    text = f"{num(card.numeric_value)}{unit}"
+    if card.numeric_tolerance:
+        text += f" (± {num(card.numeric_tolerance)}{unit})"
+    return html.escape(text)
+
+
+def _steps(card: CardSpec) -> str:
+    if not card.steps:
+        return ""
+    return "<ol>" + "".join(f"<li>{_md(step)}</li>" for step in card.steps) + "</ol>"
+
+
+def _follow_up(card: CardSpec) -> str:
+    if not card.follow_up_question:
+        return ""
+    return _md(card.follow_up_question) + _md(card.follow_up_answer)
+
+
+def card_fields(card: CardSpec) -> list[str]:
+    """The note's fields, in FIELDS order, as HTML."""
+    values = {
+        "Slug": html.escape(card.slug),
+        "Kind": card.kind,
+        "Prompt": _md(card.prompt),
+        "Options": _options(card),
+        "Answer": _md(card.answer),
+        "Numeric": numeric_text(card),
+        "Reasons": _reasons(card),
+        "Steps": _steps(card),
+        "Explanation": _md(card.explanation),
+        "FollowUp": _follow_up(card),
+        "Source": html.escape(card.source),
+    }
+    return [values[name] for name in FIELDS]
+
+
+def build_package(tree: ContentTree) -> genanki.Package:
+    """One Anki deck per deck of the tree, one note per card, tags kept."""
+    decks: dict[str, genanki.Deck] = {}
+    for deck in tree.decks:
+        decks[deck.slug] = genanki.Deck(
+            deck_id_for(deck.slug), f"Serving School::{deck.title}", description=deck.description
+        )
+    for card in tree.cards:
+        note = _StableNote(
+            note_id=note_id_for(card.slug),
+            model=MODEL,
+            fields=card_fields(card),
+            tags=list(card.tags),
+            guid=guid_for(card.slug),
+        )
+        decks[card.deck].add_note(note)
+    return genanki.Package([d for d in decks.values() if d.notes])
+
+
+def write_apkg(tree: ContentTree, out: str | Path | BinaryIO) -> int:
+    """Write the package to a path or a binary file object; returns the number of notes."""
+    build_package(tree).write_to_file(out)
+    return len(tree.cards)
