@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
 from django.db.models import Count, Q, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
+from django.urls import path, reverse
 from django.utils.safestring import SafeString
 
+from quiz import documents
 from quiz.models import (
     Card,
     CardRelation,
@@ -66,8 +70,14 @@ class CardRelationInline(admin.TabularInline):
     verbose_name_plural = "related cards (load_content links them both ways)"
 
 
+class ImportDocumentForm(forms.Form):
+    deck = forms.ModelChoiceField(queryset=Deck.objects.all(), empty_label=None)
+    document = forms.FileField(help_text="A .txt file in the seeds' format, UTF-8, up to 1 MB.")
+
+
 @admin.register(Card)
 class CardAdmin(admin.ModelAdmin):
+    change_list_template = "admin/quiz/card/change_list.html"
     list_display = ["slug", "deck", "kind", "tag_list", "lab_preset", "is_active", "updated_at"]
     list_filter = ["deck", "kind", "tags", "is_active"]
     search_fields = ["slug", "prompt", "answer", "source"]
@@ -87,6 +97,34 @@ class CardAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Card]:
         return super().get_queryset(request).prefetch_related("card_tags__tag")
+
+    def get_urls(self) -> list:
+        view = self.admin_site.admin_view(self.import_document)
+        url = path("import-document/", view, name="quiz_card_import_document")
+        return [url, *super().get_urls()]
+
+    def import_document(self, request: HttpRequest) -> HttpResponse:
+        """Upload a study document; its questions become inactive drafts (all or nothing)."""
+        if not self.has_add_permission(request):
+            return redirect("admin:quiz_card_changelist")
+        form = ImportDocumentForm(request.POST or None, request.FILES or None)
+        if request.method == "POST" and form.is_valid():
+            upload = form.cleaned_data["document"]
+            try:
+                text = documents.decode_upload(upload.read(documents.MAX_BYTES + 1))
+                cards = documents.document_import(
+                    deck=form.cleaned_data["deck"], name=upload.name, text=text
+                )
+            except documents.DocumentError as exc:
+                form.add_error("document", f"{upload.name}, {exc}. Nothing was imported.")
+            else:
+                messages.success(
+                    request, f"{len(cards)} draft cards from {upload.name}: review, then publish."
+                )
+                return redirect(reverse("admin:quiz_card_changelist") + "?is_active__exact=0")
+        context = {**self.admin_site.each_context(request), "form": form, "title": "Import"}
+        status = 400 if form.errors else 200
+        return render(request, "admin/quiz/card/import_document.html", context, status=status)
 
     @admin.display(description="tags")
     def tag_list(self, card: Card) -> str:

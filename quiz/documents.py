@@ -1,0 +1,283 @@
+"""Study documents in the seeds' format become inactive draft cards for staff to review.
+
+The format, line by line (paragraphs are single lines; blank lines only separate them):
+
+- a question: a line ending in "?", a numbered line ("12. What is ...?") outside a worked answer,
+  or a bullet ("- ...") that is not an option; inside a question list ("49 questions from 8
+  pages", whose count is checked) every line is a question, "Name 3 ways ..." included;
+- a worked answer: "Answer: <short answer>", then numbered steps "1. ...", "2. ...", then
+  "Follow-up: <question>? <answer>" (its question is implied, so the draft's prompt is left for
+  staff to write);
+- multiple choice: a question line, options "- A ...", "- B ..." (A, B, C ... in order), then
+  "Answer: <letter>. ..." and one line of explanation;
+- "Related questions": the bullets after it are questions related to the multiple-choice one;
+- any other line (a title, a note) is not a card.
+
+`parse_document` is plain Python and raises `DocumentError` naming the line; `document_import`
+writes every draft in one transaction, so a bad document leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from django.db import transaction
+from django.utils.text import slugify
+
+from quiz.models import Card, CardRelation, ChoiceOption, Deck
+
+MAX_BYTES = 1_000_000
+
+_ANSWER = re.compile(r"^Answer:\s*(.*)$", re.IGNORECASE)
+_FOLLOW_UP = re.compile(r"^Follow-?up:\s*(.*)$", re.IGNORECASE)
+_NUMBERED = re.compile(r"^(\d+)[.)]\s+(.+)$")
+_OPTION = re.compile(r"^[-*]\s*([A-H])[.)]?\s+(.+)$")
+_BULLET = re.compile(r"^[-*]\s+(.+)$")
+_LIST_HEADER = re.compile(r"^(\d+)\s+questions\b", re.IGNORECASE)
+_RELATED = re.compile(r"related questions", re.IGNORECASE)
+_CHOICE_ANSWER = re.compile(r"^([A-H])\b[.)]?\s*(.*)$")
+
+
+class DocumentError(ValueError):
+    """A line the importer cannot make sense of; nothing was imported."""
+
+    def __init__(self, line: int, message: str) -> None:
+        self.line = line
+        super().__init__(f"line {line}: {message}")
+
+
+@dataclass
+class DraftOption:
+    text: str
+    correct: bool = False
+
+
+@dataclass
+class Draft:
+    """One card to be: `line` is where it starts in the document."""
+
+    line: int
+    kind: str  # "recall" or "choice"
+    prompt: str
+    answer: str = ""
+    steps: list[str] = field(default_factory=list)
+    explanation: str = ""
+    options: list[DraftOption] = field(default_factory=list)
+    parent_line: int | None = None  # a follow-up's worked answer
+    related_line: int | None = None  # a related question's multiple-choice card
+
+
+def _split_follow_up(text: str) -> tuple[str, str]:
+    question, mark, answer = text.partition("? ")
+    if not mark:
+        return text.strip(), ""
+    return question.strip() + "?", answer.strip()
+
+
+class _Parser:
+    def __init__(self) -> None:
+        self.drafts: list[Draft] = []
+        self.worked: Draft | None = None  # the worked answer still taking steps
+        self.stem: Draft | None = None  # a question that may still get options
+        self.choice: Draft | None = None  # the last multiple-choice card (for related ones)
+        self.explain: Draft | None = None  # the choice card whose explanation comes next
+        self.related = False
+        self.list_header: tuple[int, int, int] | None = None  # (line, declared, drafts before)
+
+    def question(self, line: int, text: str, *, stem: bool = False) -> None:
+        self.close_stem(line)
+        self.worked = None
+        draft = Draft(line=line, kind="recall", prompt=text)
+        if self.related and self.choice is not None:
+            draft.related_line = self.choice.line
+        self.drafts.append(draft)
+        self.stem = draft if stem else None
+
+    def close_stem(self, line: int) -> None:
+        """Options must end with an answer line before anything else starts."""
+        if self.stem is not None and self.stem.options:
+            raise DocumentError(
+                self.stem.line,
+                f"the question has options {', '.join('ABCDEFGH'[: len(self.stem.options)])} "
+                f"but no 'Answer: <letter>' line before line {line}",
+            )
+        self.stem = None
+
+    def feed(self, number: int, text: str) -> None:
+        if self.explain is not None:
+            draft, self.explain = self.explain, None
+            if not (_BULLET.match(text) or _RELATED.search(text) or text.endswith("?")):
+                draft.explanation = text
+                return
+        if match := _LIST_HEADER.match(text):
+            if self.list_header is not None or self.drafts:
+                raise DocumentError(number, "a question-list header must come before any question")
+            self.list_header = (number, int(match.group(1)), len(self.drafts))
+            return
+        if self.stem is not None and (match := _OPTION.match(text)):
+            letter, option = match.groups()
+            expected = "ABCDEFGH"[len(self.stem.options)]
+            if letter != expected:
+                raise DocumentError(number, f"option {letter} where option {expected} was due")
+            self.stem.options.append(DraftOption(option.strip()))
+            return
+        if match := _ANSWER.match(text):
+            self.answer(number, match.group(1).strip())
+            return
+        if match := _FOLLOW_UP.match(text):
+            self.follow_up(number, match.group(1).strip())
+            return
+        if (match := _NUMBERED.match(text)) and self.worked is not None:
+            self.step(number, int(match.group(1)), match.group(2).strip())
+            return
+        if _RELATED.search(text):
+            self.close_stem(number)
+            self.related = True
+            return
+        if match := _BULLET.match(text):
+            self.question(number, match.group(1).strip())
+            return
+        if match := _NUMBERED.match(text):
+            self.question(number, match.group(2).strip(), stem=True)
+            return
+        if text.endswith("?") or self.list_header is not None:
+            self.question(number, text, stem=True)
+            return
+        # A title or a note: not a card. It still ends a worked answer's steps.
+        self.close_stem(number)
+        self.worked = None
+
+    def answer(self, number: int, text: str) -> None:
+        stem = self.stem
+        if stem is not None and stem.options:
+            match = _CHOICE_ANSWER.match(text)
+            letters = "ABCDEFGH"[: len(stem.options)]
+            if not match or match.group(1) not in letters:
+                raise DocumentError(
+                    number, f"the answer must start with one of the options' letters ({letters})"
+                )
+            if len(stem.options) < 2:
+                raise DocumentError(stem.line, "a multiple-choice question needs 2+ options")
+            stem.kind = "choice"
+            stem.options["ABCDEFGH".index(match.group(1))].correct = True
+            stem.answer = match.group(2).strip() or stem.options[0].text
+            self.stem, self.choice, self.explain, self.related = None, stem, stem, False
+            return
+        if not text:
+            raise DocumentError(number, "'Answer:' needs the short answer on the same line")
+        self.close_stem(number)
+        # The seeds give worked answers without their questions: staff write the prompt.
+        draft = Draft(line=number, kind="recall", prompt="", answer=text)
+        self.drafts.append(draft)
+        self.worked = draft
+
+    def step(self, number: int, index: int, text: str) -> None:
+        worked = self.worked
+        assert worked is not None
+        if index != len(worked.steps) + 1:
+            raise DocumentError(number, f"step {index} where step {len(worked.steps) + 1} was due")
+        worked.steps.append(text)
+
+    def follow_up(self, number: int, text: str) -> None:
+        parent = self.worked
+        if parent is None:
+            raise DocumentError(number, "a follow-up must come after the worked answer it follows")
+        question, answer = _split_follow_up(text)
+        if not question:
+            raise DocumentError(number, "'Follow-up:' needs a question on the same line")
+        self.drafts.append(
+            Draft(
+                line=number, kind="recall", prompt=question, answer=answer, parent_line=parent.line
+            )
+        )
+        self.worked = None
+
+    def finish(self, last_line: int) -> list[Draft]:
+        self.close_stem(last_line + 1)
+        if self.list_header is not None:
+            line, declared, before = self.list_header
+            found = len(self.drafts) - before
+            if found != declared:
+                raise DocumentError(
+                    line, f"the header promises {declared} questions, found {found}"
+                )
+        if not self.drafts:
+            raise DocumentError(1, "no questions, worked answers or multiple choice found")
+        return self.drafts
+
+
+def parse_document(text: str) -> list[Draft]:
+    """Every card the document holds, in document order.
+
+    Raises:
+        DocumentError: the first line that breaks the format, by number.
+    """
+    parser = _Parser()
+    lines = text.splitlines()
+    for number, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if line:
+            parser.feed(number, line)
+    return parser.finish(len(lines))
+
+
+def decode_upload(data: bytes) -> str:
+    """The uploaded bytes as text, or DocumentError (line 1) saying why not."""
+    if len(data) > MAX_BYTES:
+        raise DocumentError(1, f"the file is {len(data):,} bytes; the limit is {MAX_BYTES:,}")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise DocumentError(line, "the file must be UTF-8 text") from None
+
+
+def draft_slug(name: str, line: int) -> str:
+    stem = slugify(name.rsplit(".", 1)[0].replace("_", "-"))[:80] or "document"
+    return f"draft-{stem}-l{line}"
+
+
+@transaction.atomic
+def document_import(*, deck: Deck, name: str, text: str) -> list[Card]:
+    """Parse `text` and create one inactive draft card per question, each naming its source
+    line ("<name>:<line>"). All or nothing.
+
+    Raises:
+        DocumentError: a malformed line, or a draft that already exists (imported before).
+    """
+    drafts = parse_document(text)
+    by_line: dict[int, Card] = {}
+    source_name = name[:180]
+    for draft in drafts:
+        slug = draft_slug(name, draft.line)
+        if Card.objects.filter(slug=slug).exists():
+            raise DocumentError(
+                draft.line, f"the draft {slug} already exists: was this document imported before?"
+            )
+        card = Card.objects.create(
+            deck=deck,
+            slug=slug,
+            kind=draft.kind,
+            prompt=draft.prompt,
+            answer=draft.answer,
+            steps=draft.steps,
+            explanation=draft.explanation,
+            source=f"{source_name}:{draft.line}",
+            is_active=False,
+            parent=by_line.get(draft.parent_line) if draft.parent_line else None,
+        )
+        ChoiceOption.objects.bulk_create(
+            ChoiceOption(card=card, text=option.text, is_correct=option.correct, position=i)
+            for i, option in enumerate(draft.options)
+        )
+        if draft.related_line is not None:
+            other = by_line[draft.related_line]
+            CardRelation.objects.bulk_create(
+                [
+                    CardRelation(from_card=other, to_card=card, position=len(by_line)),
+                    CardRelation(from_card=card, to_card=other, position=0),
+                ]
+            )
+        by_line[draft.line] = card
+    return list(by_line.values())
