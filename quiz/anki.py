@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import html
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -84,17 +84,23 @@ def deck_id_for(slug: str) -> int:
 
 
 class _StableNote(genanki.Note):
-    """A note whose id comes from its card's slug (genanki numbers notes from the clock)."""
+    """A note whose id comes from its card's slug (genanki numbers notes from the clock), and
+    whose modification time is the card's last edit (genanki stamps the export time).
 
-    def __init__(self, *, note_id: int, **kwargs: Any) -> None:
+    Anki updates an existing note (same GUID) only when the incoming one is newer, so an edited
+    card updates the learner's note and an unchanged one is left alone.
+    """
+
+    def __init__(self, *, note_id: int, modified: float | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.note_id = note_id
+        self.modified = modified
 
     def write_to_db(self, cursor: Any, timestamp: float, deck_id: int, id_gen: Iterator[int]):
         # genanki takes the note id first from id_gen, then one id per card.
-        return super().write_to_db(
-            cursor, timestamp, deck_id, itertools.chain([self.note_id], id_gen)
-        )
+        ids = itertools.chain([self.note_id], id_gen)
+        stamp = self.modified if self.modified is not None else timestamp
+        return super().write_to_db(cursor, stamp, deck_id, ids)
 
 
 def _md(text: str) -> str:
@@ -161,8 +167,12 @@ def card_fields(card: CardSpec) -> list[str]:
     return [values[name] for name in FIELDS]
 
 
-def build_package(tree: ContentTree) -> genanki.Package:
-    """One Anki deck per deck of the tree, one note per card, tags kept."""
+def build_package(
+    tree: ContentTree, modified: Mapping[str, float] | None = None
+) -> genanki.Package:
+    """One Anki deck per deck of the tree, one note per card, tags kept. `modified` gives each
+    card's last edit (Unix seconds) by slug."""
+    modified = modified or {}
     decks: dict[str, genanki.Deck] = {}
     for deck in tree.decks:
         decks[deck.slug] = genanki.Deck(
@@ -175,12 +185,23 @@ def build_package(tree: ContentTree) -> genanki.Package:
             fields=card_fields(card),
             tags=list(card.tags),
             guid=guid_for(card.slug),
+            modified=modified.get(card.slug),
         )
         decks[card.deck].add_note(note)
     return genanki.Package([d for d in decks.values() if d.notes])
 
 
-def write_apkg(tree: ContentTree, out: str | Path | BinaryIO) -> int:
+def write_apkg(
+    tree: ContentTree, out: str | Path | BinaryIO, modified: Mapping[str, float] | None = None
+) -> int:
     """Write the package to a path or a binary file object; returns the number of notes."""
-    build_package(tree).write_to_file(out)
+    build_package(tree, modified).write_to_file(out)
     return len(tree.cards)
+
+
+def deck_apkg(out: str | Path | BinaryIO) -> int:
+    """The shared deck as it is in the database (what `export_content` writes), as an .apkg."""
+    from quiz.selectors import card_edit_times, content_snapshot
+
+    tree, _ = content_snapshot()
+    return write_apkg(tree, out, card_edit_times())

@@ -341,6 +341,12 @@ def content_snapshot() -> tuple[ContentTree, set[str]]:
     return ContentTree(decks=decks, cards=specs), retired
 
 
+def card_edit_times() -> dict[str, float]:
+    """Each shared card's last edit, Unix seconds, by slug (the Anki export's note times)."""
+    shared = Card.objects.filter(is_active=True)
+    return {slug: at.timestamp() for slug, at in shared.values_list("slug", "updated_at")}
+
+
 def _card_spec(card: Card) -> CardSpec:
     parent = card.parent.slug if card.parent and card.parent.is_active else None
     return CardSpec(

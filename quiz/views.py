@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.middleware import HtmxDetails
 
 from quiz import scheduling, selectors, services
-from quiz.anki import write_apkg
+from quiz.anki import deck_apkg
 from quiz.forms import AnswerForm, GradeForm, LearnerSettingsForm
 from quiz.models import Card, Showing
 
@@ -228,7 +228,7 @@ def stats(request: HttpRequest) -> HttpResponse:
 def anki_export(request: HttpRequest) -> HttpResponse:
     """The shared deck as an .apkg download (the same file as `manage.py export_anki`)."""
     buffer = io.BytesIO()
-    write_apkg(selectors.content_snapshot()[0], buffer)
+    deck_apkg(buffer)
     response = HttpResponse(buffer.getvalue(), content_type="application/octet-stream")
     response["Content-Disposition"] = 'attachment; filename="serving-school.apkg"'
     return response

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import sqlite3
 import zipfile
@@ -41,7 +42,8 @@ def _import(collection_path: Path, apkg: Path):
     from anki.collection import Collection, ImportAnkiPackageOptions, ImportAnkiPackageRequest
 
     col = Collection(str(collection_path))
-    options = ImportAnkiPackageOptions(update_notes=1, with_scheduling=False)  # 1 = if newer
+    # Anki's defaults: update a note (same GUID) when the incoming one is newer.
+    options = ImportAnkiPackageOptions(with_scheduling=False)
     col.import_anki_package(ImportAnkiPackageRequest(package_path=str(apkg), options=options))
     return col
 
@@ -102,10 +104,12 @@ def test_it_imports_every_card_of_the_deck_with_its_fields(deck, tmp_path):
 
 def test_it_keeps_note_ids_so_a_reimport_updates_instead_of_duplicating(deck, tmp_path):
     first = _export(tmp_path, "first.apkg")
-    # An edit between the two exports: the re-import must update that note in place.
+    # An edit a minute later, between the two exports: the re-import updates that note in place.
     card = Card.objects.filter(is_active=True).order_by("slug").first()
-    card.answer = "An edited answer, from the second export."
-    card.save()
+    Card.objects.filter(pk=card.pk).update(
+        answer="An edited answer, from the second export.",
+        updated_at=card.updated_at + dt.timedelta(minutes=1),
+    )
     second = _export(tmp_path, "second.apkg")
 
     assert _package_note_ids(first) == _package_note_ids(second)

@@ -6,8 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from quiz.anki import write_apkg
-from quiz.selectors import content_snapshot
+from quiz.anki import deck_apkg
 
 
 class Command(BaseCommand):
@@ -17,6 +16,5 @@ class Command(BaseCommand):
         parser.add_argument("--out", default="serving-school.apkg", help="the .apkg to write")
 
     def handle(self, *args: Any, out: str, **options: Any) -> None:
-        tree, _ = content_snapshot()
-        count = write_apkg(tree, out)
+        count = deck_apkg(out)
         self.stdout.write(f"{count} cards written to {out}")
