@@ -15,6 +15,9 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+# The deck of personal cards (quiz/personal.py): never written to content/ or exported.
+PERSONAL_DECK = "my-runs"
+
 
 class Deck(models.Model):
     slug = models.SlugField(max_length=80, unique=True)
@@ -78,6 +81,15 @@ class Card(models.Model):
     lab_preset = models.CharField(max_length=120, blank=True, help_text="A preset's slug.")
     source = models.CharField(max_length=200, blank=True)
     is_active = models.BooleanField(default=True, help_text="Retired cards keep their history.")
+    # A personal card (made from the learner's own lab run): only its owner studies it, and it
+    # never enters the shared deck's files or its Anki export. NULL: a card of the shared deck.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="personal_cards",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

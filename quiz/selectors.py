@@ -13,11 +13,12 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.contrib.auth.base_user import AbstractBaseUser
-from django.db.models import Count, Exists, Min, OuterRef, Prefetch, Q
+from django.db.models import Count, Exists, F, Min, OuterRef, Prefetch, Q
 
 from quiz import scheduling
 from quiz.content import CardSpec, ContentTree, DeckSpec, OptionSpec
 from quiz.models import (
+    PERSONAL_DECK,
     Card,
     CardRelation,
     CardTag,
@@ -87,9 +88,15 @@ def _new_cards(user: AbstractBaseUser):
     )
     return (
         Card.objects.filter(is_active=True)
+        .filter(_visible_to(user))
         .filter(Q(parent__isnull=True) | Q(parent__is_active=False) | Exists(parent_seen))
         .exclude(Exists(seen))
     )
+
+
+def _visible_to(user: AbstractBaseUser) -> Q:
+    """The shared deck's cards and the learner's own personal cards, never anyone else's."""
+    return Q(owner__isnull=True) | Q(owner=user)
 
 
 def queue_today(*, user: AbstractBaseUser, now: dt.datetime) -> TodayQueue:
@@ -126,7 +133,9 @@ def queue_today(*, user: AbstractBaseUser, now: dt.datetime) -> TodayQueue:
     elif review_left:
         next_id = _first_state_card(live.filter(state=FsrsState.REVIEW, due__lt=day.end))
     elif new_left:
-        next_id = _new_cards(user).order_by("id").values_list("id", flat=True).first()
+        # A card the learner just made from a run comes before the deck's unseen cards.
+        first = _new_cards(user).order_by(F("owner").asc(nulls_last=True), "id")
+        next_id = first.values_list("id", flat=True).first()
     elif counts["learning_ahead"]:
         learning_left = counts["learning_ahead"]
         next_id = _first_state_card(live.filter(intraday, due__lte=ahead))
@@ -166,7 +175,7 @@ def card_for_quiz(*, card_id: int) -> Card:
 
 
 def card_detail_get(*, slug: str, user: AbstractBaseUser) -> tuple[Card, ReviewState | None]:
-    card = card_for_quiz(card_id=Card.objects.get(slug=slug, is_active=True).pk)
+    card = card_for_quiz(card_id=Card.objects.get(_visible_to(user), slug=slug, is_active=True).pk)
     state = ReviewState.objects.filter(user=user, card=card).first()
     return card, state
 
@@ -325,9 +334,11 @@ def _weak_tags(firsts) -> list[TagStat]:
 
 def content_snapshot() -> tuple[ContentTree, set[str]]:
     """The deck as content specs (active cards) and the slugs of retired cards."""
-    decks = [DeckSpec(d.slug, d.title, d.description) for d in Deck.objects.order_by("id")]
+    # Personal cards (made from a learner's runs) and their deck are nobody else's content.
+    shared_decks = Deck.objects.exclude(slug=PERSONAL_DECK).order_by("id")
+    decks = [DeckSpec(d.slug, d.title, d.description) for d in shared_decks]
     cards = (
-        Card.objects.filter(is_active=True)
+        Card.objects.filter(is_active=True, owner__isnull=True)
         .select_related("deck", "parent")
         .prefetch_related(
             Prefetch("options", queryset=ChoiceOption.objects.order_by("position", "id")),
@@ -337,13 +348,15 @@ def content_snapshot() -> tuple[ContentTree, set[str]]:
         .order_by("slug")
     )
     specs = [_card_spec(card) for card in cards]
-    retired = set(Card.objects.filter(is_active=False).values_list("slug", flat=True))
+    retired = set(
+        Card.objects.filter(is_active=False, owner__isnull=True).values_list("slug", flat=True)
+    )
     return ContentTree(decks=decks, cards=specs), retired
 
 
 def card_edit_times() -> dict[str, float]:
     """Each shared card's last edit, Unix seconds, by slug (the Anki export's note times)."""
-    shared = Card.objects.filter(is_active=True)
+    shared = Card.objects.filter(is_active=True, owner__isnull=True)
     return {slug: at.timestamp() for slug, at in shared.values_list("slug", "updated_at")}
 
 

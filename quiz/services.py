@@ -410,7 +410,9 @@ def content_load(*, tree: ContentTree) -> LoadReport:
     for slug in sorted({tag for card in tree.cards for tag in card.tags} - set(tags)):
         tags[slug] = Tag.objects.create(slug=slug)
 
-    cards = {c.slug: c for c in Card.objects.prefetch_related("options", "card_tags")}
+    # Personal cards are not the files' to update or retire.
+    shared = Card.objects.filter(owner__isnull=True)
+    cards = {c.slug: c for c in shared.prefetch_related("options", "card_tags")}
     touched: set[str] = set()
     for spec in tree.cards:
         values = _card_fields(spec, decks[spec.deck])

@@ -17,7 +17,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from quiz import scheduling, selectors, services
+from labs import selectors as labs_selectors
+from labs.models import LabRun
+from quiz import personal, scheduling, selectors, services
 from quiz.anki import deck_apkg
 from quiz.forms import AnswerForm, GradeForm, LearnerSettingsForm
 from quiz.models import Card, Showing
@@ -208,12 +210,53 @@ def card_detail(request: HttpRequest, slug: str) -> HttpResponse:
 @login_required
 def card_unsuspend(request: HttpRequest, slug: str) -> HttpResponse:
     try:
-        card = Card.objects.get(slug=slug, is_active=True)
+        card, _ = selectors.card_detail_get(slug=slug, user=request.user)
     except Card.DoesNotExist:
         raise Http404("No such card.") from None
     services.card_unsuspend(user=request.user, card=card)
     messages.success(request, "Unsuspended: the card comes back when it is due.")
     return redirect("quiz:card-detail", slug=slug)
+
+
+def _card_from(request: HttpRequest, run: LabRun) -> HttpResponse:
+    try:
+        personal.card_from_run(user=request.user, run=run)
+    except personal.CardRefused as exc:
+        messages.error(request, str(exc))
+        return redirect(run.sweep or run)
+    messages.success(
+        request, f"Your card from run #{run.pk} is made: it comes first among today's new cards."
+    )
+    return redirect("quiz:today")
+
+
+@require_POST
+@login_required
+def card_from_run(request: HttpRequest, pk: int) -> HttpResponse:
+    """ "Make a card from this" on a finished run: predict a neighbouring setting."""
+    return _card_from(request, labs_selectors.run_get_for_owner(user=request.user, pk=pk))
+
+
+@require_POST
+@login_required
+def card_from_sweep(request: HttpRequest, pk: int) -> HttpResponse:
+    sweep = labs_selectors.sweep_get_for_owner(user=request.user, pk=pk)
+    try:
+        run = personal.sweep_card_run(sweep)
+    except personal.CardRefused as exc:
+        messages.error(request, str(exc))
+        return redirect(sweep)
+    return _card_from(request, run)
+
+
+@require_POST
+@login_required
+def card_retire(request: HttpRequest, slug: str) -> HttpResponse:
+    """A learner retires one of their own personal cards; the deck's cards are staff's."""
+    if not personal.card_retire(user=request.user, slug=slug):
+        raise Http404("No such card of yours.")
+    messages.success(request, "Retired: the card will not come back.")
+    return redirect("quiz:today")
 
 
 @require_GET
