@@ -283,3 +283,46 @@ def sweep_card_run(sweep: Sweep) -> LabRun:
 def card_retire(*, user: AbstractBaseUser, slug: str) -> bool:
     """Retire one of the learner's own personal cards (its history is kept)."""
     return bool(Card.objects.filter(slug=slug, owner=user).update(is_active=False))
+
+
+# -- your numbers on the deck's cards ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class YourNumber:
+    """The learner's own measurement for a card whose lab preset they ran."""
+
+    run: LabRun
+    label: str
+    value: str  # formatted, with its unit
+    where: str
+    gpu: str
+
+
+def your_number(*, user_id: int | None, card: Card) -> YourNumber | None:
+    """The newest finished run of the card's preset by this learner, and the figure it measured
+    that matches the card's check (else the lab's headline metric). One query."""
+    if not card.lab_preset or user_id is None:
+        return None
+    run = (
+        LabRun.objects.filter(owner_id=user_id, preset=card.lab_preset, state=RunState.DONE)
+        .order_by("-finished_at", "-id")
+        .first()
+    )
+    if run is None or not run.result:
+        return None
+    check = card.check_spec or {}
+    metric = next((m for m in results.METRICS if m.predicted == check.get("key")), None)
+    key = metric.measured if metric else _lab(run).sweep_metrics[0][0]
+    value = results.dig(run.result, key)
+    if not isinstance(value, int | float):
+        return None
+    figure = next((m for m in results.METRICS if m.measured == key), None)
+    label, unit = (figure.label, figure.unit) if figure else (key, "")
+    return YourNumber(
+        run=run,
+        label=label,
+        value=results.format_value(value, unit),
+        where=run.where or run.backend,
+        gpu=str(run.params.get("gpu") or ""),
+    )

@@ -69,6 +69,7 @@ def _card_context(card: Card, showing: Showing) -> dict[str, Any]:
     }
     if showing.revealed_at:
         context["buttons"] = _grade_buttons(showing)
+        context["your_number"] = personal.your_number(user_id=showing.user_id, card=card)
     return context
 
 
@@ -199,7 +200,11 @@ def card_detail(request: HttpRequest, slug: str) -> HttpResponse:
         card, state = selectors.card_detail_get(slug=slug, user=request.user)
     except Card.DoesNotExist:
         raise Http404("No such card.") from None
-    context: dict[str, Any] = {"card": card, "state": state}
+    context: dict[str, Any] = {
+        "card": card,
+        "state": state,
+        "your_number": personal.your_number(user_id=request.user.pk, card=card),
+    }
     if state and state.last_review:
         zone = ZoneInfo(selectors.learner_settings_get(user=request.user).time_zone)
         context["due_local"] = state.due.astimezone(zone)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 from django.core.management import call_command
@@ -175,3 +176,37 @@ def test_a_sweep_page_offers_the_button_once_two_points_are_done(alice_client, a
     assert url in alice_client.get(sweep.get_absolute_url()).content.decode()
     assert alice_client.post(url).status_code == 302
     assert Card.objects.filter(owner=alice, prompt__contains="at max_num_seqs 16").exists()
+
+
+def _reveal(client) -> str:
+    page = client.get(reverse("quiz:today")).content.decode()
+    match = re.search(r"/quiz/answer/([\w-]+)/", page)
+    if match is None:  # this showing was revealed already: the panel shows its answer side
+        assert 'data-side="answer"' in page
+        return page
+    token = match.group(1)
+    response = client.post(reverse("quiz:answer-submit", args=[token]), {}, HTTP_HX_REQUEST="true")
+    return response.content.decode()
+
+
+def test_a_deck_card_shows_the_learners_own_number_from_its_preset(alice_client, alice, bob):
+    card = make_card(
+        slug="batch-32",
+        lab_preset="batching-llama3-8b-h100-batch-32",
+        check_json='{"key": "output_tokens_per_s", "params": {}}',
+    )
+    assert "You measured" not in _reveal(alice_client)  # no run of the preset yet
+
+    run = finished_run(alice, max_num_seqs=32)
+    LabRun.objects.filter(pk=run.pk).update(preset=card.lab_preset)
+    finished_run(bob)  # someone else's run of another preset changes nothing
+    html = _reveal(alice_client)
+    value = f"{run.result['output_tokens_per_s']:,.0f} tok/s"
+    assert f"You measured <strong>{value}</strong>" in html
+    assert f"run #{run.pk}</a>" in html and "simulated" in html and "as h100-sxm" in html
+    detail = alice_client.get(reverse("quiz:card-detail", args=[card.slug])).content.decode()
+    assert value in detail
+
+    other = Client()
+    other.force_login(bob)
+    assert "You measured" not in _reveal(other)
