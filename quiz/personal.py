@@ -59,6 +59,11 @@ def figure_for(key: str, predicted_key: str | None = None) -> Figure:
     return Figure(key, label, unit or "sequences", 1.0, predicted_key)
 
 
+def _phrase(label: str) -> str:
+    """'Output tokens/s' -> 'output tokens/s' inside a sentence; 'TPOT, median' stays."""
+    return label[0].lower() + label[1:] if label[1:2].islower() else label
+
+
 def _fmt(value: float) -> str:
     if abs(value) >= 100:
         return f"{value:,.0f}"
@@ -162,7 +167,7 @@ def _answer(run: LabRun, field: str, neighbour: Any, key: str, known: _Answer | 
     spread = max(abs(v - values[0]) for v in values)
     if known is not None:
         return _Answer(known.value, known.origin, spread)
-    return _Answer(values[0], "the simulator, same workload and seed (simulated)", spread)
+    return _Answer(values[0], "simulated with the same workload and seed", spread)
 
 
 def _steps(
@@ -247,8 +252,9 @@ def card_from_run(*, user: AbstractBaseUser, run: LabRun) -> Card:
     where = run.where or run.backend
     prompt = (
         f"Your run: {params.get('model')} on {params.get('gpu')}, {field} "
-        f"{params.get(field)}, measured {figure.label} = {_fmt(float(measured) * figure.scale)} "
-        f"{figure.unit} ({where}). Predict the {figure.label} at {field} {neighbour}."
+        f"{params.get(field)}, measured {_phrase(figure.label)} = "
+        f"{_fmt(float(measured) * figure.scale)} {figure.unit} ({where}). "
+        f"Predict the {_phrase(figure.label)} at {field} {neighbour}."
     )
     value = answer.value * figure.scale
     return Card.objects.create(
@@ -264,7 +270,7 @@ def card_from_run(*, user: AbstractBaseUser, run: LabRun) -> Card:
             f"metric's spread over {NOISE_SEEDS} other simulator seeds (x2), at least "
             f"{MIN_RELATIVE_TOLERANCE:.0%}."
         ),
-        numeric_value=round(value, 6),
+        numeric_value=float(f"{value:.4g}"),  # as a person would write it: 8,051 tok/s
         numeric_unit=figure.unit,
         numeric_tolerance=_round_tolerance(tolerance),
         source=f"lab run {run.pk}",

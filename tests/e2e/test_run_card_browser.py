@@ -3,14 +3,18 @@ it in Today's quiz, answer it and read its worked steps, in Debian's Chromium.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from django.conf import settings
 
 from quiz.models import Card
-from tests.e2e.conftest import sign_up
+from tests.e2e.conftest import PHONE, sign_up
 
 pytestmark = [pytest.mark.browser, pytest.mark.worker]
 
 PANEL = "#quiz-panel"
+SHOTS = Path(settings.BASE_DIR) / "var" / "screenshots"
 
 
 def test_a_finished_run_becomes_a_card_in_todays_quiz(page, celery_worker):
@@ -20,7 +24,7 @@ def test_a_finished_run_becomes_a_card_in_todays_quiz(page, celery_worker):
     # Finish a run: batching at max_num_seqs 64 with 128 requests in flight.
     page.goto("/labs/batching/")
     page.get_by_role("heading", name="Batch size and latency").wait_for()
-    page.select_option("#id_max_num_seqs", "64")
+    page.fill("#id_max_num_seqs", "64")
     page.fill("#id_concurrency", "128")
     page.get_by_role("button", name="Run", exact=True).click()
     page.wait_for_url("**/labs/runs/*/")
@@ -36,7 +40,7 @@ def test_a_finished_run_becomes_a_card_in_todays_quiz(page, celery_worker):
     prompt = page.locator(f"{PANEL} .quiz-prompt").inner_text()
     assert "Your run: llama-3-8b on h100-sxm, max_num_seqs 64" in prompt
     assert measured_text in prompt
-    assert "Predict the Output tokens/s at max_num_seqs 128." in prompt
+    assert "Predict the output tokens/s at max_num_seqs 128." in prompt
 
     # Answer it with the fixed answer (what the simulator gave at max_num_seqs 128).
     card = Card.objects.get(owner__username="runlearner")
@@ -53,3 +57,11 @@ def test_a_finished_run_becomes_a_card_in_todays_quiz(page, celery_worker):
     assert measured_text.split()[0] in steps.first.inner_text()
     assert "Predictor" in page.locator(f"{PANEL} ol.steps").inner_text()
     assert page.get_by_role("button", name="Retire this card").is_visible()
+
+    # The answer side fits a phone.
+    page.set_viewport_size(PHONE)
+    page.wait_for_timeout(200)
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"], f"the card scrolls sideways on a phone: {width}px"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "run-card-answer-phone.png"), full_page=True)

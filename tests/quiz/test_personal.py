@@ -58,10 +58,10 @@ def test_it_asks_for_the_next_setting_and_answers_with_the_simulator(alice):
     measured = run.result["output_tokens_per_s"]
     assert "llama-3-8b on h100-sxm, max_num_seqs 64" in card.prompt
     assert f"{measured:,.0f} tok/s" in card.prompt and "simulated" in card.prompt
-    assert card.prompt.endswith("Predict the Output tokens/s at max_num_seqs 128.")
+    assert card.prompt.endswith("Predict the output tokens/s at max_num_seqs 128.")
     # The answer is what the simulator gives at max_num_seqs 128, same workload and seed.
     neighbour, _ = _measure({**run.params, "max_num_seqs": 128})
-    assert card.numeric_value == pytest.approx(neighbour["output_tokens_per_s"], rel=1e-6)
+    assert card.numeric_value == pytest.approx(neighbour["output_tokens_per_s"], rel=1e-3)
     assert card.numeric_value > measured  # a bigger batch, more tokens/s on the simulator
     assert card.numeric_unit == "tok/s"
     assert card.numeric_tolerance >= 0.045 * card.numeric_value
@@ -71,7 +71,7 @@ def test_it_asks_for_the_next_setting_and_answers_with_the_simulator(alice):
     assert f"Your run #{run.pk}" in card.steps[0]
     assert any("Predictor, decode step" in step for step in card.steps)
     assert any(step.startswith("Predicted Output tokens/s") for step in card.steps)
-    assert "(simulated)" in card.steps[-1]
+    assert "simulated with the same workload and seed" in card.steps[-1]
     # Making it again returns the same card.
     assert personal.card_from_run(user=alice, run=run) == card
 
@@ -84,7 +84,7 @@ def test_a_sweep_point_answers_with_the_learners_own_measurement(alice):
     high = finished_run(alice, sweep=sweep, index=1, max_num_seqs=32, concurrency=64)
     assert personal.sweep_card_run(sweep) == low
     card = personal.card_from_run(user=alice, run=low)
-    assert card.numeric_value == pytest.approx(high.result["output_tokens_per_s"], rel=1e-6)
+    assert card.numeric_value == pytest.approx(high.result["output_tokens_per_s"], rel=1e-3)
     assert f"your sweep's run #{high.pk}" in card.answer
     assert "max_num_seqs 32" in card.prompt
 
@@ -95,7 +95,7 @@ def test_a_latency_metric_is_asked_in_milliseconds(alice):
     assert card.numeric_unit == "ms"
     assert "at spec_tokens 4" in card.prompt
     neighbour, _ = _measure({**run.params, "spec_tokens": 4})
-    assert card.numeric_value == pytest.approx(neighbour["tpot_s"]["p50"] * 1000, rel=1e-6)
+    assert card.numeric_value == pytest.approx(neighbour["tpot_s"]["p50"] * 1000, rel=1e-3)
 
 
 def test_it_refuses_unfinished_foreign_and_oversized_runs(alice, bob):
@@ -149,7 +149,7 @@ def test_the_buttons_make_show_and_retire_a_card(alice_client, alice, bob):
     assert response.status_code == 302 and response["Location"] == reverse("quiz:today")
     card = Card.objects.get(owner=alice)
     today = alice_client.get(reverse("quiz:today")).content.decode()
-    assert "Predict the Output tokens/s at max_num_seqs" in today
+    assert "Predict the output tokens/s at max_num_seqs" in today
     assert "it comes first among today" in today
 
     client = Client()
