@@ -10,9 +10,14 @@ there instead of adding duplicates.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html
 import itertools
+import sqlite3
+import tempfile
+import time
+import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -194,8 +199,22 @@ def build_package(
 def write_apkg(
     tree: ContentTree, out: str | Path | BinaryIO, modified: Mapping[str, float] | None = None
 ) -> int:
-    """Write the package to a path or a binary file object; returns the number of notes."""
-    build_package(tree, modified).write_to_file(out)
+    """Write the package to a path or a binary file object; returns the number of notes.
+
+    Not genanki's `write_to_file`: it leaves its SQLite file behind in the temp directory, one
+    per download. The .apkg is that file zipped as collection.anki2, with an empty media map.
+    """
+    now = time.time()
+    with tempfile.TemporaryDirectory(prefix="apkg-") as tmp:
+        db_path = Path(tmp) / "collection.anki2"
+        with contextlib.closing(sqlite3.connect(db_path)) as conn:
+            build_package(tree, modified).write_to_db(
+                conn.cursor(), now, itertools.count(int(now * 1000))
+            )
+            conn.commit()
+        with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as apkg:
+            apkg.write(db_path, "collection.anki2")
+            apkg.writestr("media", "{}")
     return len(tree.cards)
 
 
