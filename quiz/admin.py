@@ -13,6 +13,7 @@ from django.utils.safestring import SafeString
 
 from quiz import documents
 from quiz.models import (
+    PERSONAL_DECK,
     Card,
     CardRelation,
     CardTag,
@@ -71,7 +72,9 @@ class CardRelationInline(admin.TabularInline):
 
 
 class ImportDocumentForm(forms.Form):
-    deck = forms.ModelChoiceField(queryset=Deck.objects.all(), empty_label=None)
+    deck = forms.ModelChoiceField(
+        queryset=Deck.objects.exclude(slug=PERSONAL_DECK), empty_label=None
+    )
     document = forms.FileField(help_text="A .txt file in the seeds' format, UTF-8, up to 1 MB.")
 
 
