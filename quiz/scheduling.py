@@ -24,6 +24,7 @@ LEARN_AHEAD = dt.timedelta(minutes=20)
 MAX_ANSWER_MS = 60_000
 LEECH_THRESHOLD = 8
 RATINGS = (Rating.Again, Rating.Hard, Rating.Good, Rating.Easy)
+UTC_ZONE = ZoneInfo("UTC")  # a learner's default zone
 
 
 def to_utc(value: dt.datetime) -> dt.datetime:
@@ -101,16 +102,82 @@ def make_scheduler(desired_retention: float, *, fuzz: bool = True) -> Scheduler:
 
 
 def outcomes(
-    state: CardState, *, card_id: int, now: dt.datetime, scheduler: Scheduler
+    state: CardState,
+    *,
+    card_id: int,
+    now: dt.datetime,
+    scheduler: Scheduler,
+    tz: ZoneInfo = UTC_ZONE,
+    rollover_hour: int = 0,
+    last_day: dt.date | None = None,
 ) -> dict[int, CardState]:
     """What each rating would do to the card if given at `now`, computed once with the real
-    scheduler (fuzz included): store these and apply the chosen one, so labels match exactly."""
-    card = state.to_fsrs(card_id)
+    scheduler (fuzz included): store these and apply the chosen one, so labels match exactly.
+
+    Three things differ from calling fsrs directly, all as Anki does (docs/scheduling.md):
+    - elapsed time is counted in the learner's study days, not in 24-hour blocks: fsrs is handed a
+      `last_review` exactly that many days before `now` (`last_day` is the study day of the
+      previous review as logged; without it, the study day of `state.last_review`);
+    - an interval of whole days ends at the start of the study day it names, in the learner's zone
+      (DST-safe), not a multiple of 24 h after `now`;
+    - passing intervals grow with the button: Hard < Good < Easy in days (capped at the maximum).
+    """
     review_at = to_utc(now)
-    return {
-        int(rating): CardState.from_fsrs(scheduler.review_card(card, rating, review_at)[0])
-        for rating in RATINGS
-    }
+    today = study_date(review_at, tz, rollover_hour)
+    card = state.to_fsrs(card_id)
+    if state.last_review is not None:
+        previous = last_day or study_date(to_utc(state.last_review), tz, rollover_hour)
+        card.last_review = review_at - dt.timedelta(days=max(0, (today - previous).days))
+    results = {int(r): scheduler.review_card(card, r, review_at)[0] for r in RATINGS}
+    floor = 0  # the previous passing button's interval in days
+    out: dict[int, CardState] = {}
+    for rating, result in results.items():
+        if result.state == State.Review:
+            # fsrs gives whole days (fuzz included) as due - review time.
+            days = round((result.due - review_at) / dt.timedelta(days=1))
+            days = min(max(days, floor + 1, 1), scheduler.maximum_interval)
+            floor = days
+            result.due = day_start(today + dt.timedelta(days=days), tz, rollover_hour)
+        result.last_review = review_at
+        out[rating] = CardState.from_fsrs(result)
+    return out
+
+
+def interval_label(outcome: CardState, revealed_at: dt.datetime, tz: ZoneInfo, hour: int) -> str:
+    """A button's label: whole study days for a Review outcome, else the time until it is due."""
+    if outcome.state == State.Review:
+        days = (study_date(outcome.due, tz, hour) - study_date(revealed_at, tz, hour)).days
+        return format_interval(dt.timedelta(days=days))
+    return format_interval(outcome.due - revealed_at)
+
+
+def replay(
+    history: list[tuple[dt.datetime, int, dt.date]],
+    *,
+    card_id: int,
+    scheduler: Scheduler,
+    tz: ZoneInfo,
+    rollover_hour: int,
+) -> CardState:
+    """The state a card reaches from its review log, `(reviewed_at, rating, study_date)` oldest
+    first, through the same conversion grading uses; with fuzz off it equals the stored state."""
+    state = new_card_state(history[0][0]) if history else None
+    last_day: dt.date | None = None
+    for reviewed_at, rating, day in history:
+        assert state is not None
+        state = outcomes(
+            state,
+            card_id=card_id,
+            now=reviewed_at,
+            scheduler=scheduler,
+            tz=tz,
+            rollover_hour=rollover_hour,
+            last_day=last_day,
+        )[rating]
+        last_day = day
+    if state is None:
+        raise ValueError("an empty history has no state")
+    return state
 
 
 def is_lapse(before: CardState, rating: int) -> bool:

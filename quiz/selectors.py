@@ -185,8 +185,37 @@ def showing_get(*, user: AbstractBaseUser, token: str) -> Showing:
     return Showing.objects.get(user=user, token=token)
 
 
-def undo_available(*, user: AbstractBaseUser, day: StudyDay) -> bool:
-    return ReviewLog.objects.filter(user=user, study_date=day.date).exists()
+# A grade pressed this recently can be undone even when a rollover came in between.
+UNDO_GRACE = dt.timedelta(minutes=30)
+
+
+def undo_candidate(*, user: AbstractBaseUser, day: StudyDay, now: dt.datetime) -> ReviewLog | None:
+    """The learner's latest review if it may be undone: one of today's, or one graded less than
+    UNDO_GRACE ago (pressed minutes before the rollover). Anki-style stack: latest first."""
+    log = (
+        ReviewLog.objects.filter(user=user, study_date__gte=day.date - dt.timedelta(days=1))
+        .order_by("-id")
+        .first()
+    )
+    if log is None or log.study_date == day.date:
+        return log
+    pressed = Showing.objects.filter(user=user, token=log.token).values_list("used_at", flat=True)
+    graded_at = pressed.first() or log.reviewed_at
+    return log if graded_at >= now - UNDO_GRACE else None
+
+
+def undo_available(
+    *, user: AbstractBaseUser, day: StudyDay, now: dt.datetime | None = None
+) -> bool:
+    if now is None:
+        return ReviewLog.objects.filter(user=user, study_date=day.date).exists()
+    return undo_candidate(user=user, day=day, now=now) is not None
+
+
+def last_review_day(*, user_id: int, card_id: int) -> dt.date | None:
+    """The study day of the learner's latest logged review of a card, as fixed when it was made."""
+    logs = ReviewLog.objects.filter(user_id=user_id, card_id=card_id).order_by("-id")
+    return logs.values_list("study_date", flat=True).first()
 
 
 # --- Stats ---------------------------------------------------------------------------------------

@@ -37,13 +37,14 @@ from quiz.models import (
     Tag,
 )
 from quiz.scheduling import CardState
-from quiz.selectors import learner_settings_get, study_day_for
+from quiz.selectors import last_review_day, learner_settings_get, study_day_for, undo_candidate
 
 FSRS_COLUMNS = tuple(f.name for f in fields(CardState))  # also ReviewState's column names
 # Outcomes older than this are recomputed before grading rather than applied stale.
 REVEAL_TTL = dt.timedelta(hours=1)
 # An unanswered showing is reused on reload for this long (no new token per refresh).
 SHOWING_REUSE = dt.timedelta(hours=12)
+RETENTION_KEY = "retention"  # beside the four outcomes in Showing.outcomes
 
 
 class QuizConflict(Exception):
@@ -133,13 +134,27 @@ def _judge(card: Card, showing: Showing, answer: Answer) -> tuple[str, bool | No
 
 
 def _compute_outcomes(
-    showing: Showing, state: ReviewState, settings: LearnerSettings, now: dt.datetime
+    showing: Showing, state: ReviewState, settings: LearnerSettings, at: dt.datetime
 ) -> dict[str, Any]:
+    """The four outcomes of reviewing at `at`, plus the retention they were computed with (a
+    change made before the grade is then noticed)."""
     scheduler = scheduling.make_scheduler(settings.desired_retention)
+    day = study_day_for(settings, at)
+    last_day = None
+    if state.last_review is not None:  # a new card has no previous study day to count from
+        last_day = last_review_day(user_id=showing.user_id, card_id=showing.card_id)
     result = scheduling.outcomes(
-        _state_columns(state), card_id=showing.card_id, now=now, scheduler=scheduler
+        _state_columns(state),
+        card_id=showing.card_id,
+        now=at,
+        scheduler=scheduler,
+        tz=day.tz,
+        rollover_hour=day.rollover_hour,
+        last_day=last_day,
     )
-    return {str(rating): outcome.to_json() for rating, outcome in result.items()}
+    data: dict[str, Any] = {str(rating): outcome.to_json() for rating, outcome in result.items()}
+    data[RETENTION_KEY] = settings.desired_retention
+    return data
 
 
 def showing_reveal(
@@ -227,6 +242,14 @@ def review_grade(
         if state.version != showing.state_version:
             raise QuizConflict("This card was already graded in another tab.")
 
+        settings = learner_settings_get(user=user)
+        # One instant for the state and the log: the one the outcomes were computed at (the
+        # reveal), so the log replays through fsrs to exactly this state.
+        reviewed_at = showing.revealed_at
+        if showing.outcomes.get(RETENTION_KEY) != settings.desired_retention:
+            # Retention changed after the reveal: honour it, at the same instant.
+            showing.outcomes = _compute_outcomes(showing, state, settings, reviewed_at)
+            showing.save(update_fields=["outcomes"])
         before = _snapshot(state)
         after = CardState.from_json(showing.outcomes[str(rating)])
         lapses = state.lapses + scheduling.is_lapse(_state_columns(state), rating)
@@ -242,15 +265,14 @@ def review_grade(
         )
         if updated != 1:
             raise QuizConflict("This card was already graded in another tab.")
-        settings = learner_settings_get(user=user)
-        day = study_day_for(settings, now)
+        day = study_day_for(settings, reviewed_at)
         elapsed_ms = int((now - showing.created_at).total_seconds() * 1000)
         log = ReviewLog.objects.create(
             user=user,
             card_id=showing.card_id,
             rating=rating,
             kind=_log_kind(state),
-            reviewed_at=now,
+            reviewed_at=reviewed_at,
             study_date=day.date,
             duration_ms=max(0, min(elapsed_ms, scheduling.MAX_ANSWER_MS)),
             answer=showing.answer,
@@ -264,18 +286,17 @@ def review_grade(
 
 
 def review_undo(*, user: AbstractBaseUser, now: dt.datetime) -> int:
-    """Undo the learner's latest review of the current study day: restore the state exactly as it
-    was before and delete the log (the quota reopens). Returns the card id to show again."""
+    """Undo the learner's latest review (today's, or one graded minutes before the rollover):
+    restore the state exactly as it was before and delete the log (the quota reopens). Returns
+    the card id to show again."""
     settings = learner_settings_get(user=user)
     day = study_day_for(settings, now)
     with transaction.atomic():
-        log = (
-            ReviewLog.objects.select_for_update()
-            .filter(user=user, study_date=day.date)
-            .order_by("-reviewed_at", "-id")
-            .first()
-        )
-        if log is None:
+        candidate = undo_candidate(user=user, day=day, now=now)
+        if candidate is None:
+            raise NothingToUndo("There is no answer to undo today.")
+        log = ReviewLog.objects.select_for_update().filter(pk=candidate.pk).first()
+        if log is None:  # undone by a second request meanwhile
             raise NothingToUndo("There is no answer to undo today.")
         state = ReviewState.objects.select_for_update().get(user=user, card_id=log.card_id)
         before = CardState.from_json(log.state_before)

@@ -37,7 +37,7 @@ def _now() -> dt.datetime:
     return timezone.now()
 
 
-def _grade_buttons(showing: Showing) -> list[dict[str, Any]]:
+def _grade_buttons(showing: Showing, tz: ZoneInfo, hour: int) -> list[dict[str, Any]]:
     suggested = services.suggested_rating(showing)
     buttons = []
     for rating, name in RATING_NAMES.items():
@@ -46,14 +46,14 @@ def _grade_buttons(showing: Showing) -> list[dict[str, Any]]:
             {
                 "rating": rating,
                 "name": name,
-                "interval": scheduling.format_interval(outcome.due - showing.revealed_at),
+                "interval": scheduling.interval_label(outcome, showing.revealed_at, tz, hour),
                 "suggested": rating == suggested,
             }
         )
     return buttons
 
 
-def _card_context(card: Card, showing: Showing) -> dict[str, Any]:
+def _card_context(card: Card, showing: Showing, day: selectors.StudyDay) -> dict[str, Any]:
     by_id = {option.pk: option for option in card.options.all()}
     # The showing's own order; an option deleted since is simply left out.
     options = [by_id[pk] for pk in showing.option_order if pk in by_id]
@@ -68,7 +68,7 @@ def _card_context(card: Card, showing: Showing) -> dict[str, Any]:
         "side": "answer" if showing.revealed_at else "question",
     }
     if showing.revealed_at:
-        context["buttons"] = _grade_buttons(showing)
+        context["buttons"] = _grade_buttons(showing, day.tz, day.rollover_hour)
         context["your_number"] = personal.your_number(user_id=showing.user_id, card=card)
     return context
 
@@ -96,7 +96,7 @@ def _panel(
         "queue": queue,
         "notice": notice,
         "errors": errors or [],
-        "undo": selectors.undo_available(user=request.user, day=queue.day),
+        "undo": selectors.undo_available(user=request.user, day=queue.day, now=now),
         "side": "done",
     }
     if showing is None:
@@ -105,7 +105,7 @@ def _panel(
         card = selectors.card_for_quiz(card_id=showing.card_id if showing else card_id)
         if showing is None:
             showing = services.showing_open(user=request.user, card=card, now=now)
-        context.update(_card_context(card, showing))
+        context.update(_card_context(card, showing, queue.day))
     elif queue.next_learning_due:
         context["comes_back"] = queue.next_learning_due.astimezone(queue.day.tz)
     return _render_panel(request, context, status=status)
