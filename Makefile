@@ -43,6 +43,7 @@ run: setup
 	echo; echo "  Serving School: http://$(HOST):$(PORT)/"; \
 	echo "  Lab worker: sim queue (simulated on CPU). Press Ctrl-C to stop both."; \
 	echo "  First staff user: $(PY) manage.py createsuperuser"; echo; \
+	$(PY) manage.py load_content --kept; \
 	$(PY) manage.py runserver $(HOST):$(PORT)
 
 worker: setup

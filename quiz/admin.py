@@ -12,6 +12,13 @@ from django.urls import path, reverse
 from django.utils.safestring import SafeString
 
 from quiz import documents
+from quiz.admin_forms import (
+    MAX_OPTIONS,
+    CardAdminForm,
+    ChoiceOptionForm,
+    ChoiceOptionFormSet,
+    DeckAdminForm,
+)
 from quiz.models import (
     PERSONAL_DECK,
     Card,
@@ -28,6 +35,7 @@ from quiz.models import (
 
 @admin.register(Deck)
 class DeckAdmin(admin.ModelAdmin):
+    form = DeckAdminForm
     list_display = ["slug", "title", "active_cards", "updated_at"]
     search_fields = ["slug", "title"]
 
@@ -48,7 +56,10 @@ class TagAdmin(admin.ModelAdmin):
 
 class ChoiceOptionInline(admin.TabularInline):
     model = ChoiceOption
+    form = ChoiceOptionForm
+    formset = ChoiceOptionFormSet
     extra = 0
+    max_num = MAX_OPTIONS
     fields = ["position", "text", "is_correct", "why"]
     ordering = ["position", "id"]
 
@@ -81,11 +92,21 @@ class ImportDocumentForm(forms.Form):
 @admin.register(Card)
 class CardAdmin(admin.ModelAdmin):
     change_list_template = "admin/quiz/card/change_list.html"
-    list_display = ["slug", "deck", "kind", "tag_list", "lab_preset", "is_active", "updated_at"]
-    list_filter = ["deck", "kind", "tags", "is_active"]
+    form = CardAdminForm
+    list_display = [
+        "slug",
+        "deck",
+        "kind",
+        "tag_list",
+        "lab_preset",
+        "is_active",
+        "edited_since_load",
+        "updated_at",
+    ]
+    list_filter = ["deck", "kind", "tags", "is_active", "edited_since_load"]
     search_fields = ["slug", "prompt", "answer", "source"]
     list_select_related = ["deck"]
-    readonly_fields = ["preview", "created_at", "updated_at"]
+    readonly_fields = ["preview", "edited_since_load", "created_at", "updated_at"]
     autocomplete_fields = ["parent"]
     inlines = [ChoiceOptionInline, CardTagInline, CardRelationInline]
     fieldsets = [
@@ -95,8 +116,15 @@ class CardAdmin(admin.ModelAdmin):
         ("Numeric", {"fields": ["numeric_value", "numeric_unit", "numeric_tolerance"]}),
         ("Links", {"fields": ["lab_preset", "check_json"]}),
         ("Preview (as saved)", {"fields": ["preview"]}),
-        (None, {"fields": ["created_at", "updated_at"]}),
+        (None, {"fields": ["edited_since_load", "created_at", "updated_at"]}),
     ]
+
+    def save_related(self, request: HttpRequest, form, formsets, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        # After the inlines, so an options-only edit counts too. load_content keeps this card
+        # (and reports it) until the edit is exported or discarded with --force.
+        # Personal cards are not in content/, so there is nothing to protect them from.
+        Card.objects.filter(pk=form.instance.pk, owner__isnull=True).update(edited_since_load=True)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Card]:
         return super().get_queryset(request).prefetch_related("card_tags__tag")

@@ -240,18 +240,22 @@ def parse_card(data: Any, label: str, *, expected_slug: str) -> CardSpec:
         raise ContentError(f"{label}: field 'choice' is only for kind: choice")
 
     if data.get("check") is not None:
-        # Either a key of the prediction for some lab params, or a named formula of
-        # labs.predict applied to given numbers (for inputs no lab parameter sets, e.g. a TTFT).
-        check = _mapping(data["check"], label, "check", ("key", "params", "formula", "args"))
-        by_key = isinstance(check.get("key"), str) and isinstance(check.get("params", {}), dict)
-        by_formula = isinstance(check.get("formula"), str) and isinstance(check.get("args"), dict)
-        if by_key == by_formula:
-            raise ContentError(
-                f"{label}: field 'check' needs either a text 'key' and a 'params' mapping, "
-                "or a text 'formula' and an 'args' mapping"
-            )
-        card.check = check
+        card.check = parse_check(data["check"], label)
     return card
+
+
+def parse_check(data: Any, label: str) -> dict[str, Any]:
+    """A card's predictor check: either a key of the prediction for some lab params, or a named
+    formula of labs.predict applied to given numbers (for inputs no lab parameter sets)."""
+    check = _mapping(data, label, "check", ("key", "params", "formula", "args"))
+    by_key = isinstance(check.get("key"), str) and isinstance(check.get("params", {}), dict)
+    by_formula = isinstance(check.get("formula"), str) and isinstance(check.get("args"), dict)
+    if by_key == by_formula:
+        raise ContentError(
+            f"{label}: field 'check' needs either a text 'key' and a 'params' mapping, "
+            "or a text 'formula' and an 'args' mapping"
+        )
+    return check
 
 
 def parse_decks(data: Any, label: str) -> list[DeckSpec]:

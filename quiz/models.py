@@ -90,6 +90,11 @@ class Card(models.Model):
         on_delete=models.CASCADE,
         related_name="personal_cards",
     )
+    # Set by an admin save; load_content clears it once content/ agrees with the database again
+    # (after export_content), and never overwrites or retires such a card unless forced.
+    edited_since_load = models.BooleanField(
+        default=False, help_text="Changed in the admin since content/ was last loaded."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

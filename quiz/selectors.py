@@ -361,21 +361,27 @@ def _weak_tags(firsts) -> list[TagStat]:
 # --- Content export ------------------------------------------------------------------------------
 
 
+def _for_specs(cards):
+    """`cards` with everything _card_spec reads, in a fixed number of queries."""
+    return cards.select_related("deck", "parent").prefetch_related(
+        Prefetch("options", queryset=ChoiceOption.objects.order_by("position", "id")),
+        Prefetch("card_tags", queryset=CardTag.objects.select_related("tag")),
+        _active_relations(),
+    )
+
+
+def edited_cards() -> dict[str, tuple[CardSpec, bool]]:
+    """Cards changed in the admin since the last load: slug -> (content spec, is_active)."""
+    cards = _for_specs(Card.objects.filter(edited_since_load=True, owner__isnull=True))
+    return {card.slug: (_card_spec(card), card.is_active) for card in cards}
+
+
 def content_snapshot() -> tuple[ContentTree, set[str]]:
     """The deck as content specs (active cards) and the slugs of retired cards."""
     # Personal cards (made from a learner's runs) and their deck are nobody else's content.
     shared_decks = Deck.objects.exclude(slug=PERSONAL_DECK).order_by("id")
     decks = [DeckSpec(d.slug, d.title, d.description) for d in shared_decks]
-    cards = (
-        Card.objects.filter(is_active=True, owner__isnull=True)
-        .select_related("deck", "parent")
-        .prefetch_related(
-            Prefetch("options", queryset=ChoiceOption.objects.order_by("position", "id")),
-            Prefetch("card_tags", queryset=CardTag.objects.select_related("tag")),
-            _active_relations(),
-        )
-        .order_by("slug")
-    )
+    cards = _for_specs(Card.objects.filter(is_active=True, owner__isnull=True)).order_by("slug")
     specs = [_card_spec(card) for card in cards]
     retired = set(
         Card.objects.filter(is_active=False, owner__isnull=True).values_list("slug", flat=True)

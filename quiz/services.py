@@ -10,6 +10,7 @@ Grading is safe against double clicks, retries and a second tab:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import random
@@ -37,7 +38,13 @@ from quiz.models import (
     Tag,
 )
 from quiz.scheduling import CardState
-from quiz.selectors import last_review_day, learner_settings_get, study_day_for, undo_candidate
+from quiz.selectors import (
+    edited_cards,
+    last_review_day,
+    learner_settings_get,
+    study_day_for,
+    undo_candidate,
+)
 
 FSRS_COLUMNS = tuple(f.name for f in fields(CardState))  # also ReviewState's column names
 # Outcomes older than this are recomputed before grading rather than applied stale.
@@ -338,6 +345,9 @@ class LoadReport:
     updated: list[str] = field(default_factory=list)
     retired: list[str] = field(default_factory=list)
     decks_changed: list[str] = field(default_factory=list)
+    # Cards edited in the admin since the last load whose file says otherwise: left as they are.
+    conflicts: list[str] = field(default_factory=list)
+    overwritten: list[str] = field(default_factory=list)  # the same, replaced because of --force
 
     @property
     def changed(self) -> bool:
@@ -411,11 +421,43 @@ def _related_lists(tree: ContentTree) -> dict[str, list[str]]:
     return out
 
 
+def _admin_edits(tree: ContentTree, report: LoadReport, *, force: bool) -> set[str]:
+    """Slugs of cards edited in the admin that this load must leave alone (reported as conflicts).
+
+    An edited card whose file now says the same (it was exported) is simply clear again; with
+    `force` every edited card is loaded from its file (and reported as overwritten)."""
+    edited = edited_cards()
+    if not edited:
+        return set()
+    files = {spec.slug: spec for spec in tree.cards}
+    related = _related_lists(tree)
+    keep: set[str] = set()
+    for slug, (in_db, active) in edited.items():
+        in_file = files.get(slug)
+        if in_file is not None:
+            in_file = dataclasses.replace(in_file, related=related[slug])
+        # A card retired in the admin differs from its file too (loading would bring it back);
+        # an inactive card the files lack (a draft, say) is not the load's to change.
+        if (in_file, in_file is not None) == (in_db, active) or (in_file is None and not active):
+            continue
+        if force:
+            report.overwritten.append(slug)
+        else:
+            keep.add(slug)
+            report.conflicts.append(slug)
+    Card.objects.filter(edited_since_load=True).exclude(slug__in=keep).update(
+        edited_since_load=False
+    )
+    return keep
+
+
 @transaction.atomic
-def content_load(*, tree: ContentTree) -> LoadReport:
+def content_load(*, tree: ContentTree, force: bool = False) -> LoadReport:
     """Upsert decks and cards by slug, retire cards that left the files, link related cards both
-    ways. Loading the same tree twice writes nothing the second time."""
+    ways. Loading the same tree twice writes nothing the second time. A card edited in the admin
+    since the last load is left as it is and reported, unless `force`."""
     report = LoadReport()
+    keep = _admin_edits(tree, report, force=force)
     decks = {d.slug: d for d in Deck.objects.all()}
     for deck_spec in tree.decks:
         values = {"title": deck_spec.title, "description": deck_spec.description}
@@ -436,6 +478,8 @@ def content_load(*, tree: ContentTree) -> LoadReport:
     cards = {c.slug: c for c in shared.prefetch_related("options", "card_tags")}
     touched: set[str] = set()
     for spec in tree.cards:
+        if spec.slug in keep:
+            continue
         values = _card_fields(spec, decks[spec.deck])
         card = cards.get(spec.slug)
         if card is None:
@@ -465,6 +509,8 @@ def content_load(*, tree: ContentTree) -> LoadReport:
         relations.setdefault(rel.from_card_id, []).append(rel.to_card_id)
     parents = {spec.slug: spec.parent for spec in tree.cards}
     for slug, related in _related_lists(tree).items():
+        if slug in keep:
+            continue
         card = cards[slug]
         parent_id = cards[parents[slug]].pk if parents[slug] else None
         if card.parent_id != parent_id:
@@ -482,7 +528,7 @@ def content_load(*, tree: ContentTree) -> LoadReport:
     report.updated = sorted(touched - set(report.created))
 
     for slug, card in sorted(cards.items()):
-        if slug not in parents and card.is_active:
+        if slug not in parents and card.is_active and slug not in keep:
             card.is_active = False
             card.save(update_fields=["is_active", "updated_at"])
             report.retired.append(slug)

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import io
+from typing import Any
+
 import pytest
+from django.core.management import call_command
 from django.urls import reverse
 
+from quiz.admin_forms import StepsWidget
+from quiz.models import Card
 from tests.conftest import make_user
 from tests.quiz.factories import make_card
+from tests.quiz.test_content import CARDS, load, write_deck
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def content(tmp_path):
+    return write_deck(tmp_path / "content")
 
 
 @pytest.fixture
@@ -42,3 +54,208 @@ def test_it_opens_the_other_quiz_admin_pages(staff_client):
     for name in ("deck", "tag", "reviewstate", "reviewlog", "learnersettings"):
         assert staff_client.get(reverse(f"admin:quiz_{name}_changelist")).status_code == 200
     assert staff_client.get(reverse("admin:quiz_card_add")).status_code == 200
+
+
+# --- Edits that survive load_content and export as small diffs (issue 14) ------------------------
+
+
+def _as_browser_posts(response) -> dict[str, Any]:
+    """The change form's current values as a browser posts them (textareas with CRLF)."""
+    forms = [response.context["adminform"].form]
+    for inline in response.context["inline_admin_formsets"]:
+        forms += [inline.formset.management_form, *inline.formset.forms]
+    data: dict[str, Any] = {}
+    for form in forms:
+        for bound in form:
+            value = bound.value()
+            if isinstance(bound.field.widget, StepsWidget):
+                for i, step in enumerate(value or []):
+                    data[f"{bound.html_name}_{i}"] = step.replace("\n", "\r\n")
+            elif isinstance(value, bool):
+                if value:
+                    data[bound.html_name] = "on"
+            elif value is not None:
+                data[bound.html_name] = str(value).replace("\n", "\r\n")
+    return data
+
+
+def _admin_edit(client, slug: str, /, **changes: str):
+    card = Card.objects.get(slug=slug)
+    url = reverse("admin:quiz_card_change", args=[card.pk])
+    data = _as_browser_posts(client.get(url))
+    data.update(changes)
+    return client.post(url, data)
+
+
+def test_it_exports_only_the_field_edited_in_the_admin(staff_client, content):
+    load(content)
+    for slug in ("kv-bytes", "paging-why"):
+        response = _admin_edit(staff_client, slug, answer="A new answer.")
+        assert response.status_code == 302, response.context["adminform"].form.errors
+    call_command("export_content", path=str(content), stdout=io.StringIO())
+    for slug in ("kv-bytes", "paging-why"):
+        old_answer = next(line for line in CARDS[slug].splitlines() if line.startswith("answer: "))
+        expected = CARDS[slug].replace(old_answer, "answer: A new answer.")
+        assert (content / "cards" / f"{slug}.yaml").read_text(encoding="utf-8") == expected
+    assert (content / "cards" / "gqa-recall.yaml").read_text(encoding="utf-8") == CARDS[
+        "gqa-recall"
+    ]
+
+
+def test_it_keeps_an_admin_edit_through_load_content_and_reports_it(staff_client, content):
+    load(content)
+    assert _admin_edit(staff_client, "kv-bytes", answer="Edited.").status_code == 302
+    assert Card.objects.get(slug="kv-bytes").edited_since_load
+
+    output = load(content)  # what `make run` and `make test` do
+    card = Card.objects.get(slug="kv-bytes")
+    assert card.answer == "Edited." and card.edited_since_load
+    assert "1 kept (edited in the admin)" in output and "conflict: kv-bytes" in output
+
+    out = io.StringIO()
+    call_command("load_content", path=str(content), force=True, stdout=out)
+    card.refresh_from_db()
+    assert card.answer == "128 KiB per token" and not card.edited_since_load
+    assert "overwritten (--force): kv-bytes" in out.getvalue()
+
+
+def test_it_clears_the_mark_once_the_edit_is_exported(staff_client, content):
+    load(content)
+    _admin_edit(staff_client, "gqa-recall", answer="Edited.")
+    call_command("export_content", path=str(content), stdout=io.StringIO())
+    output = load(content)
+    card = Card.objects.get(slug="gqa-recall")
+    assert card.answer == "Edited." and not card.edited_since_load
+    assert "0 kept" in output and "conflict" not in output
+
+
+def test_it_keeps_a_card_made_in_the_admin_that_the_files_lack(staff_client, content):
+    load(content)
+    data = {
+        "slug": "admin-made",
+        "deck": Card.objects.get(slug="kv-bytes").deck_id,
+        "kind": "recall",
+        "is_active": "on",
+        "prompt": "Q?",
+        "answer": "A.",
+    }
+    for prefix in ("options", "card_tags", "relations_out"):
+        data.update({f"{prefix}-TOTAL_FORMS": "0", f"{prefix}-INITIAL_FORMS": "0"})
+    response = staff_client.post(reverse("admin:quiz_card_add"), data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    output = load(content)
+    assert Card.objects.get(slug="admin-made").is_active
+    assert "conflict: admin-made" in output
+
+
+def test_it_edits_worked_steps_one_row_per_step(staff_client, content):
+    load(content)
+    card = Card.objects.get(slug="kv-bytes")
+    html = staff_client.get(reverse("admin:quiz_card_change", args=[card.pk])).content.decode()
+    assert '<label for="id_steps_0">Step 1</label>' in html
+    assert 'name="steps_1"' in html and 'name="steps_3"' in html  # two steps + two empty rows
+    assert "js/admin-steps.js" in html
+    response = _admin_edit(
+        staff_client,
+        "kv-bytes",
+        steps_0="First.",
+        steps_1="",
+        steps_2="Third,\r\non two lines.",
+        steps_3="",
+    )
+    assert response.status_code == 302
+    card.refresh_from_db()
+    assert card.steps == ["First.", "Third,\non two lines."]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("5", "must be a list of text items, one per step; got a number"),
+        ("[1, 2]", "step 1 must be non-empty text; got a number"),
+        ('[["a"]]', "step 1 must be non-empty text; got a list"),
+        ("null", "must be a list of text items, one per step; got null"),
+        ("[oops", "not valid JSON"),
+    ],
+)
+def test_it_refuses_steps_that_are_not_a_list_of_text(staff_client, raw, message):
+    card = make_card()
+    url = reverse("admin:quiz_card_change", args=[card.pk])
+    data = {k: v for k, v in _as_browser_posts(staff_client.get(url)).items()}
+    data = {k: v for k, v in data.items() if not k.startswith("steps_")}
+    data["steps"] = raw
+    response = staff_client.post(url, data)
+    assert response.status_code == 200
+    assert message in str(response.context["adminform"].form.errors["steps"])
+    card.refresh_from_db()
+    assert card.steps == ["Step one.", "Step two."]
+
+
+def _with_options(data: dict[str, Any], options: list[tuple[str, bool]]) -> dict[str, Any]:
+    data = {k: v for k, v in data.items() if not k.startswith("options-")}
+    data.update({"options-TOTAL_FORMS": str(len(options)), "options-INITIAL_FORMS": "0"})
+    for i, (text, correct) in enumerate(options):
+        data.update({f"options-{i}-text": text, f"options-{i}-position": str(i)})
+        if correct:
+            data[f"options-{i}-is_correct"] = "on"
+    return data
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ([(f"Option {n}", n == 0) for n in range(7)], "needs 2 to 6 options"),
+        ([("Only", True)], "needs 2 to 6 options"),
+        ([("One", True), ("Two", True)], "exactly one option correct; 2 are marked"),
+    ],
+)
+def test_it_refuses_choice_options_the_quiz_cannot_show(staff_client, options, message):
+    card = make_card("recall", slug="to-choice")
+    url = reverse("admin:quiz_card_change", args=[card.pk])
+    data = _with_options(_as_browser_posts(staff_client.get(url)), options)
+    data["kind"] = "choice"
+    response = staff_client.post(url, data)
+    assert response.status_code == 200
+    errors = [
+        str(e)
+        for inline in response.context["inline_admin_formsets"]
+        for e in inline.formset.non_form_errors()
+    ]
+    assert any(message in e for e in errors), errors
+    card.refresh_from_db()
+    assert card.kind == "recall" and not card.options.exists()
+
+
+@pytest.mark.parametrize(
+    ("kind", "changes", "field", "message"),
+    [
+        ("numeric", {"numeric_value": ""}, "numeric_value", "needs its numeric value"),
+        ("numeric", {"numeric_value": "lots"}, "numeric_value", "Enter a number"),
+        ("recall", {"numeric_value": "3"}, "numeric_value", "Only numeric cards"),
+        ("recall", {"check_json": "{oops"}, "check_json", "not valid JSON"),
+        ("recall", {"check_json": "[1]"}, "check_json", "must be a mapping"),
+        ("recall", {"check_json": '{"key": 5}'}, "check_json", "needs either a text 'key'"),
+        ("recall", {"follow_up_question": "Why?"}, "follow_up_answer", "both a question"),
+        ("recall", {"slug": "Bad_Slug"}, "slug", "lowercase letters"),
+    ],
+)
+def test_it_refuses_a_bad_numeric_answer_check_or_follow_up(
+    staff_client, kind, changes, field, message
+):
+    card = make_card(kind)
+    response = _admin_edit(staff_client, card.slug, **changes)
+    assert response.status_code == 200
+    assert message in " ".join(response.context["adminform"].form.errors[field])
+    assert not Card.objects.get(pk=card.pk).edited_since_load
+
+
+def test_it_lists_the_kept_cards_for_make_run(staff_client, content):
+    load(content)
+    quiet = io.StringIO()
+    call_command("load_content", kept=True, stdout=quiet)
+    assert quiet.getvalue() == ""
+    _admin_edit(staff_client, "gqa-recall", answer="Edited.")
+    load(content)
+    out = io.StringIO()
+    call_command("load_content", kept=True, stdout=out)
+    assert "conflict: gqa-recall" in out.getvalue() and "export_content" in out.getvalue()

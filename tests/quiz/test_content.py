@@ -89,7 +89,11 @@ related: [kv-bytes]
 
 @pytest.fixture
 def content(tmp_path: Path) -> Path:
-    root = tmp_path / "content"
+    return write_deck(tmp_path / "content")
+
+
+def write_deck(root: Path) -> Path:
+    """DECKS and CARDS as a content folder at `root`."""
     (root / "cards").mkdir(parents=True)
     (root / "decks.yaml").write_text(DECKS, encoding="utf-8")
     for slug, text in CARDS.items():

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from quiz.content import ContentError, read_tree
+from quiz.models import Card
 from quiz.services import content_load
 
 
@@ -19,17 +20,52 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--path", default=str(settings.BASE_DIR / "content"))
+        parser.add_argument(
+            "--force",
+            action="store_true",
+            help="Also overwrite cards edited in the admin since the last load (edits are lost).",
+        )
 
-    def handle(self, *args: Any, path: str, **options: Any) -> None:
+        parser.add_argument(
+            "--kept",
+            action="store_true",
+            help="Load nothing; list the cards edited in the admin that load_content keeps.",
+        )
+
+    def handle(self, *args: Any, path: str, force: bool, kept: bool, **options: Any) -> None:
+        if kept:
+            slugs = list(
+                Card.objects.filter(edited_since_load=True)
+                .order_by("slug")
+                .values_list("slug", flat=True)
+            )
+            if slugs:
+                self._warn_kept(slugs)
+            return
         try:
             tree = read_tree(Path(path))
         except ContentError as exc:
             raise CommandError(str(exc), returncode=2) from None
-        report = content_load(tree=tree)
+        report = content_load(tree=tree, force=force)
         self.stdout.write(
             f"{len(tree.cards)} cards in {len(tree.decks)} deck(s): "
             f"{len(report.created)} created, {len(report.updated)} updated, "
-            f"{len(report.retired)} retired"
+            f"{len(report.retired)} retired, {len(report.conflicts)} kept (edited in the admin)"
         )
         for slug in report.retired:
             self.stdout.write(f"  retired: {slug}")
+        for slug in report.overwritten:
+            self.stdout.write(f"  overwritten (--force): {slug} lost its admin edits")
+        if report.conflicts:
+            self._warn_kept(report.conflicts)
+
+    def _warn_kept(self, slugs: list[str]) -> None:
+        self.stdout.write(
+            self.style.WARNING(
+                f"{len(slugs)} card(s) edited in the admin differ from content/ and were left "
+                "as they are. Run `manage.py export_content` to write the edits to content/, "
+                "or `manage.py load_content --force` to discard them:"
+            )
+        )
+        for slug in slugs:
+            self.stdout.write(f"  conflict: {slug}")
