@@ -54,6 +54,11 @@ def _kind_of(value: Any) -> str:
     )
 
 
+def _rows_for(text: str) -> int:
+    """Enough textarea rows to show a step whole on a phone (about 40 characters a line)."""
+    return max(2, min(10, sum(len(line) // 40 + 1 for line in text.split("\n"))))
+
+
 class StepsWidget(forms.Widget):
     """One textarea per worked step (plus empty rows to add more); works without JavaScript.
 
@@ -81,13 +86,13 @@ class StepsWidget(forms.Widget):
         rows = format_html_join(
             "",
             '<li><label for="{0}_{1}">Step {2}</label>'
-            '<textarea name="{3}_{1}" id="{0}_{1}" rows="2" cols="80">\n{4}</textarea></li>',
-            ((base_id, i, i + 1, name, text) for i, text in enumerate(steps)),
+            '<textarea name="{3}_{1}" id="{0}_{1}" rows="{5}" cols="80">\n{4}</textarea></li>',
+            ((base_id, i, i + 1, name, text, _rows_for(text)) for i, text in enumerate(steps)),
         )
         return format_html(
             '<fieldset class="steps-editor" id="{}" data-name="{}" data-base-id="{}">'
             "<legend>Worked steps, one per row (Markdown)</legend><ol>{}</ol>"
-            '<p class="help">Empty rows are dropped when you save; save to get more rows.</p>'
+            '<p class="steps-help">Empty rows are dropped when you save; save to get more rows.</p>'
             "</fieldset>",
             base_id,
             name,
