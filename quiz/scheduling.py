@@ -6,13 +6,16 @@ Django models, so it can be tested with plain values.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import random
 from dataclasses import asdict, dataclass
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from fsrs import Card as FsrsCard
 from fsrs import Rating, Scheduler, State
+from fsrs.scheduler import FUZZ_RANGES
 
 UTC = dt.UTC  # py-fsrs accepts only this tzinfo object, not ZoneInfo("UTC")
 LEARNING_STEPS = (dt.timedelta(minutes=1), dt.timedelta(minutes=10))
@@ -23,6 +26,7 @@ LEARN_AHEAD = dt.timedelta(minutes=20)
 # Anki's "maximum answer seconds": longer answers are stored as this.
 MAX_ANSWER_MS = 60_000
 LEECH_THRESHOLD = 8
+FUZZ_FROM_DAYS = 3  # fsrs leaves intervals under 2.5 days unfuzzed
 RATINGS = (Rating.Again, Rating.Hard, Rating.Good, Rating.Easy)
 UTC_ZONE = ZoneInfo("UTC")  # a learner's default zone
 
@@ -113,6 +117,7 @@ def outcomes(
 ) -> dict[int, CardState]:
     """What each rating would do to the card if given at `now`, computed once with the real
     scheduler (fuzz included): store these and apply the chosen one, so labels match exactly.
+    The same inputs always give the same outcomes (the fuzz is seeded).
 
     Three things differ from calling fsrs directly, all as Anki does (docs/scheduling.md):
     - elapsed time is counted in the learner's study days, not in 24-hour blocks: fsrs is handed a
@@ -128,19 +133,37 @@ def outcomes(
     if state.last_review is not None:
         previous = last_day or study_date(to_utc(state.last_review), tz, rollover_hour)
         card.last_review = review_at - dt.timedelta(days=max(0, (today - previous).days))
-    results = {int(r): scheduler.review_card(card, r, review_at)[0] for r in RATINGS}
+    exact = dataclasses.replace(scheduler, enable_fuzzing=False)
+    results = {int(r): exact.review_card(card, r, review_at)[0] for r in RATINGS}
+    # Fuzz seeded by the card and the review instant (Anki seeds by card and reps), so the log
+    # replays to the same due date.
+    rng = random.Random(f"{card_id}:{review_at.isoformat()}")
     floor = 0  # the previous passing button's interval in days
     out: dict[int, CardState] = {}
     for rating, result in results.items():
         if result.state == State.Review:
-            # fsrs gives whole days (fuzz included) as due - review time.
-            days = round((result.due - review_at) / dt.timedelta(days=1))
-            days = min(max(days, floor + 1, 1), scheduler.maximum_interval)
+            days = round((result.due - review_at) / dt.timedelta(days=1))  # whole days
+            low, high = days, days
+            if scheduler.enable_fuzzing and days >= FUZZ_FROM_DAYS:
+                low, high = fuzz_bounds(days, scheduler.maximum_interval)
+            low = min(max(low, floor + 1, 1), scheduler.maximum_interval)
+            days = rng.randint(low, max(low, high))
             floor = days
             result.due = day_start(today + dt.timedelta(days=days), tz, rollover_hour)
         result.last_review = review_at
         out[rating] = CardState.from_fsrs(result)
     return out
+
+
+def fuzz_bounds(days: int, maximum: int) -> tuple[int, int]:
+    """The range fsrs fuzzes an interval of `days` into: one day plus a share of each band of
+    the interval (fsrs's FUZZ_RANGES), at least 2 days, at most `maximum`."""
+    spread = 1.0 + sum(
+        band["factor"] * max(min(float(days), band["end"]) - band["start"], 0.0)
+        for band in FUZZ_RANGES
+    )
+    high = min(round(days + spread), maximum)
+    return min(max(2, round(days - spread)), high), high
 
 
 def interval_label(outcome: CardState, revealed_at: dt.datetime, tz: ZoneInfo, hour: int) -> str:
@@ -160,7 +183,7 @@ def replay(
     rollover_hour: int,
 ) -> CardState:
     """The state a card reaches from its review log, `(reviewed_at, rating, study_date)` oldest
-    first, through the same conversion grading uses; with fuzz off it equals the stored state."""
+    first, through the same conversion grading uses (seeded fuzz included): the stored state."""
     state = new_card_state(history[0][0]) if history else None
     last_day: dt.date | None = None
     for reviewed_at, rating, day in history:
