@@ -259,3 +259,17 @@ def test_it_lists_the_kept_cards_for_make_run(staff_client, content):
     out = io.StringIO()
     call_command("load_content", kept=True, stdout=out)
     assert "conflict: gqa-recall" in out.getvalue() and "export_content" in out.getvalue()
+
+
+def test_it_leaves_drafts_and_personal_cards_out_of_the_conflicts(staff_client, content, alice):
+    load(content)
+    draft = make_card(slug="imported-draft", is_active=False)  # e.g. from a study document
+    mine = make_card(slug="alices-own", owner=alice)
+    for card in (draft, mine):
+        response = _admin_edit(staff_client, card.slug, answer="Edited.")
+        assert response.status_code == 302, response.context["adminform"].form.errors
+    assert not Card.objects.get(pk=mine.pk).edited_since_load
+    output = load(content)
+    assert "conflict" not in output
+    draft.refresh_from_db()
+    assert draft.answer == "Edited." and not draft.is_active
