@@ -6,9 +6,12 @@ Definitions are those of `vllm bench serve` (shared/vllm-notes.md, section 3):
 - ITL = the gaps between successive chunks of a request, pooled over all requests (a chunk may
   hold several tokens, e.g. accepted drafts).
 - TPOT = (E2E - TTFT) / (output tokens - 1), only for requests with more than one output token.
-- Throughputs divide by the run's duration (first arrival to last finish); goodput counts the
-  requests meeting every SLO given (ttft, tpot, e2el in ms, each `<=`; TPOT counts as 0 for a
-  request of one token).
+- Throughputs divide by the record's `duration_s`, which is bench's: from the start of the run
+  (before the first request is sent) until every request has returned, failed ones included.
+  For the simulator that is first arrival (t = 0) to last finish. Goodput counts the requests
+  meeting every SLO given (ttft, tpot, e2el in ms, each `<=`; TPOT counts as 0 for a request of
+  one token).
+- Counters a backend did not report (None in EngineCounters) stay None here: "not reported".
 
 Each latency is summarised as mean, p50, p90, p95, p99 (numpy's linear percentiles, as bench
 uses), in seconds; None when no request has the value. Pure Python + numpy, no Django.
@@ -49,8 +52,9 @@ def _thin(values: np.ndarray) -> list[float]:
     return np.quantile(values, np.linspace(0, 1, MAX_SERIES_POINTS)).tolist()
 
 
-def _ratio(part: int, whole: int) -> float | None:
-    return part / whole if whole else None
+def _ratio(part: int | None, whole: int | None) -> float | None:
+    # None when either count was not reported (vLLM counters missing from /metrics).
+    return part / whole if part is not None and whole else None
 
 
 def _check_slos(slo_ms: Mapping[str, float]) -> None:
@@ -133,7 +137,9 @@ def summarize(record: RunRecord, slo_ms: Mapping[str, float] | None = None) -> d
         "prefix_cache_hit_rate": _ratio(c.prefix_cache_hits, c.prefix_cache_queries),
         "spec_acceptance_rate": _ratio(c.spec_accepted_tokens, c.spec_draft_tokens),
         "spec_acceptance_length": (
-            1 + c.spec_accepted_tokens / c.spec_drafts if c.spec_drafts else None
+            1 + c.spec_accepted_tokens / c.spec_drafts
+            if c.spec_drafts and c.spec_accepted_tokens is not None
+            else None
         ),
         "simulated_s": duration if record.simulated else None,
         "duration_s": duration,
@@ -153,10 +159,11 @@ def _series(
 
     - ttft_s, itl_s: samples for histograms (thinned to evenly spaced quantiles if many).
     - tokens_per_s: output tokens per second in THROUGHPUT_BUCKETS equal buckets over the run;
-      t_s is each bucket's start, from the first arrival.
+      t_s is each bucket's start, from the start of the run (t = 0, where the duration starts).
     - engine: running, waiting and kv_usage over time, from the record's samples.
     """
-    start = min((r.arrival_s for r in record.requests), default=0.0)
+    # Times count from the start of the run, where bench's duration starts too.
+    start = 0.0
     duration = record.duration_s
     tokens_per_s: dict[str, Any] = {"t_s": [], "value": [], "bucket_s": None}
     if duration > 0 and len(times):

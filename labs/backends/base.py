@@ -59,14 +59,15 @@ class EngineSample:
 
 @dataclass
 class EngineCounters:
-    """Totals over the run (vLLM: /metrics after minus before)."""
+    """Totals over the run (vLLM: /metrics after minus before). None = not reported: the server
+    did not expose that counter (no /metrics, or not vLLM's), which is not the same as 0."""
 
-    preemptions: int = 0
-    prefix_cache_queries: int = 0  # tokens looked up
-    prefix_cache_hits: int = 0  # tokens found
-    spec_drafts: int = 0
-    spec_draft_tokens: int = 0
-    spec_accepted_tokens: int = 0
+    preemptions: int | None = 0
+    prefix_cache_queries: int | None = 0  # tokens looked up
+    prefix_cache_hits: int | None = 0  # tokens found
+    spec_drafts: int | None = 0
+    spec_draft_tokens: int | None = 0
+    spec_accepted_tokens: int | None = 0
     num_gpu_blocks: int | None = None
     block_size: int | None = None
 

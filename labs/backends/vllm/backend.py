@@ -35,7 +35,13 @@ from typing import Any
 
 import httpx
 
-from labs.backends.base import EngineSample, ProgressCallback, RunRecord
+from labs.backends.base import (
+    BackendError,
+    EngineSample,
+    ProgressCallback,
+    RequestRecord,
+    RunRecord,
+)
 from labs.backends.vllm import prom
 from labs.backends.vllm.loadgen import (
     LoadOptions,
@@ -140,6 +146,20 @@ def where_label(version: str | None, gpu: str | None, tp: int, base_url: str | N
     if gpu is None:
         return f"{label} on an unknown GPU"
     return f"{label} on {tp}\u00d7 {gpu}" if tp > 1 else f"{label} on {gpu}"
+
+
+_REASONS_SHOWN = 3
+
+
+def all_failed(requests: Sequence[RequestRecord]) -> str | None:
+    """Why the run failed when no request succeeded (with its first distinct reasons), else
+    None. A run with nothing measured must not pass for a result."""
+    if not requests or any(r.error is None for r in requests):
+        return None
+    reasons = list(dict.fromkeys(str(r.error) for r in requests))
+    shown = "; ".join(reasons[:_REASONS_SHOWN])
+    more = f" (and {len(reasons) - _REASONS_SHOWN} other reasons)" if len(reasons) > 3 else ""
+    return f"every one of the {len(requests)} requests failed: {shown}{more}"
 
 
 class _Driver:
@@ -280,6 +300,9 @@ class VLLMBackend:
                 manager.stop()
             raise
         report(1.0)
+        failure = all_failed(driver.result.requests)
+        if failure is not None:
+            raise BackendError(failure)
         gpu = gpu_name() if _is_local(base_url) else None
         meta.update(vllm_version=version, gpu_name=gpu)
         return self._record(params, planned, driver.result, meta, began, version, gpu, base_url)
@@ -330,8 +353,11 @@ class VLLMBackend:
         requests = result.requests
         finishes = [r.finish_s for r in requests if r.finish_s is not None]
         arrivals = [r.arrival_s for r in requests]
-        duration = max(finishes) - min(arrivals) if finishes and arrivals else 0.0
         meta.update(
+            # The old figure, kept under its own name: the span in which requests were served.
+            first_arrival_to_last_finish_s=(
+                round(max(finishes) - min(arrivals), 6) if finishes and arrivals else None
+            ),
             t0_monotonic=result.t0,
             failed=sum(1 for r in requests if r.error),
             token_counts_from=dict(result.count_sources),
@@ -347,7 +373,7 @@ class VLLMBackend:
             requests=requests,
             samples=samples,
             counters=counters,
-            duration_s=duration,
+            duration_s=result.duration_s,
             wall_s=time.monotonic() - began,
             meta=meta,
         )

@@ -6,10 +6,18 @@ Measured the way `vllm bench serve` measures (vllm-notes.md section 3), client s
   `max_tokens` = its output length, `ignore_eos`, greedy sampling, `stream` with usage.
 - Its arrival is when its first byte went to the socket; each chunk's time is when its last byte
   reached this machine (see netstream.py). Times are seconds from the start of the run.
-- Tokens per chunk come from the chunk's `token_ids` (return_token_ids), else from the growth of
-  its running `usage.completion_tokens` (continuous_usage_stats), else 1 per chunk with text. With
+- The body is JSON and says so (`Content-Type: application/json`): vLLM's FastAPI refuses a body
+  without that header before vLLM sees it.
+- Tokens per chunk are counted from ONE source per request, chosen at its first content chunk:
+  that chunk's `token_ids`, else the growth of the running `usage.completion_tokens`
+  (continuous_usage_stats, which vLLM sends on every chunk), else 1 per chunk with text. A usage
+  that only comes with the last chunk (llama.cpp's server) is a check, never added on top. With
   --skip-tokenizer-init every chunk's text is empty, so counting text chunks (as bench does) would
-  see nothing; and a speculative step sends several tokens in one chunk.
+  see nothing; and a speculative step sends several tokens in one chunk. `return_token_ids` is
+  not asked for: vLLM would echo the whole prompt in the first event, inside TTFT.
+- Arrivals and duration follow `vllm bench serve`: the clock starts before the send loop; with a
+  finite rate the first request waits its own gap and the gaps are scaled so the last request is
+  sent at n / rate; the run lasts until every request has returned, failed ones included.
 - A request that fails (HTTP error, a stream cut off, a timeout, an error event) is recorded with
   the reason and the tokens it got; the others carry on.
 
@@ -59,8 +67,12 @@ def plan_requests(work: Workload, *, vocab_size: int | None) -> list[PlannedRequ
     (lab_workload), and token ids (one shared prefix, then random tokens) from the seed's third
     stream."""
     drawn = lab_workload(work)
-    _, _, token_seed = np.random.SeedSequence(work.seed).spawn(3)
+    # The first three streams are the simulator's (spawn keys 0-2); the fourth is ours.
+    _, _, token_seed, gap_seed = np.random.SeedSequence(work.seed).spawn(4)
     rng = np.random.default_rng(token_seed)
+    send_at = bench_arrivals(
+        drawn.intended_arrival_s, work.request_rate, np.random.default_rng(gap_seed)
+    )
     high = min(_TOKEN_HIGH, vocab_size or _TOKEN_HIGH)
     low = min(_TOKEN_LOW, high // 2)
     prefix = rng.integers(low, high, size=work.shared_prefix_tokens).tolist()
@@ -69,10 +81,30 @@ def plan_requests(work: Workload, *, vocab_size: int | None) -> list[PlannedRequ
             req_id=str(i),
             prompt=prefix + rng.integers(low, high, size=int(length) - len(prefix)).tolist(),
             output_tokens=int(drawn.output_tokens[i]),
-            send_at_s=float(drawn.intended_arrival_s[i]),
+            send_at_s=float(send_at[i]),
         )
         for i, length in enumerate(drawn.prompt_tokens)
     ]
+
+
+def bench_arrivals(
+    sim_arrivals: np.ndarray, rate: float | None, rng: np.random.Generator
+) -> np.ndarray:
+    """When `vllm bench serve` would send each request (vllm/benchmarks/serve.py get_request).
+
+    bench sleeps through a gap before its first request too, adds the gaps up, and scales them
+    so the last request goes at exactly n / rate. The simulator's arrivals start at 0 with n - 1
+    gaps; those same gaps are kept, after a first one drawn from the fourth seed stream, so the
+    two backends still see the same bursts. No rate: everything at 0, as bench's default.
+    """
+    n = len(sim_arrivals)
+    if rate is None or n == 0:
+        return np.zeros(n)
+    gaps = np.concatenate([[rng.exponential(1.0 / rate)], np.diff(sim_arrivals)])
+    cumulative = np.cumsum(gaps)
+    if cumulative[-1] <= 0:
+        return cumulative
+    return cumulative * ((n / rate) / cumulative[-1])
 
 
 @dataclass(frozen=True)
@@ -106,6 +138,8 @@ class LoadResult:
     metrics_polls: list[tuple[float, str]] = field(default_factory=list)
     count_sources: Counter[str] = field(default_factory=Counter)  # how chunks were counted
     usage_mismatches: int = 0  # requests whose chunk counts disagree with the final usage
+    # bench's duration: from before the send loop until every request returned (failed too).
+    duration_s: float = 0.0
     wall_s: float = 0.0
 
 
@@ -133,6 +167,7 @@ class _Stream:
         self.usage_seen = 0  # the last running usage.completion_tokens
         self.final_usage: dict[str, Any] | None = None
         self.sources: Counter[str] = Counter()
+        self.source: str | None = None  # how this stream's tokens are counted, once chosen
 
     def feed(self, data: bytes, arrival: float) -> None:
         self.buffer = (self.buffer + data).replace(b"\r\n", b"\n")
@@ -177,14 +212,30 @@ class _Stream:
             self.sources[source] += 1
 
     def _count(self, choice: dict[str, Any], usage: dict[str, Any] | None) -> tuple[int, str]:
-        seen = self.usage_seen
-        if usage is not None and isinstance(usage.get("completion_tokens"), int):
-            self.usage_seen = usage["completion_tokens"]
+        """Tokens in this chunk, from the one source the stream counts by (never two: a server
+        that puts the total usage on its last text chunk would otherwise count it twice)."""
+        running = usage.get("completion_tokens") if usage is not None else None
+        if not isinstance(running, int):
+            running = None
         ids = choice.get("token_ids")
-        if isinstance(ids, list):
-            return len(ids), "token_ids"
-        if usage is not None and isinstance(usage.get("completion_tokens"), int):
+        if self.source is None and (
+            isinstance(ids, list) or running is not None or choice.get("text")
+        ):
+            if isinstance(ids, list):
+                self.source = "token_ids"
+            elif running is not None:
+                self.source = "usage"
+            else:
+                self.source = "text"
+        if self.source == "token_ids":
+            return (len(ids) if isinstance(ids, list) else 0), "token_ids"
+        if self.source == "usage":
+            if running is None:
+                return 0, "usage"  # the next running total covers this chunk's tokens
+            seen, self.usage_seen = self.usage_seen, max(self.usage_seen, running)
             return self.usage_seen - seen, "usage"
+        if running is not None:
+            self.final_usage = usage  # a usage given once, at the end: a check, not a count
         return (1 if choice.get("text") else 0), "text"
 
     def outcome(self) -> str | None:
@@ -261,16 +312,21 @@ def _error_message(text: str) -> str:
     return message[:_ERROR_SNIPPET] or "(empty body)"
 
 
+JSON_HEADERS = {"content-type": "application/json"}
+
+
 def request_body(model: str, planned: PlannedRequest, cache_salt: str | None) -> bytes:
     body: dict[str, Any] = {
         "model": model,
         "prompt": planned.prompt,
         "max_tokens": planned.output_tokens,
         "ignore_eos": True,
+        # Greedy, so a rerun on the same server yields the same tokens; bench samples at
+        # temperature 1 (docs/run-record.md). With random weights and ignore_eos the token
+        # count and timing do not depend on it.
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        "return_token_ids": True,
     }
     if cache_salt:
         body["cache_salt"] = cache_salt
@@ -341,7 +397,7 @@ async def run_load(
 
         async def one(i: int) -> None:
             async with gate:
-                headers = {"x-request-id": f"lab-{run_tag}-{i}"}
+                headers = {**JSON_HEADERS, "x-request-id": f"lab-{run_tag}-{i}"}
                 records[i], streams[i] = await _send(client, planned[i], bodies[i], headers, t0)
             if progress is not None:
                 progress.done += 1
@@ -361,6 +417,7 @@ async def run_load(
                     await asyncio.sleep(delay)
                 tasks.append(asyncio.create_task(one(i)))
             await asyncio.gather(*tasks)
+            result.duration_s = time.monotonic() - t0
         finally:
             for task in tasks:
                 task.cancel()

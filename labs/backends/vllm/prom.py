@@ -152,13 +152,14 @@ def counters_between(before: Snapshot | None, after: Snapshot | None) -> EngineC
     """What the engine counted during the run: `after` minus `before`, per counter.
 
     A counter that went down means the server restarted in between; then `after` alone is
-    the best estimate. A counter the page does not have (no speculation, say) counts 0.
+    the best estimate. A counter the page does not have (no /metrics, a server that is not
+    vLLM, no speculation) is None: not reported, never a measured 0.
     """
 
-    def delta(name: str) -> int:
+    def delta(name: str) -> int | None:
         end = after.total(name) if after is not None else None
         if end is None:
-            return 0
+            return None
         start = before.total(name) if before is not None else None
         start = start if start is not None and start <= end else 0.0
         return round(end - start)

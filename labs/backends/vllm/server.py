@@ -10,9 +10,16 @@ The arguments follow vllm-notes.md section 1 (vLLM 0.33):
   `model_path` option points at real weights instead (then `--load-format auto`);
 - `--skip-tokenizer-init`: no tokenizer files are needed offline. Prompts are then token ids and
   streamed chunks carry no text, so the load generator counts tokens from `token_ids` / usage;
-- a learner's acceptance rate alpha becomes vLLM's synthetic rejection sampler: with k drafts
-  accepted one by one at rate alpha a step yields (1 - alpha^(k+1)) / (1 - alpha) tokens on
-  average, which is `synthetic_acceptance_length`. A draft model is the target's own config cut
+- a learner's acceptance rate alpha becomes vLLM's synthetic rejection sampler, given as
+  `synthetic_acceptance_rates` = [alpha, alpha^2, ..., alpha^k]. vLLM 0.33 reads those as
+  unconditional rates (rates[i] = chance that the first i+1 drafts are all accepted) and accepts
+  position i with the conditional chance rates[i] / rates[i-1] (v1/spec_decode/utils.py
+  `unconditional_to_conditional_rates`, v1/sample/rejection_sampler.py), stopping at the first
+  rejection: so every draft is accepted with chance alpha given the ones before it, as the
+  predictor assumes, and a step's tokens are spread as that model says. The other key,
+  `synthetic_acceptance_length`, would only match the mean: vLLM turns a length into a
+  minimum-variance schedule (k=3, alpha=0.7: rates [1.0, 0.533, 0.0], every step 2 or 3 tokens;
+  docs/speculation-check.md). A draft model is the target's own config cut
   to round(draft_cost x layers) layers (random weights would accept almost nothing anyway);
   EAGLE heads cannot be built offline, so `eagle` runs as such a draft model too;
 - `kv_capacity_tokens` becomes `--kv-cache-memory-bytes` for exactly that many tokens (plus
@@ -224,6 +231,13 @@ def _draft(params: LabParams, source: ModelSource, cache: Path) -> _Draft | None
     return _Draft(path, layers, text + "\n", {"draft_layers": layers, "draft_note": note})
 
 
+def synthetic_acceptance_rates(k: int, alpha: float) -> list[float]:
+    """vLLM's unconditional per-position rates for k drafts each accepted with chance alpha
+    (given the ones before it): [alpha, alpha^2, ..., alpha^k], non-increasing as vLLM requires.
+    Rounded to 9 digits, so the flag is short and the conditional rates are alpha to 1e-8."""
+    return [round(alpha ** (i + 1), 9) for i in range(k)]
+
+
 def check_supported(params: LabParams) -> None:
     """Refuse settings vLLM cannot run, without touching a GPU or a file (the web app calls it at
     submit, so such a run is refused before it is queued).
@@ -296,19 +310,19 @@ def build_plan(
         args += ["--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}"]
     files: dict[Path, str] = {}
     if engine.spec_method != "none":
-        # The learner's alpha as the mean tokens per target pass vLLM should accept.
-        length = spec_tokens_per_step(engine.spec_tokens, engine.acceptance)
+        rates = synthetic_acceptance_rates(engine.spec_tokens, engine.acceptance)
         spec: dict[str, Any] = {"num_speculative_tokens": engine.spec_tokens}
         if draft is None:
             spec["method"] = "ngram"
         else:
             spec.update(method="draft_model", model=str(draft.path))
             files[draft.path / "config.json"] = draft.config_text
-        spec.update(
-            rejection_sample_method="synthetic", synthetic_acceptance_length=round(length, 6)
-        )
+        spec.update(rejection_sample_method="synthetic", synthetic_acceptance_rates=rates)
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"), sort_keys=True)]
-        notes["synthetic_acceptance_length"] = round(length, 6)
+        notes["synthetic_acceptance_rates"] = rates
+        notes["spec_tokens_per_step_expected"] = round(
+            spec_tokens_per_step(engine.spec_tokens, engine.acceptance), 6
+        )
         if engine.spec_method == "ngram":
             notes["spec_note"] = (
                 "ngram drafts only where the context repeats itself, so fewer drafts than "

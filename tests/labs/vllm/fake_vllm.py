@@ -21,7 +21,23 @@ mid-stream), `stall_after_tokens` (stop sending, keep the connection), `error_af
 error event, as vLLM sends), `preemptions`, and its own schedule (`ttft_ms`, `itl_ms`,
 `chunk_tokens`), so tests can tell requests apart by their timing.
 
-Standard library only, so it starts fast and its own overhead is small and predictable.
+Strict as vLLM 0.33 at the door: every `POST /v1/completions` first goes through a FastAPI app
+(the version range vLLM 0.33 requires) whose route is declared as vLLM declares it: a pydantic
+`CompletionRequest` body (extra fields allowed and ignored, as vLLM's OpenAIBaseModel does),
+vLLM's `validate_json_request` dependency, and FastAPI's own strict content-type check. A body
+posted without `Content-Type: application/json` is refused with 422 there, before anything
+streams. The streaming itself stays on the raw socket below, for its exact timing truth.
+
+`server_style: "llamacpp"` answers as llama.cpp's `llama-server` does: text on every chunk, no
+token ids, no running usage, and the usage only on the last text chunk.
+
+`spec: {"k": K, "rates": [...]}` (what standin_vllm.py reads from `--speculative-config`) makes
+each decode step accept drafts as vLLM 0.33's synthetic rejection sampler does: the rates are
+unconditional (rates[i] = chance the first i+1 drafts are all accepted); position i accepts
+when a uniform draw is below rates[i] / rates[i-1], and the step stops at the first rejection;
+all k accepted adds the bonus token. A step's chunk carries 1 + accepted tokens.
+
+The transport is standard library only, so its own overhead is small and predictable.
 """
 
 from __future__ import annotations
@@ -36,7 +52,13 @@ import socket
 import struct
 import sys
 import time
-from typing import Any
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
 
 SO_TIMESTAMPNS = 35  # Linux; not exported by the socket module
 
@@ -55,6 +77,10 @@ DEFAULTS: dict[str, Any] = {
     # Honour return_token_ids / continuous_usage_stats; off to test the other ways of counting.
     "send_token_ids": True,
     "send_usage": True,
+    # "vllm", or "llamacpp": text chunks, usage only on the last text chunk.
+    "server_style": "vllm",
+    # Synthetic speculation as vLLM runs it: {"k": 3, "rates": [...], "seed": 0}.
+    "spec": None,
     # Counter values before the first request, so the tests see that the backend subtracts them.
     "counters_start": {},
     "requests": {},
@@ -112,6 +138,27 @@ class Engine:
         self.waiting: list[Stream] = []
         self.log: dict[str, dict[str, Any]] = {}
         self.arrivals = 0
+        spec = config.get("spec") or {}
+        self.spec_k = int(spec.get("k", 0))
+        # vLLM's conversion (v1/spec_decode/utils.py): conditional c_i = p_i / p_(i-1).
+        rates = [float(r) for r in spec.get("rates", [])]
+        self.spec_conditional = [p / q if q > 0 else 0.0 for p, q in zip(rates, [1.0, *rates])]
+        self.spec_rng = np.random.default_rng(int(spec.get("seed", 0)))
+        self.accepted_per_pos = [0] * self.spec_k
+
+    def spec_step(self) -> int:
+        """Drafts accepted in one verification step (vLLM's synthetic rule)."""
+        draws = self.spec_rng.random(self.spec_k)
+        accepted = 0
+        for pos in range(self.spec_k):
+            if not draws[pos] < self.spec_conditional[pos]:
+                break
+            accepted += 1
+            self.accepted_per_pos[pos] += 1
+        self.counters["spec_decode_num_drafts"] += 1
+        self.counters["spec_decode_num_draft_tokens"] += self.spec_k
+        self.counters["spec_decode_num_accepted_tokens"] += accepted
+        return accepted
 
     def healthy(self) -> bool:
         if self.config["never_healthy"]:
@@ -177,6 +224,9 @@ class Engine:
         for name in COUNTERS:
             extra = 'finished_reason="length",' if name == "request_success" else ""
             emit(name, "counter", self.start_values[name] + self.counters[name], extra)
+        for pos, count in enumerate(self.accepted_per_pos):
+            extra = f'position="{pos}",'
+            emit("spec_decode_num_accepted_tokens_per_pos", "counter", count, extra)
         # A histogram and an info gauge, as vLLM exposes them, so the parser meets both.
         out.append("# TYPE vllm:time_to_first_token_seconds histogram")
         for le in ("0.001", "0.01", "0.1", "1.0", "+Inf"):
@@ -206,6 +256,9 @@ class Stream:
         config = self.engine.config
         self.continuous = bool(options.get("continuous_usage_stats")) and config["send_usage"]
         self.token_ids = bool(body.get("return_token_ids")) and config["send_token_ids"]
+        self.llamacpp = config["server_style"] == "llamacpp"
+        if self.llamacpp:
+            self.continuous = self.token_ids = False
         self.sent = 0
         self.chunk_no = 0
         self.log: dict[str, Any] = {"recv_s": conn.arrived, "sends": [], "status": 200}
@@ -241,7 +294,11 @@ class Stream:
             return
         config = self.engine.config
         sizes = self.schedule["chunk_tokens"]
-        n = 1 if self.chunk_no == 0 else int(sizes[(self.chunk_no - 1) % len(sizes)])
+        spec_step = self.chunk_no > 0 and self.engine.spec_k > 0
+        if spec_step:
+            n = 1 + self.engine.spec_step()
+        else:
+            n = 1 if self.chunk_no == 0 else int(sizes[(self.chunk_no - 1) % len(sizes)])
         n = min(n, self.max_tokens - self.sent)
         for key, action in (
             ("cut_after_tokens", self.cut),
@@ -253,8 +310,10 @@ class Stream:
                 action()
                 return
         first = self.chunk_no == 0
-        choice: dict[str, Any] = {"index": 0, "text": "", "logprobs": None}
-        choice["finish_reason"] = "length" if self.sent + n >= self.max_tokens else None
+        last = self.sent + n >= self.max_tokens
+        text = " tok" * n if self.llamacpp else ""
+        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None}
+        choice["finish_reason"] = "length" if last else None
         if self.token_ids:
             choice["token_ids"] = [7] * n
             if first:
@@ -265,7 +324,8 @@ class Stream:
             "model": config["model"],
             "choices": [choice],
         }
-        if self.continuous:
+        if self.continuous or (self.llamacpp and last and self.include_usage):
+            # llama.cpp: the whole usage rides on the last text chunk, no usage-only chunk.
             done = self.sent + n
             payload["usage"] = {
                 "prompt_tokens": len(self.prompt),
@@ -273,7 +333,7 @@ class Stream:
                 "total_tokens": len(self.prompt) + done,
             }
         data = self.event(payload)
-        if not first and int(config["spec_k"]) > 0:
+        if not first and not spec_step and int(config["spec_k"]) > 0:
             self.engine.counters["spec_decode_num_drafts"] += 1
             self.engine.counters["spec_decode_num_draft_tokens"] += int(config["spec_k"])
             self.engine.counters["spec_decode_num_accepted_tokens"] += n - 1
@@ -294,7 +354,7 @@ class Stream:
 
     def end(self) -> None:
         tail = b""
-        if self.include_usage:
+        if self.include_usage and not self.llamacpp:
             usage = {
                 "prompt_tokens": len(self.prompt),
                 "completion_tokens": self.sent,
@@ -449,13 +509,25 @@ class Conn:
         engine = self.engine
         engine.arrivals += 1
         xid = headers.get("x-request-id") or f"anon-{engine.arrivals}"
+        arrived = self.arrived
+        asyncio.ensure_future(self._complete(xid, headers, raw, arrived))
+
+    async def _complete(
+        self, xid: str, headers: dict[str, str], raw: bytes, arrived: float
+    ) -> None:
+        engine = self.engine
         suffix = xid.rsplit("-", 1)[-1]
         behaviour = dict(engine.config["requests"].get(suffix, {}))
-        body = json.loads(raw)
+        status, answer, request = await validate(headers, raw)
+        if request is None:
+            engine.log[xid] = {"recv_s": arrived, "sends": [], "status": status}
+            self.reply(f"{status} Unprocessable Entity", answer)
+            return
+        body = request.model_dump()
         bad = _check_body(body, engine.config["model"])
         status = int(behaviour.get("status", 200))
         if bad or status != 200:
-            engine.log[xid] = {"recv_s": self.arrived, "sends": [], "status": status or 400}
+            engine.log[xid] = {"recv_s": arrived, "sends": [], "status": status or 400}
             if bad:
                 self.reply("400 Bad Request", json.dumps({"error": {"message": bad}}).encode())
             else:
@@ -466,7 +538,110 @@ class Conn:
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
             b"transfer-encoding: chunked\r\n\r\n"
         )
-        engine.submit(Stream(self, xid, body, behaviour))
+        stream = Stream(self, xid, body, behaviour)
+        stream.log["recv_s"] = arrived
+        stream.log["ignored_fields"] = sorted(getattr(request, "model_extra", None) or {})
+        engine.submit(stream)
+
+
+# -- the door: vLLM 0.33's request model and route, in FastAPI ------------------------------------
+
+
+class _VLLMModel(BaseModel):
+    # vLLM's OpenAIBaseModel: extra fields are allowed (and logged as ignored).
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_VLLMModel):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class CompletionRequest(_VLLMModel):
+    """The fields of vLLM 0.33's CompletionRequest (entrypoints/openai/completion/protocol.py)
+    that a lab request can touch, with vLLM's types and bounds."""
+
+    model: str | None = None
+    prompt: list[TokenId] | list[list[TokenId]] | str | list[str] | None = None
+    echo: bool | None = False
+    logprobs: int | None = None
+    max_tokens: int | None = 16
+    n: int = 1
+    seed: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    return_token_ids: bool | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+
+
+async def validate_json_request(raw_request: Request) -> None:
+    """vLLM's own dependency on the route (entrypoints/serve/utils/api_utils.py)."""
+    content_type = raw_request.headers.get("content-type", "").lower()
+    if content_type.split(";", maxsplit=1)[0] != "application/json":
+        raise RequestValidationError(
+            errors=["Unsupported Media Type: Only 'application/json' is allowed"]
+        )
+
+
+DOOR = FastAPI()
+
+
+@DOOR.post("/v1/completions", dependencies=[Depends(validate_json_request)])
+async def _create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+    if request.stream_options and not request.stream:
+        raise RequestValidationError(
+            errors=["Stream options can only be defined when stream=True."]
+        )
+    raw_request.scope["fake_request"] = request
+    return Response(status_code=200)
+
+
+async def validate(
+    headers: dict[str, str], body: bytes
+) -> tuple[int, bytes, CompletionRequest | None]:
+    """Run one request through DOOR: (status, body of a refusal, the validated request)."""
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
+        "client": ("127.0.0.1", 0),
+        "server": ("127.0.0.1", 0),
+    }
+    given = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return {"type": "http.disconnect"}
+
+    status, parts = 500, []
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = int(message["status"])
+        elif message["type"] == "http.response.body":
+            parts.append(message.get("body", b""))
+
+    await DOOR(scope, receive, send)
+    return status, b"".join(parts), scope.get("fake_request") if status == 200 else None
 
 
 def _check_body(body: dict[str, Any], model: str) -> str | None:

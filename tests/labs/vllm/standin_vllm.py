@@ -10,6 +10,12 @@ that only sleeps (as vLLM starts its engine-core processes), then serves the fak
 - `ignore_term`: it and its grandchild ignore SIGTERM, so only SIGKILL stops them.
 
 $STANDIN_FAKE_CONFIG (JSON) is passed to the fake. `vllm --version` prints the fake's version.
+
+`--speculative-config` is read as vLLM 0.33's SpeculativeConfig reads its synthetic keys
+(config/speculative.py): exactly one of `synthetic_acceptance_rates` (length k, each in [0, 1],
+non-increasing) and `synthetic_acceptance_length` (in [1, k + 1], turned into vLLM's
+minimum-variance schedule); anything else exits at start with vLLM's message. The fake then
+accepts drafts with those rates, as vLLM's rejection sampler does.
 """
 
 from __future__ import annotations
@@ -37,6 +43,34 @@ while True:
 
 def option(argv: list[str], name: str, default: str) -> str:
     return argv[argv.index(name) + 1] if name in argv else default
+
+
+def synthetic_rates(spec: dict) -> list[float]:
+    """The per-position unconditional rates vLLM 0.33 would resolve `spec` to.
+
+    Raises:
+        ValueError: with vLLM's message, for what vLLM refuses.
+    """
+    k = int(spec["num_speculative_tokens"])
+    rates, length = spec.get("synthetic_acceptance_rates"), spec.get("synthetic_acceptance_length")
+    if (rates is None) == (length is None):
+        raise ValueError(
+            "rejection_sample_method='synthetic' requires exactly one of "
+            "synthetic_acceptance_rates or synthetic_acceptance_length."
+        )
+    if rates is not None:
+        if len(rates) != k:
+            raise ValueError(f"synthetic_acceptance_rates must have length {k}, got {rates}.")
+        if not all(0.0 <= r <= 1.0 for r in rates):
+            raise ValueError(f"synthetic_acceptance_rates entries must be in [0, 1], got {rates}.")
+        if any(rates[i] > rates[i - 1] for i in range(1, k)):
+            raise ValueError(f"synthetic_acceptance_rates must be non-increasing, got {rates}.")
+        return [float(r) for r in rates]
+    if not 1.0 <= length <= k + 1:
+        raise ValueError(f"synthetic_acceptance_length must be in [1, {k + 1}], got {length}.")
+    accepted = length - 1  # the minimum-variance schedule: full positions, one partial, zeros
+    full = int(accepted)
+    return ([1.0] * full + [accepted - full] + [0.0] * (k - full - 1))[:k]
 
 
 def main() -> int:
@@ -68,6 +102,16 @@ def main() -> int:
     config["model"] = option(argv, "--served-model-name", argv[1])
     config["block_size"] = int(option(argv, "--block-size", "16"))
     config["never_healthy"] = mode == "never_healthy"
+    if "--speculative-config" in argv:
+        spec = json.loads(option(argv, "--speculative-config", "{}"))
+        if spec.get("rejection_sample_method") == "synthetic":
+            try:
+                rates = synthetic_rates(spec)
+            except ValueError as exc:
+                print(f"ValueError: {exc}", file=sys.stderr, flush=True)
+                grandchild.kill()
+                return 1
+            config["spec"] = {"k": int(spec["num_speculative_tokens"]), "rates": rates}
     host, port = option(argv, "--host", "127.0.0.1"), int(option(argv, "--port", "8000"))
     asyncio.run(fake_vllm.serve(host, port, config, handle_term=mode != "ignore_term"))
     return 0

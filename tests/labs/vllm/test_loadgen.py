@@ -15,7 +15,20 @@ import json
 import time
 from typing import Any
 
-from labs.backends.vllm.loadgen import LoadOptions, PlannedRequest, plan_requests, run_load
+import httpx
+import numpy as np
+import pytest
+
+from labs.backends.base import EngineCounters, RunRecord
+from labs.backends.vllm import loadgen
+from labs.backends.vllm.loadgen import (
+    LoadOptions,
+    PlannedRequest,
+    bench_arrivals,
+    plan_requests,
+    run_load,
+)
+from labs.metrics import summarize
 from labs.params import parse_lab_params
 from labs.sim.workload import lab_workload
 from tests.labs.vllm.timing import (
@@ -70,7 +83,7 @@ def test_it_counts_chunks_and_credits_ttft_and_gaps_to_their_own_request(fake_se
     assert sizes["0"] == [1] * OUTPUT_TOKENS
     assert sizes["1"][:5] == [1, 3, 1, 3, 1] and sizes["2"][:4] == [1, 2, 5, 2]
     assert sizes["3"] == [1, 1, 3, 2, 4, 1, 3, 2, 4, 1, 2] and len(sizes["3"]) == CHUNKS
-    assert result.count_sources == {"token_ids": sum(len(v) for v in sizes.values())}
+    assert result.count_sources == {"usage": sum(len(v) for v in sizes.values())}
 
 
 def test_a_chunk_is_stamped_when_it_arrives_not_when_the_client_parses_it(
@@ -141,7 +154,88 @@ def test_it_sends_what_vllm_needs_with_skip_tokenizer_init(fake_server: Any) -> 
     assert body["prompt"] == [5, 6, 7] and body["max_tokens"] == 4
     assert body["ignore_eos"] is True and body["stream"] is True
     assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
-    assert body["return_token_ids"] is True and body["cache_salt"] == "salt-1"
+    # Not return_token_ids: vLLM would echo the whole prompt's ids in the first event.
+    assert "return_token_ids" not in body and body["cache_salt"] == "salt-1"
+    assert truth_fields(server) == [[]]  # vLLM's CompletionRequest knows every field sent
+
+
+def truth_fields(server: Any) -> list[list[str]]:
+    return [entry.get("ignored_fields") for entry in server.get("/fake/log").values()]
+
+
+def test_every_request_says_it_is_json_or_vllm_refuses_it(
+    fake_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = fake_server({"ttft_ms": 1, "itl_ms": [1]})
+    # The strict fake refuses a JSON body without the header, as vLLM 0.33's FastAPI does.
+    bare = httpx.post(
+        server.base_url + "/v1/completions",
+        content=json.dumps({"model": "lab", "prompt": [1], "max_tokens": 1, "stream": True}),
+        headers={"content-type": ""},
+        trust_env=False,
+    )
+    assert bare.status_code == 422
+    result = asyncio.run(
+        run_load(server.base_url, "lab", planned(3, 4), LoadOptions(metrics_poll_s=0))
+    )
+    assert [r.error for r in result.requests] == [None, None, None]
+    assert [r.output_tokens for r in result.requests] == [4, 4, 4]
+    # Without the header the same run fails every request (the bug this guards against).
+    monkeypatch.setattr(loadgen, "JSON_HEADERS", {})
+    result = asyncio.run(
+        run_load(server.base_url, "lab", planned(2, 4), LoadOptions(metrics_poll_s=0))
+    )
+    assert all(r.error and r.error.startswith("HTTP 422") for r in result.requests)
+
+
+def test_usage_on_the_last_text_chunk_is_not_counted_twice(fake_server: Any) -> None:
+    # llama.cpp's llama-server: a text chunk per step (here multi-token ones), no running usage,
+    # and the whole usage on the last text chunk.
+    server = fake_server(
+        {"ttft_ms": 2, "itl_ms": [2], "chunk_tokens": [1, 3], "server_style": "llamacpp"}
+    )
+    result = asyncio.run(
+        run_load(server.base_url, "lab", planned(2, 9), LoadOptions(metrics_poll_s=0))
+    )
+    truth = by_index(server.get("/fake/log"))
+    for record in result.requests:
+        assert record.error is None
+        # One count per text chunk: the final usage (9 tokens) is a check, not added on top.
+        assert len(record.chunks) == len(truth[record.req_id]["sends"])
+        assert record.chunks[-1][1] == 1
+        assert record.output_tokens == len(truth[record.req_id]["sends"]) < 9 * 2
+    assert set(result.count_sources) == {"text"}
+
+
+def test_throughput_waits_for_a_request_that_hangs_as_bench_does(fake_server: Any) -> None:
+    server = fake_server(
+        {"ttft_ms": 2, "itl_ms": [2], "requests": {"3": {"stall_after_tokens": 2}}}
+    )
+    options = LoadOptions(metrics_poll_s=0, read_timeout_s=1.5)
+    before = time.monotonic()
+    result = asyncio.run(run_load(server.base_url, "lab", planned(4, 10), options))
+    after = time.monotonic()
+    hung = next(r for r in result.requests if r.req_id == "3")
+    assert hung.error == "timed out after 2 tokens (read timeout)"
+    done = [r for r in result.requests if r.error is None]
+    # bench: from before the send loop until every request has returned, the failed one too,
+    # which returns only after 1.5 s of silence following its last chunk.
+    assert before <= result.t0
+    assert hung.chunks[-1][0] + 1.5 <= result.duration_s <= after - result.t0
+    assert max(r.finish_s for r in done) < 1.0 < result.duration_s
+    record = RunRecord(
+        backend="vllm",
+        where="test",
+        simulated=False,
+        requests=result.requests,
+        samples=[],
+        counters=EngineCounters(),
+        duration_s=result.duration_s,
+        wall_s=result.wall_s,
+    )
+    summary = summarize(record)
+    assert summary["output_tokens_per_s"] == pytest.approx(30 / result.duration_s)
+    assert summary["requests_per_s"] == pytest.approx(3 / result.duration_s)
 
 
 def test_each_failure_is_recorded_with_its_reason_and_the_run_continues(fake_server: Any) -> None:
@@ -210,7 +304,18 @@ def test_the_plan_is_the_simulators_workload_with_a_shared_prefix() -> None:
     sim = lab_workload(params.workload)
     assert [len(p.prompt) for p in plan] == sim.prompt_tokens.tolist()
     assert [p.output_tokens for p in plan] == sim.output_tokens.tolist()
-    assert [p.send_at_s for p in plan] == sim.intended_arrival_s.tolist()
+    # bench's arrivals: a first gap too, the simulator's gaps after it, all scaled so that the
+    # last request is sent at n / rate (vllm/benchmarks/serve.py get_request).
+    sends = np.array([p.send_at_s for p in plan])
+    assert sends[0] > 0 and sends[-1] == pytest.approx(20 / 10)
+    gaps = np.diff(sends)
+    assert gaps == pytest.approx(
+        np.diff(sim.intended_arrival_s) * (gaps[0] / np.diff(sim.intended_arrival_s)[0])
+    )
+    assert (
+        bench_arrivals(sim.intended_arrival_s, None, np.random.default_rng(0)).tolist()
+        == [0.0] * 20
+    )
     assert len({tuple(p.prompt[:48]) for p in plan}) == 1
     assert len({tuple(p.prompt[48:56]) for p in plan}) == 20
     assert all(1000 <= t < 32000 for p in plan for t in p.prompt)

@@ -50,8 +50,10 @@ def test_the_arguments_for_a_lab_are_exactly_these(tmp_path: Path) -> None:
 def test_speculation_accepts_at_the_learners_rate(tmp_path: Path) -> None:
     plan = plan_for(tmp_path, spec_tokens=3, acceptance=0.7, draft_cost=0.25)
     spec = json.loads(plan.args[plan.args.index("--speculative-config") + 1])
-    # (1 - 0.7^4) / (1 - 0.7) = 1 + 0.7 + 0.49 + 0.343 tokens per target pass.
-    assert spec["synthetic_acceptance_length"] == pytest.approx(2.533)
+    # Unconditional rates: the first i+1 drafts all accepted with chance 0.7^(i+1), so vLLM's
+    # conditional rate at every position is 0.7 (independent acceptance at alpha).
+    assert spec["synthetic_acceptance_rates"] == pytest.approx([0.7, 0.49, 0.343])
+    assert "synthetic_acceptance_length" not in spec  # the two keys are exclusive in vLLM
     assert spec["rejection_sample_method"] == "synthetic"
     assert (spec["method"], spec["num_speculative_tokens"]) == ("draft_model", 3)
     ((path, text),) = plan.files.items()
@@ -66,7 +68,7 @@ def test_speculation_accepts_at_the_learners_rate(tmp_path: Path) -> None:
         "method": "ngram",
         "num_speculative_tokens": 2,
         "rejection_sample_method": "synthetic",
-        "synthetic_acceptance_length": 1.75,
+        "synthetic_acceptance_rates": [0.5, 0.25],
     }
 
 
