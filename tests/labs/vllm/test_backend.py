@@ -78,7 +78,7 @@ def test_a_run_against_a_running_server_reads_counters_right(fake_server: Any) -
     assert any(s.waiting > 0 for s in record.samples)
     assert progress[-1] == 1.0
     assert record.duration_s > 0 and record.wall_s >= record.duration_s
-    assert record.meta["token_counts_from"] == {"token_ids": 12 * 6}
+    assert record.meta["token_counts_from"] == {"usage": 12 * 6}
     # The same record the simulator gives: metrics and storage work unchanged.
     assert RunRecord.from_dict(json.loads(json.dumps(record.to_dict()))) == record
     summary = summarize(record)
@@ -222,3 +222,68 @@ def test_lab_run_measures_an_already_running_server(fake_server: Any) -> None:
     assert result["backend"] == "vllm" and result["where"].startswith("vLLM 0.33.0")
     assert result["measured"]["completed"] == 4 and result["measured"]["failed"] == 0
     assert len(server.get("/fake/log")) == 4
+
+
+def iid_tokens_per_step(k: int, alpha: float) -> tuple[float, float]:
+    """Mean and std of tokens per verification step when each of k drafts is accepted with
+    chance alpha until the first rejection: j tokens with chance alpha^(j-1) (1 - alpha) for
+    j <= k, and k + 1 (all drafts plus the bonus) with chance alpha^k."""
+    probs = [alpha ** (j - 1) * (1 - alpha) for j in range(1, k + 1)] + [alpha**k]
+    mean = sum(j * p for j, p in enumerate(probs, 1))
+    var = sum((j - mean) ** 2 * p for j, p in enumerate(probs, 1))
+    return mean, var**0.5
+
+
+@pytest.mark.usefixtures("fresh_backend_manager")
+def test_speculation_on_the_stand_in_is_independent_acceptance_at_alpha(
+    standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The flags build_plan gives vLLM, read by the stand-in as vLLM 0.33 reads them; its fake
+    # engine then accepts drafts with vLLM's synthetic rule (conditional rate per position).
+    monkeypatch.setenv("STANDIN_FAKE_CONFIG", json.dumps({"ttft_ms": 2, "itl_ms": [1]}))
+    params = parse_lab_params(
+        {**PARAMS, "num_prompts": 16, "output_tokens": 1000, "max_tokens": 1000}
+        | {"spec_method": "draft_model", "spec_tokens": 3, "acceptance": 0.7}
+    )
+    record = VLLMBackend(metrics_poll_s=1.0).run(params)
+    # Every chunk after the first is one verification step; the last one may be cut short by
+    # max_tokens, so it is left out.
+    steps = [n for r in record.requests for _, n in r.chunks[1:-1]]
+    assert len(steps) > 4000
+    mean, std = iid_tokens_per_step(3, 0.7)
+    assert (round(mean, 3), round(std, 3)) == (2.533, 1.239)
+    got_mean = sum(steps) / len(steps)
+    got_std = (sum((n - got_mean) ** 2 for n in steps) / len(steps)) ** 0.5
+    assert got_mean == pytest.approx(mean, rel=0.05)
+    assert got_std == pytest.approx(std, rel=0.05)
+    # Every length from 1 to k + 1 occurs: not vLLM's length schedule (2 or 3 tokens only).
+    assert set(steps) == {1, 2, 3, 4}
+    c = record.counters
+    assert c.spec_accepted_tokens / c.spec_draft_tokens == pytest.approx(
+        (mean - 1) / 3, rel=0.05
+    )
+
+
+@pytest.mark.usefixtures("fresh_backend_manager")
+def test_the_acceptance_length_key_would_give_vllms_narrow_schedule(
+    standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The old flag, for contrast: the same mean, but every step yields 2 or 3 tokens.
+    monkeypatch.setenv("STANDIN_FAKE_CONFIG", json.dumps({"ttft_ms": 2, "itl_ms": [1]}))
+    from labs.backends.vllm import server
+
+    params = parse_lab_params(
+        {**PARAMS, "num_prompts": 4, "output_tokens": 300, "max_tokens": 300}
+        | {"spec_method": "draft_model", "spec_tokens": 3, "acceptance": 0.7}
+    )
+    plan = server.build_plan(params)
+    spec = json.loads(plan.args[plan.args.index("--speculative-config") + 1])
+    del spec["synthetic_acceptance_rates"]
+    spec["synthetic_acceptance_length"] = 2.533
+    args = list(plan.args)
+    args[args.index("--speculative-config") + 1] = json.dumps(spec)
+    patched = server.ServePlan(tuple(args), plan.files, plan.notes)
+    monkeypatch.setattr(vllm_backend, "build_plan", lambda *a, **k: patched)
+    record = VLLMBackend(metrics_poll_s=0).run(params)
+    steps = {n for r in record.requests for _, n in r.chunks[1:-1]}
+    assert steps == {2, 3}
