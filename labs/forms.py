@@ -101,6 +101,34 @@ class LabParamsForm(forms.Form):
         )
         self.params: LabParams | None = None
 
+    def offer_gpus(self, vllm_online: bool, offer: dict[str, int]) -> None:
+        """Offer vLLM only while a GPU worker is online, and mark the GPU kinds and tp values
+        no online worker can run as simulator-only (the simulator runs them all).
+
+        Args:
+            vllm_online: some vLLM worker is online.
+            offer: GPU kind -> the most GPUs one online worker of that kind has.
+        """
+        backend = self.fields["backend"].widget
+        if not vllm_online:
+            backend.choices = [(b, label) for b, label in backend.choices if b != "vllm"]
+            return
+        if offer:
+            kinds = ", ".join(f"{k} \u00d7{n}" for k, n in sorted(offer.items()))
+            backend.choices = [
+                (b, f"{label}: {kinds}" if b == "vllm" else label) for b, label in backend.choices
+            ]
+        largest = max(offer.values(), default=0)
+        for name, runnable in (
+            ("gpu", lambda value: value in offer),
+            ("tp", lambda value: value.isdigit() and int(value) <= largest),
+        ):
+            widget = self.fields[name].widget
+            widget.choices = [
+                (v, label if runnable(v) else f"{label} (simulator only)")
+                for v, label in widget.choices
+            ]
+
     def param_data(self) -> dict[str, object]:
         """The parameters given (cleaned text; empty ones mean the default), with one batch
         for prediction and run (`labs.params.align_run_batch`)."""

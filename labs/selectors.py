@@ -13,6 +13,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import NoReverseMatch, reverse
 
 from labs import results
+from labs.backends.vllm.gpus import GpuInventory
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.presets import LABS, Lab, load_presets
 from labs.workers import start_command
@@ -48,6 +49,7 @@ class BackendStatus:
     where: str
     gpu_name: str
     versions: dict[str, Any]
+    gpus: tuple[str, ...] = ()  # each online GPU worker's inventory, "2× NVIDIA L4 (l4, ...)"
 
 
 def backends_online() -> list[BackendStatus]:
@@ -67,9 +69,28 @@ def backends_online() -> list[BackendStatus]:
                 where=newest.where if newest else "",
                 gpu_name=newest.gpu_name if newest else "",
                 versions=dict(newest.versions) if newest else {},
+                gpus=_gpu_labels(mine),
             )
         )
     return statuses
+
+
+def _gpu_labels(workers: list[WorkerHeartbeat]) -> tuple[str, ...]:
+    """Each worker's GPUs as it announced them; a GPU outside the catalog shows its own name."""
+    labels = []
+    for w in workers:
+        g = w.gpus or {}
+        if not g.get("name"):
+            continue
+        inventory = GpuInventory(
+            count=int(g.get("count") or 0),
+            name=str(g["name"]),
+            kind=g.get("kind"),
+            memory_bytes=g.get("memory_bytes"),
+        )
+        version = f", vLLM {g['vllm']}" if g.get("vllm") else ""
+        labels.append(f"{inventory.label()}{version}")
+    return tuple(labels)
 
 
 def where_label(run: LabRun) -> str:

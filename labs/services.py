@@ -35,11 +35,13 @@ _PROGRESS_EVERY_S = 0.25
 class RunRefused(Exception):
     """The run is valid but cannot be queued now. Nothing is saved.
 
-    `kind` is "no-worker", "quota" or "gpu-cap"."""
+    `kind` is "no-worker", "quota" or "gpu-cap". `operator_hint` is for staff only (the command
+    that starts a worker): a learner cannot act on it."""
 
-    def __init__(self, reason: str, *, kind: str) -> None:
+    def __init__(self, reason: str, *, kind: str, operator_hint: str = "") -> None:
         self.reason = reason
         self.kind = kind
+        self.operator_hint = operator_hint
         super().__init__(reason)
 
 
@@ -78,6 +80,30 @@ def _precheck(backend: str, params: LabParams) -> None:
         from labs.backends.vllm.server import check_supported
 
         check_supported(params)
+        _check_gpu_fit(params)
+
+
+def _check_gpu_fit(params: LabParams) -> None:
+    """vLLM runs only on a GPU kind an online worker has, with tp at most its GPU count, and
+    with weights + KV + reserve within their memory (labs.backends.vllm.fit). With no GPU
+    inventory online the no-worker refusal says so instead."""
+    from labs.backends.vllm.fit import check_fits
+    from labs.workers import gpu_offer
+
+    offer = gpu_offer()
+    if offer:
+        check_fits(params, offer)
+
+
+def run_queue(backend: str, params: LabParams) -> str:
+    """The queue a run goes to: a vLLM run to the workers of the GPU kind it was priced for
+    (`labs.gpu.<kind>`), when an online worker announced that kind; else the backend's queue."""
+    from labs.workers import gpu_offer, gpu_queue
+
+    queue = backend_queue(backend)
+    if backend == "vllm" and params.hardware.name in gpu_offer():
+        return gpu_queue(params.hardware.name)
+    return queue
 
 
 def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
@@ -86,8 +112,13 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
     if not WorkerHeartbeat.objects.online().filter(backend=backend).exists():
         raise RunRefused(
             f"No worker for the {backend} backend is online right now, so nothing was queued. "
-            f"Start one with `{start_command(queue)}` and try again.",
+            + (
+                "Run it on the simulator, or try again once a GPU worker is back."
+                if backend != "sim"
+                else "Try again in a minute; the site's staff have been told how to start one."
+            ),
             kind="no-worker",
+            operator_hint=f"Start one with `{start_command(queue)}`.",
         )
     active = LabRun.objects.for_owner(owner).active()
     # A sweep counts once: it is one thing the learner is waiting for.
@@ -120,15 +151,26 @@ def _lock_owner(owner: object) -> None:
     get_user_model().objects.select_for_update().filter(pk=owner.pk).first()  # type: ignore[attr-defined]
 
 
-def _enqueue(run_ids: Sequence[int], backend: str) -> None:
-    queue = backend_queue(backend)
-    soft = settings.LABS_GPU_TIME_LIMIT_S if queue == "labs.gpu" else settings.LABS_SIM_TIME_LIMIT_S
+def _enqueue(run_ids: Sequence[int], backend: str, queues: Sequence[str] | None = None) -> None:
+    """Send each run to its queue (`queues`, one per run; else the backend's)."""
+    queues = list(queues or [backend_queue(backend)] * len(run_ids))
+    soft = (
+        settings.LABS_GPU_TIME_LIMIT_S
+        if backend_queue(backend) == "labs.gpu"
+        else settings.LABS_SIM_TIME_LIMIT_S
+    )
+
     # The hard limit kills the process; the soft one lets the service record why it stopped.
-    options = {"queue": queue, "soft_time_limit": soft, "time_limit": soft + 60}
+    def options(queue: str) -> dict[str, object]:
+        return {"queue": queue, "soft_time_limit": soft, "time_limit": soft + 60}
+
     if len(run_ids) == 1:
-        run_execute_task.apply_async(args=[run_ids[0]], **options)
+        run_execute_task.apply_async(args=[run_ids[0]], **options(queues[0]))
     else:
-        group(run_execute_task.si(run_id).set(**options) for run_id in run_ids).apply_async()
+        group(
+            run_execute_task.si(run_id).set(**options(queue))
+            for run_id, queue in zip(run_ids, queues, strict=True)
+        ).apply_async()
 
 
 def run_request(
@@ -154,7 +196,8 @@ def run_request(
             params=params.as_dict(),
             predicted=_predicted(params),
         )
-        transaction.on_commit(lambda: _enqueue([run.pk], backend))
+        queue = run_queue(backend, params)
+        transaction.on_commit(lambda: _enqueue([run.pk], backend, [queue]))
     return run
 
 
@@ -225,7 +268,8 @@ def sweep_request(
             for i, p in enumerate(points)
         )
         ids = [r.pk for r in runs]
-        transaction.on_commit(lambda: _enqueue(ids, backend))
+        queues = [run_queue(backend, p) for p in points]
+        transaction.on_commit(lambda: _enqueue(ids, backend, queues))
     return sweep
 
 

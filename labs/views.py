@@ -15,10 +15,12 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
 from labs import results, selectors, services
+from labs.backends.vllm.fit import memory_problem, requirement
 from labs.forms import LabParamsForm, SweepForm
 from labs.params import FIELDS_BY_NAME, ParamError
 from labs.predict import predict
 from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
+from labs.workers import gpu_offer
 
 # A refusal is not the learner's mistake: no worker is the service being unavailable.
 REFUSAL_STATUS = {"no-worker": 503, "quota": 429, "gpu-cap": 429}
@@ -48,6 +50,9 @@ def _lab_page(
 ) -> HttpResponse:
     if form.is_bound:
         form.is_valid()
+    backends = selectors.backends_online()
+    offer = gpu_offer()
+    form.offer_gpus(any(b.online for b in backends if b.backend == "vllm"), offer)
     context = {
         "lab": lab,
         "labs": LABS.values(),
@@ -57,7 +62,8 @@ def _lab_page(
         "preset": preset,
         "presets": [p for p in load_presets().values() if p.lab == lab.slug],
         "cards": selectors.cards_for_lab(lab.slug),
-        "backends": selectors.backends_online(),
+        "backends": backends,
+        "preset_gpu_note": _preset_gpu_note(preset, form, offer),
         "recent": [
             r
             for r in selectors.run_list_for_owner(user=request.user, limit=50)
@@ -65,6 +71,20 @@ def _lab_page(
         ][:5],
     }
     return render(request, "labs/lab_detail.html", context, status=status)
+
+
+def _preset_gpu_note(preset: Any, form: SweepForm, offer: dict[str, int]) -> str:
+    """For a preset no online GPU worker can run: what GPU it needs (it opens on the
+    simulator, as every lab does)."""
+    if preset is None or form.params is None:
+        return ""
+    params = form.params
+    if offer.get(params.hardware.name, 0) >= params.engine.tp and memory_problem(params) is None:
+        return ""
+    return (
+        f"On vLLM this preset {requirement(params)}; no online GPU worker has that, "
+        "so it runs on the simulator here."
+    )
 
 
 @require_GET
@@ -134,7 +154,10 @@ def _submit(
         form.add_param_errors(exc.errors)
         return _lab_page(request, lab, form, status=400)
     except services.RunRefused as exc:
-        return _lab_page(request, lab, form, status=REFUSAL_STATUS[exc.kind], refusal=exc.reason)
+        # The command that starts a worker is for staff; a learner cannot act on it.
+        hint = exc.operator_hint if request.user.is_staff else ""
+        refusal = f"{exc.reason} {hint}".strip()
+        return _lab_page(request, lab, form, status=REFUSAL_STATUS[exc.kind], refusal=refusal)
     return redirect(created)
 
 

@@ -3,7 +3,11 @@ the worker is ready and then every LABS_WORKER_HEARTBEAT_S by a daemon thread in
 main process (solo and prefork pools alike). The same thread runs the stale-run reaper, so any
 live worker fails the runs a killed one left behind; no celery beat is needed.
 
-A worker serves the backends whose queues it consumes (settings.LABS_BACKEND_QUEUES).
+A worker serves the backends whose queues it consumes (settings.LABS_BACKEND_QUEUES). A GPU
+worker is started on `labs.gpu`; at setup it reads its GPUs (labs/backends/vllm/gpus.py) and
+also consumes the queue of its kind, `labs.gpu.<kind>`, where runs priced for that GPU are sent.
+Its heartbeat row carries the inventory (count, kind, memory each, vLLM version), which
+`gpu_offer()` turns into what the lab form may offer.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from collections.abc import Iterable
 from importlib import metadata
 from typing import Any
 
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from django.conf import settings
 from django.db import connections
 from django.utils import timezone
+
+from labs.backends.vllm.gpus import GPU_QUEUE, gpu_queue, queue_suffix
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +34,11 @@ _state: dict[str, Any] = {}
 
 def backends_for_queues(queues: Iterable[str]) -> list[str]:
     wanted = set(queues)
-    return [b for b, q in settings.LABS_BACKEND_QUEUES.items() if q in wanted]
+    return [
+        b
+        for b, q in settings.LABS_BACKEND_QUEUES.items()
+        if q in wanted or any(w.startswith(q + ".") for w in wanted)
+    ]
 
 
 def _version(dist: str) -> str | None:
@@ -42,7 +52,7 @@ def start_command(queue: str) -> str:
     """The command that starts a worker for `queue`, as the README gives it. vLLM starts its own
     engine processes, which a prefork child may not, so the GPU queue runs a solo pool."""
     command = f"celery -A config worker -Q {queue}"
-    if queue == "labs.gpu":
+    if queue == GPU_QUEUE or queue.startswith(GPU_QUEUE + "."):
         command += " --pool=solo --concurrency=1"
     return command
 
@@ -55,7 +65,12 @@ def describe_backend(backend: str) -> dict[str, Any]:
         "django": _version("django"),
         "numpy": _version("numpy"),
     }
-    info: dict[str, Any] = {"where": "simulated on CPU", "gpu_name": "", "versions": versions}
+    info: dict[str, Any] = {
+        "where": "simulated on CPU",
+        "gpu_name": "",
+        "versions": versions,
+        "gpus": {},
+    }
     if backend != "sim":
         info["where"] = backend
         try:
@@ -66,6 +81,7 @@ def describe_backend(backend: str) -> dict[str, Any]:
                 extra = dict(describe())
                 info["where"] = str(extra.pop("where", backend))
                 info["gpu_name"] = str(extra.pop("gpu_name", ""))
+                info["gpus"] = dict(extra.pop("gpus", None) or {})
                 info["versions"] = {**versions, **extra.pop("versions", {}), **extra}
         except Exception:
             # Announce anyway: a worker that cannot describe itself can still run labs.
@@ -82,7 +98,8 @@ def announce(hostname: str, backends: Iterable[str]) -> None:
         info = _state.setdefault("info", {}).get(backend) or describe_backend(backend)
         _state["info"][backend] = info
         fields = {
-            "queue": settings.LABS_BACKEND_QUEUES[backend],
+            "queue": _announced_queue(backend, info["gpus"]),
+            "gpus": info["gpus"],
             "where": info["where"][:200],
             "gpu_name": info["gpu_name"][:200],
             "versions": info["versions"],
@@ -95,6 +112,47 @@ def announce(hostname: str, backends: Iterable[str]) -> None:
             defaults=fields,
             create_defaults={**fields, "started_at": now},
         )
+
+
+def _announced_queue(backend: str, gpus: dict[str, Any]) -> str:
+    base = settings.LABS_BACKEND_QUEUES[backend]
+    if base == GPU_QUEUE and gpus.get("name"):
+        return gpu_queue(queue_suffix(gpus.get("kind"), gpus["name"]))
+    return base
+
+
+def gpu_offer(now: object = None) -> dict[str, int]:
+    """What online vLLM workers can run: catalog GPU kind -> the most GPUs one worker of that
+    kind has. GPUs outside the catalog are left out (nothing to predict them with)."""
+    from labs.models import WorkerHeartbeat
+
+    offer: dict[str, int] = {}
+    for gpus in (
+        WorkerHeartbeat.objects.online(now).filter(backend="vllm").values_list("gpus", flat=True)
+    ):
+        kind, count = (gpus or {}).get("kind"), (gpus or {}).get("count")
+        if kind and isinstance(count, int) and count > 0:
+            offer[kind] = max(offer.get(kind, 0), count)
+    return offer
+
+
+@celeryd_after_setup.connect
+def _add_gpu_kind_queue(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """A worker on `labs.gpu` also consumes `labs.gpu.<its GPU kind>`, where runs priced for
+    that GPU are sent (labs.services routes them)."""
+    if instance is None:
+        return
+    queues = instance.app.amqp.queues
+    if GPU_QUEUE not in set(queues.consume_from or ()):
+        return
+    from labs.backends.vllm.backend import gpu_inventory
+
+    inventory = gpu_inventory()
+    if inventory is None:
+        logger.warning("labs: no GPU found (nvidia-smi); this worker gets no GPU-kind queue")
+        return
+    queues.select_add(inventory.queue)
+    logger.info("labs: %s consumes %s", inventory.label(), inventory.queue)
 
 
 def beat_once(hostname: str, backends: list[str]) -> None:

@@ -79,8 +79,10 @@ def main(root: str) -> None:
     for line in _kernel_lines(vllm / "v1" / "sample" / "rejection_sampler.py"):
         print("    " + line)
     rng = np.random.default_rng(0)
-    print(f"\n{'k':>2} {'alpha':>5} | {'key':<8} {'resolved rates':<28} {'mean':>6} {'std':>6}"
-          f" | i.i.d. model mean, std")
+    print(
+        f"\n{'k':>2} {'alpha':>5} | {'key':<8} {'resolved rates':<28} {'mean':>6} {'std':>6}"
+        f" | i.i.d. model mean, std"
+    )
     for k, alpha in ((3, 0.7), (4, 0.6), (2, 0.5), (5, 0.8)):
         probs = [alpha ** (j - 1) * (1 - alpha) for j in range(1, k + 1)] + [alpha**k]
         mean = sum(j * p for j, p in enumerate(probs, 1))

@@ -75,14 +75,18 @@ def test_it_refuses_when_no_worker_for_the_backend_is_online(
     assert not LabRun.objects.exists()
 
 
-def test_a_refusal_for_the_gpu_says_how_to_start_a_gpu_worker(alice, sent):
+def test_a_refusal_keeps_the_worker_command_for_staff(alice, sent):
     with pytest.raises(RunRefused) as info:
         services.run_request(owner=alice, lab="sandbox", backend="vllm", data=SMALL)
-    assert "celery -A config worker -Q labs.gpu --pool=solo" in info.value.reason
+    # The learner's reason has no command in it; the operator's hint has it.
+    assert "celery" not in info.value.reason
+    assert "simulator" in info.value.reason
+    assert "celery -A config worker -Q labs.gpu --pool=solo" in info.value.operator_hint
     make_heartbeat("vllm", age_s=300)
     with pytest.raises(RunRefused) as info:
         services.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
-    assert info.value.reason.count("celery -A config worker -Q labs.sim`") == 1
+    assert "celery" not in info.value.reason
+    assert info.value.operator_hint.count("celery -A config worker -Q labs.sim`") == 1
 
 
 def test_it_refuses_a_learner_over_their_quota(alice, bob, sent, settings):

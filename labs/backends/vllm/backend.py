@@ -23,7 +23,6 @@ import contextlib
 import functools
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -43,6 +42,7 @@ from labs.backends.base import (
     RunRecord,
 )
 from labs.backends.vllm import prom
+from labs.backends.vllm.gpus import GpuInventory, read_gpus
 from labs.backends.vllm.loadgen import (
     LoadOptions,
     LoadResult,
@@ -89,25 +89,18 @@ with contextlib.suppress(ImportError):
 
 
 @functools.lru_cache(maxsize=1)
+def gpu_inventory() -> GpuInventory | None:
+    """This worker's GPUs as nvidia-smi reports them (read once)."""
+    return read_gpus()
+
+
+@functools.lru_cache(maxsize=1)
 def gpu_name() -> str | None:
     """The name of this worker's (first visible) GPU: nvidia-smi, else torch in a subprocess
     (importing torch here would put a CUDA context in the worker)."""
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run(
-                [smi, "--query-gpu=index,name", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=20,
-                check=True,
-            ).stdout
-        except (OSError, subprocess.SubprocessError):
-            out = ""
-        names = dict(line.split(", ", 1) for line in out.splitlines() if ", " in line)
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-        if names:
-            return names.get(visible) or next(iter(names.values()))
+    inventory = gpu_inventory()
+    if inventory is not None:
+        return inventory.name
     probe = (
         "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
     )
@@ -227,13 +220,17 @@ class VLLMBackend:
 
     def describe(self) -> dict[str, Any]:
         """How this worker's results are labelled (for its heartbeat row)."""
-        version, gpu = installed_vllm(), None
+        version, gpu, inventory = installed_vllm(), None, None
         if self.base_url is None or _is_local(self.base_url):
-            gpu = gpu_name()
+            gpu, inventory = gpu_name(), gpu_inventory()
+        gpus = inventory.as_dict() if inventory is not None else {}
+        if gpus:
+            gpus["vllm"] = version
         return {
             "where": where_label(version, gpu, 1, self.base_url),
             "gpu_name": gpu or "",
             "versions": {"vllm": version},
+            "gpus": gpus,
         }
 
     def run(self, params: LabParams, on_progress: ProgressCallback | None = None) -> RunRecord:

@@ -259,9 +259,7 @@ def test_speculation_on_the_stand_in_is_independent_acceptance_at_alpha(
     # Every length from 1 to k + 1 occurs: not vLLM's length schedule (2 or 3 tokens only).
     assert set(steps) == {1, 2, 3, 4}
     c = record.counters
-    assert c.spec_accepted_tokens / c.spec_draft_tokens == pytest.approx(
-        (mean - 1) / 3, rel=0.05
-    )
+    assert c.spec_accepted_tokens / c.spec_draft_tokens == pytest.approx((mean - 1) / 3, rel=0.05)
 
 
 @pytest.mark.usefixtures("fresh_backend_manager")
