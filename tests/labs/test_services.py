@@ -267,3 +267,66 @@ def test_run_fail_does_not_touch_a_finished_run(alice):
     assert not services.run_fail(run_id=run.pk, error="late")
     run.refresh_from_db()
     assert run.state == RunState.DONE and run.error == ""
+
+
+def gpu_worker(kind: str, count: int, host: str) -> None:
+    make_heartbeat(
+        "vllm",
+        hostname=host,
+        queue=f"labs.gpu.{kind}",
+        gpus={"kind": kind, "count": count, "name": kind, "memory_bytes": 80 * 2**30},
+    )
+
+
+def test_a_vllm_run_goes_to_the_queue_of_the_gpu_it_was_priced_for(alice, sent):
+    gpu_worker("l4", 1, "l4@box")
+    gpu_worker("h100-sxm", 2, "h100@box")
+    with mock.patch("django.db.transaction.on_commit", side_effect=lambda f: f()):
+        services.run_request(
+            owner=alice, lab="sandbox", backend="vllm", data={**SMALL, "gpu": "l4"}
+        )
+        services.run_request(
+            owner=alice, lab="sandbox", backend="vllm", data={**SMALL, "gpu": "h100-sxm", "tp": 2}
+        )
+    assert [options["queue"] for _, options in sent] == ["labs.gpu.l4", "labs.gpu.h100-sxm"]
+
+
+def test_a_sweep_over_gpus_sends_each_point_to_its_own_kind(alice):
+    gpu_worker("l4", 1, "l4@box")
+    gpu_worker("h100-sxm", 1, "h100@box")
+    with (
+        mock.patch("django.db.transaction.on_commit", side_effect=lambda f: f()),
+        mock.patch.object(services.run_execute_task, "si") as si,
+        mock.patch.object(services, "group") as group,
+    ):
+        services.sweep_request(
+            owner=alice, lab="sandbox", backend="vllm", data=SMALL, field="gpu",
+            raw_values="l4, h100-sxm",
+        )  # fmt: skip
+        list(group.call_args.args[0])  # the group's signatures, each .set() with its queue
+    queues = [c.kwargs["queue"] for c in si.return_value.set.call_args_list]
+    assert queues == ["labs.gpu.l4", "labs.gpu.h100-sxm"]
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "words"),
+    [
+        ({"gpu": "a100-80gb"}, "gpu", ["l4 (up to 1)", "a100-80gb"]),
+        ({"gpu": "l4", "tp": 2}, "tp", ["at most 1 on l4", "got 2"]),
+        (
+            {"gpu": "l4", "model": "llama-3.1-70b"},
+            "tp",
+            ["weights 141.2 GB (bf16)", "1\u00d7 l4 holds 21.6 GB"],
+        ),
+    ],
+)
+def test_what_no_online_worker_can_start_is_refused_at_submit_by_field(
+    alice, sent, data, field, words
+):
+    gpu_worker("l4", 1, "l4@box")
+    with pytest.raises(ParamError) as info:
+        services.run_request(owner=alice, lab="sandbox", backend="vllm", data={**SMALL, **data})
+    assert list(info.value.errors) == [field]
+    for word in words:
+        assert word in info.value.errors[field]
+    assert not LabRun.objects.exists() and sent == []

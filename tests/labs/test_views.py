@@ -306,3 +306,41 @@ def test_a_lab_links_to_the_cards_whose_presets_open_it(alice_client):
     assert reverse("quiz:card-detail", args=["paged-blocks-demo"]) in html
     assert reverse("labs:preset-open", args=["block-waste-1000-tokens"]) in html
     assert "about-batching" not in html
+
+
+def _options(html: str, name: str) -> dict[str, str]:
+    """value -> label of the <select name=...> options."""
+    select = re.search(rf'<select name="{name}"[^>]*>(.*?)</select>', html, re.S)
+    assert select, name
+    return dict(re.findall(r'<option value="([^"]*)"[^>]*>([^<]*)</option>', select.group(1)))
+
+
+def test_the_lab_page_offers_vllm_only_for_what_online_workers_can_run(alice_client):
+    url = reverse("labs:lab-detail", args=["sandbox"])
+    make_heartbeat("sim")
+    html = alice_client.get(url).content.decode()
+    assert "vllm" not in _options(html, "backend")  # no GPU worker online: not offered
+    for kind, count in (("l4", 1), ("h100-sxm", 2)):
+        make_heartbeat(
+            "vllm", hostname=f"{kind}@box", gpus={"kind": kind, "count": count, "name": kind}
+        )
+    html = alice_client.get(url).content.decode()
+    backends = _options(html, "backend")
+    assert backends["vllm"] == "vLLM (GPU): h100-sxm \u00d72, l4 \u00d71"
+    gpus = _options(html, "gpu")
+    assert gpus["l4"] == "l4" and gpus["h100-sxm"] == "h100-sxm"
+    assert gpus["a100-80gb"] == "a100-80gb (simulator only)"
+    tps = _options(html, "tp")
+    assert (tps["1"], tps["2"], tps["4"]) == ("1", "2", "4 (simulator only)")
+
+
+def test_a_preset_no_worker_can_run_opens_on_the_simulator_saying_what_it_needs(alice_client):
+    make_heartbeat("sim")
+    make_heartbeat("vllm", hostname="l4@box", gpus={"kind": "l4", "count": 1, "name": "NVIDIA L4"})
+    url = reverse("labs:lab-detail", args=["kv-capacity"]) + "?preset=kv-capacity-70b-tp4-8k"
+    html = alice_client.get(url).content.decode()
+    assert "On vLLM this preset needs a vLLM worker with 4\u00d7 h100-sxm" in html
+    assert "so it runs on the simulator here" in html
+    # The form starts on the simulator (the first choice, vLLM not selected).
+    assert list(_options(html, "backend"))[0] == "sim"
+    assert not re.search(r'<option value="vllm"[^>]*selected', html)

@@ -50,3 +50,93 @@ def test_a_real_worker_announces_itself_and_leaves_when_stopped(celery_worker):
     assert WorkerHeartbeat.objects.online().filter(pk=beat.pk).exists()
     celery_worker.stop()
     assert not WorkerHeartbeat.objects.filter(hostname__startswith=celery_worker.name).exists()
+
+
+def test_gpu_workers_serve_vllm_from_their_kind_queue():
+    assert workers.backends_for_queues(["labs.gpu", "labs.gpu.l4"]) == ["vllm"]
+    assert workers.backends_for_queues(["labs.gpu.h100-sxm"]) == ["vllm"]
+    assert workers.backends_for_queues(["labs.gpuish"]) == []
+
+
+@pytest.mark.django_db
+def test_the_offer_is_the_largest_online_worker_of_each_catalog_kind(settings):
+    make_heartbeat("vllm", hostname="a", gpus={"kind": "h100-sxm", "count": 2, "name": "H100"})
+    make_heartbeat("vllm", hostname="b", gpus={"kind": "h100-sxm", "count": 8, "name": "H100"})
+    make_heartbeat("vllm", hostname="c", gpus={"kind": "l4", "count": 1, "name": "NVIDIA L4"})
+    make_heartbeat("vllm", hostname="d", gpus={"kind": "a100-80gb", "count": 4}, age_s=300)
+    make_heartbeat("vllm", hostname="e", gpus={"kind": None, "count": 2, "name": "RTX 4090"})
+    assert workers.gpu_offer() == {"h100-sxm": 8, "l4": 1}
+    labels = {b.backend: b for b in backends_online()}["vllm"].gpus
+    assert "2\u00d7 RTX 4090 (not in the catalog)" in labels
+
+
+def _executable(path, body: str):
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.worker
+def test_runs_reach_the_gpu_worker_of_their_kind(transactional_db, tmp_path, alice):
+    import json
+    import sys
+
+    from labs import services
+    from labs.models import LabRun, RunState
+    from tests.labs.factories import SMALL
+    from tests.labs.vllm.conftest import STANDIN, alive
+    from tests.worker import purge, start_worker
+
+    smi = _executable(tmp_path / "nvidia-smi", 'printf "%b" "$STANDIN_GPUS"')
+    vllm = _executable(tmp_path / "vllm", f'exec "{sys.executable}" "{STANDIN}" "$@"')
+    record = tmp_path / "starts.jsonl"
+    common = {
+        "LABS_NVIDIA_SMI": str(smi),
+        "VLLM_EXECUTABLE": str(vllm),
+        "STANDIN_RECORD": str(record),
+        "STANDIN_FAKE_CONFIG": json.dumps({"ttft_ms": 2, "itl_ms": [1]}),
+    }
+    gpus = {
+        "l4": "0, NVIDIA L4, 23034\\n",
+        "h100-sxm": "0, NVIDIA H100 80GB HBM3, 81559\\n1, NVIDIA H100 80GB HBM3, 81559\\n",
+    }
+    purge([f"labs.gpu.{kind}" for kind in gpus])
+    started = {}
+    try:
+        for kind, table in gpus.items():
+            env = {**common, "STANDIN_GPUS": table, "LABS_VLLM_CACHE_DIR": str(tmp_path / kind)}
+            started[kind] = start_worker(["labs.gpu"], extra_env=env)
+        beats = {b.gpus["kind"]: b for b in WorkerHeartbeat.objects.filter(backend="vllm")}
+        assert beats["l4"].queue == "labs.gpu.l4" and beats["l4"].gpus["count"] == 1
+        assert beats["h100-sxm"].queue == "labs.gpu.h100-sxm"
+        assert beats["h100-sxm"].gpus["memory_bytes"] == 81559 * 1024 * 1024
+        assert workers.gpu_offer() == {"l4": 1, "h100-sxm": 2}
+        runs = {}
+        for kind, tp in (("l4", 1), ("h100-sxm", 2)):
+            data = {**SMALL, "model": "qwen2.5-0.5b", "gpu": kind, "tp": tp}
+            runs[kind] = services.run_request(owner=alice, lab="sandbox", backend="vllm", data=data)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            states = set(LabRun.objects.values_list("state", flat=True))
+            if states <= {RunState.DONE, RunState.FAILED, RunState.CANCELLED}:
+                break
+            time.sleep(0.5)
+        for kind, run in runs.items():
+            run.refresh_from_db()
+            assert run.state == RunState.DONE, (run.error, started[kind].log()[-3000:])
+            assert run.worker.startswith(started[kind].name), (kind, run.worker)
+            assert run.result["completed"] == SMALL["num_prompts"]
+        # The H100 run started vLLM with tensor parallelism over the worker's two GPUs.
+        argvs = [json.loads(line)["argv"] for line in record.read_text().splitlines()]
+        assert any(
+            "--tensor-parallel-size" in a and a[a.index("--tensor-parallel-size") + 1] == "2"
+            for a in argvs
+        )
+    finally:
+        for worker in started.values():
+            worker.stop()
+        if record.exists():
+            for line in record.read_text().splitlines():
+                entry = json.loads(line)
+                for pid in (entry["pid"], entry["grandchild"]):
+                    assert not alive(pid), f"stand-in process {pid} left running"

@@ -142,8 +142,9 @@ class Engine:
         self.spec_k = int(spec.get("k", 0))
         # vLLM's conversion (v1/spec_decode/utils.py): conditional c_i = p_i / p_(i-1).
         rates = [float(r) for r in spec.get("rates", [])]
+        previous = [1.0, *rates][: len(rates)]
         self.spec_conditional = [
-            p / q if q > 0 else 0.0 for p, q in zip(rates, [1.0, *rates[:-1]], strict=True)
+            p / q if q > 0 else 0.0 for p, q in zip(rates, previous, strict=True)
         ]
         self.spec_rng = np.random.default_rng(int(spec.get("seed", 0)))
         self.accepted_per_pos = [0] * self.spec_k
