@@ -30,8 +30,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import fake_vllm  # noqa: E402
-
 SLEEPER = """
 import signal, sys, time
 if sys.argv[1] == "ignore_term":
@@ -76,6 +74,8 @@ def synthetic_rates(spec: dict) -> list[float]:
 def main() -> int:
     argv = sys.argv[1:]
     if argv[:1] == ["--version"]:
+        import fake_vllm
+
         print(fake_vllm.DEFAULTS["version"])
         return 0
     mode = os.environ.get("STANDIN_MODE", "ok")
@@ -98,6 +98,10 @@ def main() -> int:
         print("ERROR EngineCore failed to start.", file=sys.stderr, flush=True)
         print("ValueError: No valid attention backend found", file=sys.stderr, flush=True)
         return 1
+    # Imported after the first log line: FastAPI takes a while to import on a busy machine, as
+    # vLLM takes a while to load its model; the log should say something at once.
+    import fake_vllm
+
     config = fake_vllm.load_config(os.environ.get("STANDIN_FAKE_CONFIG"))
     config["model"] = option(argv, "--served-model-name", argv[1])
     config["block_size"] = int(option(argv, "--block-size", "16"))

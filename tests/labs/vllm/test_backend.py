@@ -8,10 +8,11 @@ import json
 import os
 from typing import Any
 
+import httpx
 import pytest
 
 from labs.backends import get_backend
-from labs.backends.base import RunRecord
+from labs.backends.base import BackendError, RunRecord
 from labs.backends.vllm import backend as vllm_backend
 from labs.backends.vllm.backend import VLLMBackend, where_label
 from labs.backends.vllm.server import MODELS_DIR, ServerError
@@ -97,6 +98,34 @@ def test_failed_requests_are_in_the_record_and_the_run_goes_on(fake_server: Any)
     assert summarize(record)["failed"] == 1
 
 
+def test_a_run_in_which_every_request_failed_fails_with_the_first_reasons(
+    fake_server: Any,
+) -> None:
+    behaviour = {"0": {"status": 500}, "1": {"cut_after_tokens": 2}, "2": {"status": 500}}
+    server = fake_server({"ttft_ms": 2, "itl_ms": [2], "requests": behaviour})
+    backend = VLLMBackend(base_url=server.base_url, metrics_poll_s=0)
+    with pytest.raises(BackendError) as info:
+        backend.run(parse_lab_params({**PARAMS, "num_prompts": 3}))
+    assert str(info.value) == (
+        "every one of the 3 requests failed: HTTP 500: fake internal error; "
+        "stream cut after 2 tokens"
+    )
+
+
+def test_counters_the_server_does_not_report_are_not_reported(fake_server: Any) -> None:
+    # No /metrics scraped (as with a server that is not vLLM): no engine counter is known.
+    server = fake_server({"ttft_ms": 2, "itl_ms": [2]})
+    record = VLLMBackend(base_url=server.base_url, metrics_poll_s=0).run(
+        parse_lab_params({**PARAMS, "num_prompts": 2})
+    )
+    assert record.counters.preemptions is None and record.counters.prefix_cache_hits is None
+    summary = summarize(record)
+    assert summary["preemptions"] is None and summary["prefix_cache_hit_rate"] is None
+    assert summary["completed"] == 2
+    stored = RunRecord.from_dict(json.loads(json.dumps(record.to_dict())))
+    assert stored.counters.preemptions is None
+
+
 def test_no_server_at_base_url_fails_the_run_clearly() -> None:
     from labs.backends.vllm.server import free_port
 
@@ -136,6 +165,19 @@ def test_a_worker_starts_reuses_and_restarts_its_server(
     assert wait_gone([new["pid"], new["grandchild"]]) == []
 
 
+def serving(standin: StandIn) -> bool:
+    """The stand-in server started and answers /health."""
+    starts = standin.starts()
+    if not starts:
+        return False
+    argv = starts[0]["argv"]
+    port = argv[argv.index("--port") + 1]
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 @pytest.mark.usefixtures("fresh_backend_manager")
 def test_a_server_that_dies_during_a_run_fails_it_with_its_log(
     standin: StandIn, monkeypatch: pytest.MonkeyPatch
@@ -143,7 +185,8 @@ def test_a_server_that_dies_during_a_run_fails_it_with_its_log(
     monkeypatch.setenv("STANDIN_FAKE_CONFIG", json.dumps({"ttft_ms": 5000}))
 
     def kill_server(fraction: float) -> None:
-        if standin.starts():
+        # Progress is reported while the server starts too; kill it once the load is on.
+        if serving(standin):
             os.kill(standin.starts()[0]["pid"], 9)
 
     with pytest.raises(ServerError, match="exited with code -9 during the run"):
@@ -164,7 +207,8 @@ def test_a_cancelled_run_stops_the_load_but_keeps_the_server(
     calls = []
 
     def cancel(fraction: float) -> None:
-        calls.append(fraction)
+        if serving(standin):  # not while the server is still starting
+            calls.append(fraction)
         if len(calls) > 2:
             raise Cancelled
 
@@ -182,10 +226,30 @@ def test_settings_vllm_cannot_run_fail_before_anything_starts(standin: StandIn) 
     assert standin.starts() == []
 
 
-def test_it_describes_the_worker_for_its_heartbeat() -> None:
-    info = VLLMBackend().describe()
-    assert info["where"].startswith("vLLM ")
-    assert set(info) == {"where", "gpu_name", "versions"}
+def test_it_describes_the_worker_for_its_heartbeat(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, NVIDIA L4, 23034'\necho '1, NVIDIA L4, 23034'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("LABS_NVIDIA_SMI", str(smi))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    vllm_backend.gpu_inventory.cache_clear()
+    vllm_backend.gpu_name.cache_clear()
+    try:
+        info = VLLMBackend().describe()
+    finally:
+        vllm_backend.gpu_inventory.cache_clear()
+        vllm_backend.gpu_name.cache_clear()
+    assert info["where"].startswith("vLLM ") and info["where"].endswith("on NVIDIA L4")
+    assert set(info) == {"where", "gpu_name", "versions", "gpus"}
+    assert info["gpus"] == {
+        "count": 2,
+        "name": "NVIDIA L4",
+        "kind": "l4",
+        "memory_bytes": 23034 * 1024 * 1024,
+        "vllm": info["versions"]["vllm"],
+    }
 
 
 @pytest.mark.parametrize("slug", sorted(MODELS))

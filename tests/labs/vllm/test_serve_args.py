@@ -40,7 +40,7 @@ VLLM_033_FLAGS: dict[str, str] = {
     "--speculative-config": "notes §1 table and speculative_config keys",
     "--host": "notes §1 example server",
     "--port": "notes §1 example server",
-    "--enable-prompt-tokens-details": "entrypoints/openai/cli_args.py BaseFrontendArgs",
+    "--enable-prompt-tokens-details": "entrypoints/common/cli_args.py BaseFrontendArgs",
     "--tensor-parallel-size": "engine/arg_utils.py EngineArgs (ParallelConfig)",
     "--dtype": "engine/arg_utils.py EngineArgs (ModelConfig.dtype)",
     "--quantization": "engine/arg_utils.py EngineArgs (ModelConfig.quantization)",
@@ -60,7 +60,7 @@ ALLOWED_VALUES = {
 }
 SPEC_KEYS = {  # notes §1: speculative_config keys
     "method", "model", "num_speculative_tokens", "rejection_sample_method",
-    "synthetic_acceptance_length",
+    "synthetic_acceptance_rates",
 }  # fmt: skip
 # Presets vLLM cannot run, and the field that says so (only the simulator has these).
 SIM_ONLY = {"kv_allocation"}
@@ -88,9 +88,11 @@ def check_flags(argv: list[str]) -> None:
                 spec = json.loads(value)
                 assert set(spec) <= SPEC_KEYS
                 assert spec["rejection_sample_method"] == "synthetic"
-                assert (
-                    1 <= spec["synthetic_acceptance_length"] <= spec["num_speculative_tokens"] + 1
-                )
+                # vLLM's SpeculativeConfig: length k, each in [0, 1], non-increasing.
+                rates = spec["synthetic_acceptance_rates"]
+                assert len(rates) == spec["num_speculative_tokens"]
+                assert all(0 <= r <= 1 for r in rates)
+                assert rates == sorted(rates, reverse=True)
             i += 2
         else:
             i += 1
