@@ -82,7 +82,7 @@ class RunRecord:
     requests: list[RequestRecord]
     samples: list[EngineSample]
     counters: EngineCounters
-    duration_s: float  # first arrival to last finish (what throughput divides by)
+    duration_s: float  # what throughput divides by: bench's duration (docs/run-record.md)
     wall_s: float  # real seconds the backend took
     meta: dict[str, Any] = field(default_factory=dict)  # engine args, versions, seed, GPU, ...
 
