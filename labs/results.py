@@ -294,6 +294,8 @@ def compare(
     for m in METRICS:
         measured = _finite(dig(summary, m.measured))
         if measured is None:
+            if m.measured == "preemptions" and m.measured in summary:
+                rows.append(_not_reported(m.label))
             continue
         want = _finite(expected.get(m.predicted)) if m.predicted else None
         diff, ratio = percent_diff(measured, want)
@@ -311,6 +313,19 @@ def compare(
             )
         )
     return rows
+
+
+def _not_reported(label: str) -> Row:
+    """A counter the server did not report (no vLLM /metrics): said so, never shown as 0."""
+    return Row(
+        label=label,
+        measured="not reported",
+        predicted="",
+        diff="",
+        diff_class="",
+        reading="The server's /metrics page did not include this counter.",
+        ratio=None,
+    )
 
 
 def headline(rows: list[Row]) -> str:

@@ -124,6 +124,14 @@ def test_counters_the_server_does_not_report_are_not_reported(fake_server: Any) 
     assert summary["completed"] == 2
     stored = RunRecord.from_dict(json.loads(json.dumps(record.to_dict())))
     assert stored.counters.preemptions is None
+    from labs import results
+    from labs.predict import predict
+
+    params = parse_lab_params({**PARAMS, "num_prompts": 2})
+    rows = {
+        r.label: r for r in results.compare(summary, predict(params).as_dict(), params.as_dict())
+    }
+    assert rows["Preemptions"].measured == "not reported"
 
 
 def test_no_server_at_base_url_fails_the_run_clearly() -> None:
