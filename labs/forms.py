@@ -113,11 +113,12 @@ class LabParamsForm(forms.Form):
         if not vllm_online:
             backend.choices = [(b, label) for b, label in backend.choices if b != "vllm"]
             return
-        if offer:
-            kinds = ", ".join(f"{k} \u00d7{n}" for k, n in sorted(offer.items()))
-            backend.choices = [
-                (b, f"{label}: {kinds}" if b == "vllm" else label) for b, label in backend.choices
-            ]
+        if not offer:
+            return  # a worker measuring a server elsewhere (base_url) announces no GPUs
+        kinds = ", ".join(f"{k} \u00d7{n}" for k, n in sorted(offer.items()))
+        backend.choices = [
+            (b, f"{label}: {kinds}" if b == "vllm" else label) for b, label in backend.choices
+        ]
         largest = max(offer.values(), default=0)
         for name, runnable in (
             ("gpu", lambda value: value in offer),
