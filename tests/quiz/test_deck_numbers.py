@@ -112,3 +112,22 @@ def test_it_checks_every_numeric_card_the_predictor_can_compute():
     unchecked = {c.slug for c in CARDS if c.kind == "numeric" and c.check is None}
     assert numeric >= UNCHECKED, UNCHECKED - numeric
     assert unchecked == UNCHECKED
+
+
+# Wrong answers a card's explanation warns about, as the predictor computes them: the card's
+# tolerance must not accept them.
+MISTAKES: dict[str, dict] = {
+    # E2E with TPOT counted for all n tokens instead of n - 1: the formula for n + 1 tokens.
+    "e2e-latency-from-ttft-tpot": {
+        "formula": "e2e_time_s",
+        "args": {"ttft_s": 0.3, "tpot_s": 0.025, "output_tokens": 401},
+    },
+}
+
+
+@pytest.mark.parametrize("slug", sorted(MISTAKES))
+def test_it_rejects_the_mistake_a_card_warns_about(slug: str):
+    (card,) = [c for c in CARDS if c.slug == slug]
+    mistake = predicted_base(MISTAKES[slug], slug) / UNIT_SIZE[card.numeric_unit]
+    assert not agrees(card, mistake), f"{slug}: the tolerance accepts the mistake {mistake}"
+    assert agrees(card, card.numeric_value)

@@ -20,6 +20,7 @@ figures (PagedAttention's 20.4-38.2 % and < 4 %, vLLM's ~1.5x spec gain), measur
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -161,6 +162,10 @@ def pool_40gb(model: dict[str, Any], context_tokens: int) -> dict[str, Any]:
     return {**model, **gpu, "gpu_memory_utilization": 1.0, "context_tokens": context_tokens}
 
 
+def ceil_div(a: float, b: float) -> float:
+    return math.ceil(a / b)
+
+
 def spec_per_pass(k: int, alpha: float = 0.7) -> Formula:
     return Formula("spec_tokens_per_step", {"k": k, "alpha": alpha})
 
@@ -226,6 +231,8 @@ KV70_8K = Key("kv_bytes_per_seq", R70)
 KV70_8K_FP8 = Key("kv_bytes_per_seq", R70_FP8_KV)
 KV70_2K = Key("kv_bytes_per_seq", {**R70, "context_tokens": 2048})
 SEQS70 = Key("max_concurrent_seqs", R70)
+# The pool in fractional 8,192-token conversations (before rounding down to whole ones).
+KV70_POOL_SEQS = Key("kv_capacity_tokens", R70) / 8192
 SEQS70_2K = Key("max_concurrent_seqs", {**R70, "context_tokens": 2048})
 SEQS70_FP8 = Key("max_concurrent_seqs", R70_FP8_KV)
 SEQS70_FP8_WEIGHTS = Key("max_concurrent_seqs", R70_FP8_WEIGHTS)
@@ -242,6 +249,7 @@ W70_NODE = Key("weight_bytes", NODE70)
 POOL70_NODE = Key("kv_memory_bytes", NODE70)
 SESSIONS70_NODE = Key("max_concurrent_seqs", NODE70)
 NODES70 = Key("replicas_needed", NODE70)
+NODES70_FP8 = Key("replicas_needed", {**NODE70, "kv_dtype": "fp8"})
 NODES70_8K = Key("replicas_needed", NODE70_8K)
 NODES70_8K_FP8 = Key("replicas_needed", {**NODE70_8K, "kv_dtype": "fp8"})
 CHATS_4K = Key("max_concurrent_seqs", {**CAP_4K, "context_tokens": 4096})
@@ -253,6 +261,10 @@ KVTOK70 = Key("kv_bytes_per_token", {"model": "llama-3.1-70b"})
 KVTOK70_FP8 = Key("kv_bytes_per_token", {"model": "llama-3.1-70b", "kv_dtype": "fp8"})
 
 E2E_CHAT = Formula("e2e_time_s", {"ttft_s": 0.3, "tpot_s": 0.025, "output_tokens": 400})
+# The mistake the card warns about: TPOT times all n tokens, i.e. the formula for n + 1 tokens.
+E2E_CHAT_N_TIMES_TPOT = Formula(
+    "e2e_time_s", {"ttft_s": 0.3, "tpot_s": 0.025, "output_tokens": 401}
+)
 E2E_AGENT_CALL = Formula("e2e_time_s", {"ttft_s": 0.4, "tpot_s": 0.02, "output_tokens": 150})
 SPEC_SPEEDUP = Formula("spec_speedup", {"k": 3, "alpha": 0.7, "draft_cost": 0.1})
 
@@ -399,12 +411,13 @@ FIGURES: list[Figure] = [
     *on(
         "chats-per-replica-70b-8k-tp4",
         ("4 × 80 GB × 0.9 = 288 GB", POOL70 + W70, 288, "GB", 0.5),
-        ("≈ 288 − 141 = 147 GB", POOL70, 147, "GB", 0.5),
-        ("≈ 141 GB in BF16", W70, 141, "GB", 0.5),
+        ("288 − 141.2 = 146.8 GB", POOL70, 146.8, "GB", 0.05),
+        ("141.2 GB in BF16", W70, 141.2, "GB", 0.05),
         ("8,192 × 327,680 bytes ≈ 2.68 GB", KV70_8K, 2.68, "GB", 0.005),
-        ("147 / 2.68 ≈ 54.7", Key("kv_capacity_tokens", R70) / 8192, 54.7, "sequences", 0.05),
+        ("146.8 / 2.68 ≈ 54.7", Key("kv_capacity_tokens", R70) / 8192, 54.7, "sequences", 0.05),
         ("About 218 conversations", SEQS70_2K, 218, "sequences", 0),
-        ("(147 GB / 0.67 GB)", KV70_2K, 0.67, "GB", 0.005),
+        ("(146.8 GB / 0.671 GB", KV70_2K, 0.671, "GB", 0.0005),
+        ("0.671 GB ≈ 218.7)", Key("kv_capacity_tokens", R70) / 2048, 218.7, "sequences", 0.05),
     ),
     *on(
         "gpus-for-2000-chats-70b-8k",
@@ -417,6 +430,16 @@ FIGURES: list[Figure] = [
         ("floor(147 / 2.68) = 54", SEQS70, 54, "sequences", 0),
         ("ceil(2,000 / 54) = 38", REPLICAS70, 38, "replicas", 0),
         ("38 × 4 = 152", GPUS70, 152, "GPUs", 0),
+        ("the leftover 0.7 of a conversation", KV70_POOL_SEQS - SEQS70, 0.7, "sequences", 0.05),
+        ("by 54.7 instead", KV70_POOL_SEQS, 54.7, "sequences", 0.05),
+        (
+            "would give 37 replicas",
+            Combined(ceil_div, Const(2000), KV70_POOL_SEQS),
+            37,
+            "replicas",
+            0,
+        ),
+        ("strand 2 conversations", 2000 - SEQS70 * 37, 2, "sequences", 0),
         ("(≈ 1.34 GB per conversation)", KV70_8K_FP8, 1.34, "GB", 0.005),
         ("≈ 109 conversations per replica", SEQS70_FP8, 109, "sequences", 0),
         ("ceil(2,000 / 109) = 19 replicas = 76 GPUs", REPLICAS70_FP8, 19, "replicas", 0),
@@ -465,7 +488,9 @@ FIGURES: list[Figure] = [
         ("≈ 46 sessions", SESSIONS70_NODE, 46, "sequences", 0),
         ("≈ 6 nodes of memory", NODES70, 6, "replicas", 0),
         ("(halves it to ≈ 1.4 TB)", KV70_32K_FP8 * 256, 1.4, "TB", 0.05),
-        ("70 B × 2 bytes ≈ 140 GB", W70_NODE, 140, "GB", 0.5),
+        ("FP8 halves the KV to ≈ 1.4 TB", KV70_32K_FP8 * 256, 1.4, "TB", 0.05),
+        ("still 2.75 times the ≈ 500 GB", KV70_32K_FP8 * 256 / POOL70_NODE, 2.75, "x", 0.005),
+        ("even with FP8 it takes 3 nodes", NODES70_FP8, 3, "replicas", 0),
         ("≈ 690 GB", KV70_8K_NODE * 256, 690, "GB", 5),
         ("so two nodes", NODES70_8K, 2, "replicas", 0),
         ("FP8 KV on one", NODES70_8K_FP8, 1, "replicas", 0),
@@ -485,16 +510,25 @@ FIGURES: list[Figure] = [
     # -- latency: E2E and prefill --------------------------------------------------------------
     *on(
         "e2e-latency-from-ttft-tpot",
-        ("About 10.3 s end to end", E2E_CHAT, 10.3, "s", 0.05),
+        ("10.275 s ≈ 10.28 s end to end", E2E_CHAT, 10.275, "s", 0.0005),
+        ("≈ 10.28 s end to end", E2E_CHAT, 10.28, "s", 0.005),
         ("0.3 + 9.975 = 10.275 s", E2E_CHAT - 0.3, 9.975, "s", 0.0005),
-        ("about 10.3 s.", E2E_CHAT, 10.3, "s", 0.05),
+        ("about 10.28 s.", E2E_CHAT, 10.28, "s", 0.005),
+        ("gives 10.3 s, 25 ms too long", E2E_CHAT_N_TIMES_TPOT, 10.3, "s", 0.0005),
+        ("10.3 s, 25 ms too long", E2E_CHAT_N_TIMES_TPOT - E2E_CHAT, 0.025, "s", 0.0005),
     ),
     *on(
         "when-e2e-beats-ttft",
         ("0.02 × 149 ≈ 3.4 s", E2E_AGENT_CALL, 3.4, "s", 0.05),
         ("about 20 s for six calls", E2E_AGENT_CALL * 6, 20, "s", 0.5),
     ),
-    *on("rag-6000-token-ttft-component", ("≈ 0.2 s", PREFILL_6000, 0.2, "s", 0.01)),
+    *on(
+        "rag-6000-token-ttft-component",
+        ("≈ 0.2 s", PREFILL_6000, 0.2, "s", 0.01),
+        ("≈ 5 ms for an 8B model on an H100", Key("weight_read_s", L8_BATCH1), 5, "ms", 0.5),
+        ("take ≈ 0.2 s there", PREFILL_6000, 0.2, "s", 0.01),
+        ("375 blocks of 16", Key("prompt_blocks", {**L8, "prompt_tokens": 6000}), 375, "blocks", 0),
+    ),
     # -- speculative decoding: k drafts, acceptance alpha, draft cost c ------------------------
     *on(
         "spec-speedup-k3-alpha07",
