@@ -7,6 +7,8 @@ from config import views
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
+    # Pages name the icon in <head>; this answers tools that ask for /favicon.ico without looking.
+    path("favicon.ico", views.favicon, name="favicon"),
     path("accounts/signup/", views.signup, name="signup"),
     path(
         "accounts/login/",

@@ -7,6 +7,7 @@ from django.contrib.auth.forms import UserCreationForm
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.templatetags.static import static
 from django.views.decorators.http import require_GET, require_http_methods
 
 
@@ -35,3 +36,9 @@ def healthz(request: HttpRequest) -> JsonResponse:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return JsonResponse({"ok": True})
+
+
+@require_GET
+def favicon(request: HttpRequest) -> HttpResponse:
+    # Resolved per request: with hashed static names the URL exists only after collectstatic.
+    return redirect(static("favicon.svg"), permanent=True)

@@ -34,6 +34,19 @@ def _finite(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+# Count units in the singular, for exactly one.
+_SINGULAR = {
+    "seqs": "seq",
+    "sequences": "sequence",
+    "tokens": "token",
+    "blocks": "block",
+    "slots": "slot",
+    "requests": "request",
+    "replicas": "replica",
+    "GPUs": "GPU",
+}
+
+
 def format_value(value: Any, unit: str) -> str:
     """A number as a learner reads it: 8.31 ms, 5,719 tok/s, 75%, 128 KiB."""
     number = _finite(value)
@@ -52,6 +65,8 @@ def format_value(value: Any, unit: str) -> str:
             if abs(number) >= scale:
                 return f"{number / scale:.3g} {name}"
         return f"{number:,.0f} B"
+    if number == 1:
+        unit = _SINGULAR.get(unit, unit)  # "1 seq", not "1 seqs"
     suffix = f" {unit}" if unit else ""
     if number.is_integer() or abs(number) >= 100:
         return f"{number:,.0f}{suffix}"

@@ -4,6 +4,7 @@ cards a lab exercises, and the data of a run's and a sweep's charts."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +32,33 @@ def sweep_get_for_owner(*, user: Any, pk: int) -> Sweep:
 
 
 def run_list_for_owner(*, user: Any, limit: int = 100) -> list[LabRun]:
-    """Newest first, sweep runs included, so any two can be compared."""
-    return list(LabRun.objects.for_owner(user).select_related("sweep")[:limit])
+    """Newest first, sweep runs included, so any two can be compared. Each run carries
+    `settings_shown`: the settings that tell it apart from the owner's other runs of its lab."""
+    runs = list(LabRun.objects.for_owner(user).select_related("sweep")[:limit])
+    shown = distinguishing_settings([(run.lab, run.params) for run in runs])
+    for run, settings_shown in zip(runs, shown, strict=True):
+        run.settings_shown = settings_shown
+    return runs
+
+
+# A lab with a single run has nothing to be told apart from; show its first few settings.
+_LONE_RUN_SETTINGS = 3
+
+
+def distinguishing_settings(
+    runs: Sequence[tuple[str, Mapping[str, Any]]],
+) -> list[list[tuple[str, Any]]]:
+    """For each (lab, params): the lab's settings whose values differ between its runs, in the
+    lab's order, so a history row says more than the lab's name ("batching: max_num_seqs 64")."""
+    by_lab: dict[str, list[Mapping[str, Any]]] = {}
+    for lab, params in runs:
+        by_lab.setdefault(lab, []).append(params)
+    differing: dict[str, list[str]] = {}
+    for lab, all_params in by_lab.items():
+        fields = LABS[lab].fields if lab in LABS else tuple(sorted(all_params[0]))
+        varied = [f for f in fields if len({repr(p.get(f)) for p in all_params}) > 1]
+        differing[lab] = varied or list(fields[:_LONE_RUN_SETTINGS])
+    return [[(name, params.get(name)) for name in differing[lab]] for lab, params in runs]
 
 
 def sweep_list_for_owner(*, user: Any, limit: int = 50) -> list[Sweep]:

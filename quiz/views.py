@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
@@ -120,6 +121,7 @@ def _own_showing(request: HttpRequest, token: str) -> Showing:
 
 @require_GET
 @login_required
+@never_cache  # Back from a lab must fetch today's panel again, not show a cached old card
 def today(request: HtmxHttpRequest) -> HttpResponse:
     return _panel(request)
 

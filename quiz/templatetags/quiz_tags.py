@@ -49,6 +49,34 @@ def num(value: float | None) -> str:
     return f"{value:,.6g}" if abs(value) < 1e15 else f"{value:.6g}"
 
 
+# How the cards write their units in prose: "21×", "15 %", "128 KiB".
+_UNIT_SYMBOL = {"x": "×"}
+_UNIT_PHRASE = {"x": "as a multiple (×)"}
+_UNIT_TIGHT = {"×"}  # written against the number, with no space
+
+
+@register.filter
+def unit_symbol(unit: str) -> str:
+    """A card's unit as the card's prose writes it: "x" is "×"."""
+    return _UNIT_SYMBOL.get(unit, unit)
+
+
+@register.filter
+def unit_phrase(unit: str) -> str:
+    """For the answer box's label: "in KiB", "as a multiple (×)"."""
+    return _UNIT_PHRASE.get(unit) or f"in {unit_symbol(unit)}"
+
+
+@register.filter
+def with_unit(number: object, unit: str) -> str:
+    """A number with its unit, as the cards write it: "21×", "128\u00a0KiB" (no break between)."""
+    text = str(number)
+    symbol = unit_symbol(unit or "")
+    if not symbol:
+        return text
+    return f"{text}{symbol}" if symbol in _UNIT_TIGHT else f"{text}\u00a0{symbol}"
+
+
 @register.simple_tag
 def lab_preset_url(slug: str) -> str:
     """The labs page for a preset, or "" until the labs app serves `labs:preset-open`."""

@@ -81,8 +81,13 @@
     });
   }
 
-  function lineChart(canvas, datasets, yTitle, p, yMax) {
-    var options = baseOptions(p, "time in the run (s)", yTitle, true);
+  // Which clock the time axis is: the simulator's virtual time, or the client's wall clock.
+  function timeAxisTitle(simulated) {
+    return simulated ? "simulated time in the run (s), not wall-clock" : "wall-clock time in the run (s)";
+  }
+
+  function lineChart(canvas, datasets, yTitle, p, yMax, xTitle) {
+    var options = baseOptions(p, xTitle || timeAxisTitle(false), yTitle, true);
     options.scales.x.type = "linear";
     options.elements = { point: { radius: 0 }, line: { borderWidth: 2 } };
     if (yMax) options.scales.y.max = yMax;
@@ -94,21 +99,22 @@
       var data = readJSON(box.dataset.charts);
       if (!data) return;
       var p = palette(), engine = data.engine || { t_s: [] }, tps = data.tokens_per_s || { t_s: [], value: [] };
+      var xTitle = timeAxisTitle(data.simulated);
       box.querySelectorAll("canvas[data-chart]").forEach(function (canvas) {
         var kind = canvas.dataset.chart;
         if (kind === "ttft") histogramChart(canvas, data.ttft_s, "TTFT", p);
         if (kind === "itl") histogramChart(canvas, data.itl_s, "ITL", p);
         if (kind === "throughput") {
-          lineChart(canvas, [{ label: "output tokens/s", data: points(tps.t_s, tps.value), borderColor: p.accent, backgroundColor: p.accent, stepped: true }], "tokens/s", p);
+          lineChart(canvas, [{ label: "output tokens/s", data: points(tps.t_s, tps.value), borderColor: p.accent, backgroundColor: p.accent, stepped: true }], "tokens/s", p, null, xTitle);
         }
         if (kind === "queues") {
           lineChart(canvas, [
             { label: "running", data: points(engine.t_s, engine.running), borderColor: p.accent, backgroundColor: p.accent },
             { label: "waiting", data: points(engine.t_s, engine.waiting), borderColor: p.warn, backgroundColor: p.warn },
-          ], "sequences", p);
+          ], "sequences", p, null, xTitle);
         }
         if (kind === "kv") {
-          lineChart(canvas, [{ label: "KV cache in use", data: points(engine.t_s, engine.kv_usage, 100), borderColor: p.good, backgroundColor: p.good }], "% of the pool", p, 100);
+          lineChart(canvas, [{ label: "KV cache in use", data: points(engine.t_s, engine.kv_usage, 100), borderColor: p.good, backgroundColor: p.good }], "% of the pool", p, 100, xTitle);
         }
       });
     });

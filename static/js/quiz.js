@@ -29,6 +29,10 @@
   function onKey(event) {
     const root = panel();
     if (!root || event.ctrlKey || event.metaKey || event.altKey || event.isComposing) return;
+    if (event.target && event.target.id === "answer-value") {
+      onNumberBoxKey(event, root);
+      return;
+    }
     if (isTyping(event.target)) return; // Enter in the number box submits its own form
     const key = event.key;
     const side = root.dataset.side;
@@ -54,6 +58,20 @@
     } else if (side === "answer") {
       if (activate) handled = press(root.querySelector("[data-suggested]"));
       else if (/^[1-4]$/.test(key)) handled = press(root.querySelector('[data-rating="' + key + '"]'));
+    }
+    if (handled) event.preventDefault();
+  }
+
+  // The number box has the focus on a numeric card, so the page's keys must work in it too: no
+  // number holds a "u", so u undoes; Space in the empty box shows the answer (after a digit it
+  // stays a thousands separator, "1 748"). Enter submits the box's own form, which checks.
+  function onNumberBoxKey(event, root) {
+    let handled = false;
+    if (event.key === "u" || event.key === "U") {
+      press(root.querySelector("[data-undo]"));
+      handled = true; // never typed: it cannot be part of a number
+    } else if (event.key === " " && event.target.value.trim() === "") {
+      handled = press(root.querySelector("[data-reveal]"));
     }
     if (handled) event.preventDefault();
   }
@@ -274,6 +292,13 @@
       });
     }
   }
+
+  // Back from another page can restore this one from the back/forward cache, panel and all, as it
+  // was when the learner left; the quiz has moved on since (or was answered in another tab).
+  // Fetch it again. (The server also sends no-store, so a plain Back reloads anyway.)
+  window.addEventListener("pageshow", function (event) {
+    if (event.persisted && panel()) window.location.reload();
+  });
 
   document.addEventListener("DOMContentLoaded", function () {
     document.documentElement.dataset.quiz = "ready"; // lets browser tests wait for the keys

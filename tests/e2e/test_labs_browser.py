@@ -78,6 +78,13 @@ def test_block_size_updates_the_prediction_then_a_run_draws_its_charts(page, cel
         page.wait_for_function(CHART_DRAWN, arg=f'canvas[data-chart="{chart}"]')
     caption = page.locator("table.results caption").inner_text()
     assert "simulated on CPU" in caption
+    # Two clocks on one page: the worker's wall clock for the run, the simulator's for the axis.
+    assert "s of wall-clock time to simulate" in page.locator(".run-took").inner_text()
+    axis = page.evaluate(
+        "Chart.getChart(document.querySelector('canvas[data-chart=\"kv\"]'))"
+        ".options.scales.x.title.text"
+    )
+    assert axis == "simulated time in the run (s), not wall-clock"
     ttft = page.locator("table.results tr", has_text="TTFT, median")
     assert re.fullmatch(r"[\d.]+ m?s", ttft.locator("td.measured").inner_text())
     assert re.fullmatch(r"[\d.]+ m?s", ttft.locator("td.predicted").inner_text())

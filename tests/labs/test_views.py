@@ -344,3 +344,21 @@ def test_a_preset_no_worker_can_run_opens_on_the_simulator_saying_what_it_needs(
     # The form starts on the simulator (the first choice, vLLM not selected).
     assert list(_options(html, "backend"))[0] == "sim"
     assert not re.search(r'<option value="vllm"[^>]*selected', html)
+
+
+def test_history_rows_show_the_settings_that_set_runs_apart(alice_client, alice, done_run):
+    make_run(alice, lab="paged-kv", params={**done_run.params, "block_size": 64})
+    html = alice_client.get(reverse("labs:run-list")).content.decode()
+    rows = re.findall(r'<span class="run-settings small">(.*?)</span></td>', html, re.S)
+    # Both paged-kv rows name block_size, each with its own value (not just "paged-kv").
+    assert len(rows) == 2
+    assert "block_size <strong>64</strong>" in rows[0]
+    assert "block_size <strong>16</strong>" in rows[1]
+
+
+def test_the_run_page_says_which_clock_each_time_is(alice_client, done_run):
+    html = alice_client.get(done_run.get_absolute_url()).content.decode()
+    took = re.search(r'<span class="muted small run-took"[^>]*>(.*?)</span>', html, re.S)
+    assert took, "no duration on the run page"
+    assert "s of wall-clock time to simulate" in took.group(1)
+    assert "of GPU time" in took.group(1)

@@ -285,3 +285,46 @@ def test_it_uses_the_same_few_queries_for_10_or_200_cards(alice, bob):
     # Measured: 18 to show (a new card creates its state row), 20 to reveal, 26 to grade and
     # show the next one; sessions, auth and savepoints included.
     assert show_n <= 18 and reveal_n <= 20 and grade_n <= 26, large
+
+
+def test_it_labels_the_counters_new_learning_and_review(alice_client):
+    make_card()
+    html = alice_client.get(reverse("quiz:today")).content.decode()
+    counts = html[html.index('class="quiz-counts"') : html.index("</p>", html.index("quiz-counts"))]
+    for label in ("new", "learning", "review"):
+        # Visible, not only for screen readers: "20 0 0" alone meant nothing to a new learner.
+        assert f'<span class="count-label">{label}</span>' in counts
+    assert '<span class="count-n">1</span>' in counts
+
+
+def test_it_writes_a_multiple_as_the_cards_do(alice_client):
+    # The card's prose writes "21×"; the box, the verdict and the answer say it the same way.
+    make_card("numeric", numeric_value=21.0, numeric_unit="x", numeric_tolerance=0.5)
+    token = open_card(alice_client)
+    question = alice_client.get(reverse("quiz:today")).content.decode()
+    assert '<span class="numeric-unit">×</span>' in question
+    assert "Your answer, as a multiple (×)" in question
+    answer = reveal(alice_client, token, value="12").content.decode()
+    assert "You said <strong>12×</strong>" in answer and "the answer is 21×" in answer
+    assert "12 x" not in answer and "21 x" not in answer
+
+
+def test_it_keeps_a_space_between_a_number_and_a_word_unit(alice_client):
+    make_card("numeric")  # 128 KiB
+    answer = reveal(alice_client, open_card(alice_client), value="100").content.decode()
+    assert "the answer is 128\u00a0KiB" in answer
+
+
+def test_the_numeric_card_says_where_space_shows_the_answer(alice_client):
+    # The box has the focus; Space there is a thousands separator once a digit is typed.
+    make_card("numeric")
+    html = alice_client.get(reverse("quiz:today")).content.decode()
+    assert "<kbd>Space</kbd> in the empty box shows the answer" in html
+    assert "<kbd>Space</kbd> shows the answer" not in html
+
+
+def test_it_tells_the_browser_not_to_keep_todays_page(alice_client):
+    # Back from a lab must fetch the panel again, not restore the card answered before leaving.
+    make_card()
+    response = alice_client.get(reverse("quiz:today"))
+    assert "no-store" in response["Cache-Control"]
