@@ -85,6 +85,10 @@ def _initial_text(value: object) -> str:
     return str(value)
 
 
+# Settings every lab shows in its run bar rather than among its own fields.
+RUN_BAR_FIELDS = ("sim_profile",)
+
+
 class LabParamsForm(forms.Form):
     """All lab parameters plus the backend. `params` holds the validated LabParams."""
 
@@ -99,6 +103,8 @@ class LabParamsForm(forms.Form):
         self.fields["backend"].widget = forms.Select(
             choices=[(b, BACKEND_LABELS.get(b, b)) for b in backends], attrs={"form": FORM_ID}
         )
+        # Shown beside "Run on" in every lab (outside the settings form, so it names it).
+        self.fields["sim_profile"].widget.attrs["form"] = FORM_ID
         self.params: LabParams | None = None
 
     def offer_gpus(self, vllm_online: bool, offer: dict[str, int]) -> None:
@@ -154,7 +160,7 @@ class LabParamsForm(forms.Form):
 
     def carried_fields(self) -> list[tuple[str, str]]:
         """Values of the settings this lab does not show, sent along as hidden inputs."""
-        shown = set(self.lab.fields)
+        shown = {*self.lab.fields, *RUN_BAR_FIELDS}
         carried = []
         for f in PARAM_FIELDS:
             if f.name in shown:

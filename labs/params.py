@@ -350,6 +350,15 @@ PARAM_FIELDS: tuple[ParamField, ...] = (
         unit="ms",
         help="fixed time added to every engine step (scheduling, kernel launches)",
     ),
+    ParamField(
+        "sim_profile",
+        "choice",
+        "realistic",
+        group="engine",
+        choices=("realistic", "ideal"),
+        help="simulator only: realistic (kernel efficiencies, per-step and communication costs"
+        " calibrated to published vLLM runs) or ideal (the roofline, as the formulas price it)",
+    ),
     _float(
         "activation_reserve_gb",
         0.0,
@@ -485,6 +494,7 @@ class EngineConfig:
     activation_reserve_bytes: int = 0
     compute_efficiency: float = 1.0
     bandwidth_efficiency: float = 1.0
+    sim_profile: str = "realistic"
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,14 @@ The formulas are those of DESIGN.md ("What predicted means"):
 - Speculative decoding, k drafts accepted with probability alpha and costing c each relative to
   a target pass: (1 - alpha^(k+1)) / (1 - alpha) tokens per pass, a speedup of that / (k c + 1).
 
+Under the learner's load (`predict_load`): concurrency above the batch runs in waves and waits
+whole waves before its first step, a Poisson rate above the engine's capacity builds a queue that
+grows for the whole run, and a KV pool smaller than the batch caps the batch. The idle numbers
+(`ttft_s`, `e2e_s`: one request on an idle engine) stay as the deck's cards use them.
+
 Left out on purpose: attention FLOPs (small next to 2 x parameters below ~10k tokens), tensor-
-parallel communication, and queueing; the simulator (labs/sim/) adds queueing and batching on top
-of the same `step_time_s`.
+parallel communication and the kernels' real efficiencies; the simulator's engine model
+(labs/sim/engine_model.py) adds those on its realistic profile, and queueing step by step.
 
 Standard library and numpy only; never Django (a test checks it), so the simulator and the lab
 pages can call it on every step or slider change.
@@ -27,6 +32,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 from typing import Literal
+
+import numpy as np
 
 from labs.catalog import KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, Hardware, ModelSpec
 from labs.params import EngineConfig, LabParams, Workload
@@ -246,6 +253,118 @@ def spec_speedup(k: int, alpha: float, draft_cost: float) -> float:
     return spec_tokens_per_step(k, alpha) / (k * draft_cost + 1)
 
 
+# -- under load ----------------------------------------------------------------------------------
+
+
+def wave_prefill_s(
+    hardware: Hardware,
+    model: ModelSpec,
+    engine: EngineConfig,
+    batch: int,
+    prompt_tokens: int,
+    cached_tokens: int = 0,
+) -> float:
+    """Time to prefill `batch` prompts admitted together: their uncached tokens in steps of
+    the token budget (max_num_batched_tokens), each step compute-bound on a full budget."""
+    if batch <= 1:
+        return prefill_time_s(hardware, model, engine, prompt_tokens, cached_tokens)
+    total = batch * max(prompt_tokens - cached_tokens, 0)
+    full, rest = divmod(total, engine.max_num_batched_tokens)
+    seconds = full * step_time_s(hardware, model, engine, engine.max_num_batched_tokens, 0, 0)
+    if rest:
+        seconds += step_time_s(hardware, model, engine, rest, 0, 0)
+    return seconds
+
+
+def wave_service_s(
+    hardware: Hardware,
+    model: ModelSpec,
+    engine: EngineConfig,
+    batch: int,
+    workload: Workload,
+    cached_tokens: int = 0,
+) -> tuple[float, float]:
+    """(mean time to first token, time to finish) of a wave of `batch` equal requests admitted
+    together: the wave's prefill, then (output - 1) decode steps at the mean context
+    prompt + output / 2. A request's first token comes, on average, halfway through the wave's
+    prefill (all of it for a batch of one)."""
+    prefill = wave_prefill_s(hardware, model, engine, batch, workload.prompt_tokens, cached_tokens)
+    first = prefill * (batch + 1) / (2 * batch)
+    context = workload.prompt_tokens + workload.output_tokens // 2
+    decode = decode_step_time(hardware, model, engine, batch, context)
+    return first, prefill + decode * (workload.output_tokens - 1)
+
+
+def closed_loop_waits_s(
+    num_prompts: int, concurrency: int, batch: int, service_s: float
+) -> np.ndarray:
+    """Each request's wait before its first step when a client keeps `concurrency` requests in
+    flight and the engine runs `batch` at a time, each wave taking `service_s`.
+
+    Request i runs in wave i // batch, which starts at (i // batch) x service_s. The first
+    `concurrency` requests are issued at 0; request i after them when request i - concurrency
+    finishes, at (1 + (i - concurrency) // batch) x service_s. Concurrency above the batch
+    therefore waits whole waves: that is the queueing a TTFT then shows.
+    """
+    i = np.arange(num_prompts)
+    start = (i // batch) * service_s
+    issued = np.where(i < concurrency, 0.0, (1 + (i - concurrency) // batch) * service_s)
+    return np.maximum(start - issued, 0.0)
+
+
+def open_loop_wait_s(num_prompts: int, rate: float, capacity: float) -> float:
+    """Mean wait of `num_prompts` Poisson arrivals at `rate` on an engine that finishes
+    `capacity` requests/s: above capacity the k-th waits about k (1/capacity - 1/rate), a queue
+    that grows for the whole run; below it the queue stays short and is taken as 0."""
+    if rate <= capacity:
+        return 0.0
+    return (num_prompts - 1) / 2 * (1 / capacity - 1 / rate)
+
+
+@dataclass(frozen=True)
+class LoadPrediction:
+    """What the learner's load does: the batch that runs, how long requests queue, TTFT and E2E
+    including that queueing. With one request in flight these are the idle numbers."""
+
+    batch: int
+    capacity_requests_per_s: float
+    queue_wait_s: float
+    queue_wait_p50_s: float
+    ttft_s: float
+    ttft_p50_s: float
+    e2e_s: float
+
+
+def predict_load(params: LabParams, batch: int, cached_tokens: int = 0) -> LoadPrediction:
+    """Queueing under the lab's load: closed-loop `max_concurrency` (or `concurrency`) clients,
+    or Poisson arrivals at `request_rate`, on an engine running at most `batch` sequences (the
+    smaller of max_num_seqs, the KV pool and the load)."""
+    model, hw, engine, work = params.model, params.hardware, params.engine, params.workload
+    in_flight = work.max_concurrency if work.max_concurrency is not None else work.concurrency
+    in_flight = max(1, min(in_flight, work.num_prompts))
+    batch = max(1, min(batch, in_flight))
+    first, service = wave_service_s(hw, model, engine, batch, work, cached_tokens)
+    capacity = batch / service if service > 0 else math.inf
+    if work.request_rate is None:
+        waits = closed_loop_waits_s(work.num_prompts, in_flight, batch, service)
+        mean_wait, p50_wait = float(waits.mean()), float(np.median(waits))
+    else:
+        mean_wait = open_loop_wait_s(work.num_prompts, work.request_rate, capacity)
+        p50_wait = mean_wait
+    decode_part = service - wave_prefill_s(
+        hw, model, engine, batch, work.prompt_tokens, cached_tokens
+    )
+    return LoadPrediction(
+        batch=batch,
+        capacity_requests_per_s=capacity,
+        queue_wait_s=mean_wait,
+        queue_wait_p50_s=p50_wait,
+        ttft_s=first + mean_wait,
+        ttft_p50_s=first + p50_wait,
+        e2e_s=mean_wait + first + decode_part,
+    )
+
+
 # -- the whole prediction ----------------------------------------------------------------------
 
 
@@ -284,6 +403,12 @@ class Prediction:
     spec_speedup_at_batch: float | None
     bound: Bound
     fits: bool
+    # Under the learner's load (predict_load): None where nothing fits.
+    capacity_requests_per_s: float | None = None
+    queue_wait_s: float | None = None
+    loaded_ttft_s: float | None = None
+    loaded_ttft_p50_s: float | None = None
+    loaded_e2e_s: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -338,6 +463,7 @@ def predict(params: LabParams) -> Prediction:
         bound = "memory-bandwidth"
 
     rate = memory_rate(hw, engine)
+    load = predict_load(params, per_replica, cached) if fits else None
     return Prediction(
         kv_bytes_per_token=per_token,
         kv_bytes_per_seq=blocks_for_tokens(work.context_tokens, bs) * bs * per_token,
@@ -370,4 +496,9 @@ def predict(params: LabParams) -> Prediction:
         spec_speedup_at_batch=decode_s / tpot if fits else None,
         bound=bound,
         fits=fits,
+        capacity_requests_per_s=load.capacity_requests_per_s if load else None,
+        queue_wait_s=load.queue_wait_s if load else None,
+        loaded_ttft_s=load.ttft_s if load else None,
+        loaded_ttft_p50_s=load.ttft_p50_s if load else None,
+        loaded_e2e_s=load.e2e_s if load else None,
     )

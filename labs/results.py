@@ -106,6 +106,11 @@ PREDICTED_LABELS: dict[str, tuple[str, str]] = {
     "spec_speedup_at_batch": ("Speculative speedup at this batch", "x"),
     "bound": ("Decode is bound by", ""),
     "fits": ("Fits in memory", ""),
+    "capacity_requests_per_s": ("Requests per second the engine finishes", "req/s"),
+    "queue_wait_s": ("Wait for a slot under this load (mean)", "s"),
+    "loaded_ttft_s": ("Time to first token under this load (mean)", "s"),
+    "loaded_ttft_p50_s": ("Time to first token under this load (median)", "s"),
+    "loaded_e2e_s": ("End-to-end latency under this load (mean)", "s"),
 }
 
 
@@ -236,11 +241,11 @@ class Metric:
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric("TTFT, median", "ttft_s.p50", "ttft_s", "s", _read_ttft),
+    Metric("TTFT, median", "ttft_s.p50", "loaded_ttft_p50_s", "s", _read_ttft),
     Metric("TTFT, p99", "ttft_s.p99", None, "s"),
     Metric("TPOT, median", "tpot_s.p50", "tpot_s", "s", _read_tpot),
     Metric("ITL, p99", "itl_s.p99", None, "s"),
-    Metric("E2E latency, median", "e2e_s.p50", "e2e_s", "s", _read_e2e),
+    Metric("E2E latency, mean", "e2e_s.mean", "loaded_e2e_s", "s", _read_e2e),
     Metric(
         "Output tokens/s", "output_tokens_per_s", "output_tokens_per_s", "tok/s", _read_throughput
     ),
@@ -264,6 +269,9 @@ METRICS: tuple[Metric, ...] = (
 def derived_predictions(predicted: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
     """Predicted values the table compares that the predictor does not name directly."""
     extra: dict[str, Any] = dict(predicted)
+    # Runs stored before the load-aware predictions compare with the idle numbers.
+    extra.setdefault("loaded_ttft_p50_s", predicted.get("ttft_s"))
+    extra.setdefault("loaded_e2e_s", predicted.get("e2e_s"))
     prompt = _finite(params.get("prompt_tokens"))
     cached = _finite(predicted.get("prefix_cached_tokens"))
     if params.get("prefix_caching") and prompt and cached is not None:
@@ -343,12 +351,80 @@ def _not_reported(label: str) -> Row:
     )
 
 
-def headline(rows: list[Row]) -> str:
-    """One line: the biggest disagreement and why, or that they agree."""
+def headline(rows: list[Row], breakdown: Mapping[str, Any] | None = None) -> str:
+    """One line: the biggest disagreement and why (or that they agree), then where the time
+    went when the run has a breakdown."""
     compared = [r for r in rows if r.ratio is not None and r.ratio > 0]
+    where = breakdown_sentence(breakdown)
     if not compared:
-        return ""
+        return where
     worst = max(compared, key=lambda r: abs(math.log(r.ratio or 1)))
     if worst.diff_class == "agree":
-        return "Measured and predicted agree within 15%: the run behaved like the formulas."
-    return f"{worst.label} differs most ({worst.diff}): {worst.reading}"
+        line = "Measured and predicted agree within 15%: the run behaved like the formulas."
+    else:
+        line = f"{worst.label} differs most ({worst.diff}): {worst.reading}"
+    return f"{line} {where}".strip()
+
+
+# -- where the time went -----------------------------------------------------------------------
+
+# Why each part of a breakdown exists, for the sentence naming the largest.
+PART_WHY: dict[str, str] = {
+    "ideal": "the roofline work itself (weights and KV read at peak bandwidth, FLOPs at peak)",
+    "efficiency": "kernels running below the GPU's peak bandwidth and FLOP/s",
+    "overhead": "fixed per-step costs (scheduling, launches, sampling) and per-sequence work",
+    "communication": "all-reduces between the tensor-parallel GPUs",
+    "queueing": "waiting for a slot before the first step",
+    "prefill_interference": "decode steps that also carried other requests' prompts",
+    "preemption": "recomputing sequences the KV pool evicted",
+    "speculation": "drafting and verifying speculative tokens",
+    "unexplained": "what the engine model does not account for on this GPU",
+}
+
+
+def breakdown_bars(breakdown: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The stacked bars of a run page: for mean E2E and mean TPOT, each non-zero part with its
+    seconds and share of the total (a negative "unexplained" is listed, not drawn)."""
+    from labs.sim.breakdown import PART_LABELS
+
+    bars = []
+    for key, label in (
+        ("e2e_s", "Mean end-to-end latency"),
+        ("tpot_s", "Mean time per output token"),
+    ):
+        section = (breakdown or {}).get(key)
+        total = _finite((section or {}).get("total"))
+        if not section or not total:
+            continue
+        drawn = sum(max(0.0, _finite(v) or 0.0) for v in section["parts"].values()) or 1.0
+        parts = []
+        for name, value in section["parts"].items():
+            seconds = _finite(value) or 0.0
+            if abs(seconds) < total * 1e-4:
+                continue
+            parts.append(
+                {
+                    "name": name,
+                    "label": PART_LABELS.get(name, name),
+                    "value": format_value(seconds, "s"),
+                    "share": f"{seconds / total * 100:.0f}%",
+                    "width": f"{max(seconds, 0.0) / drawn * 100:.2f}",
+                }
+            )
+        bars.append({"key": key, "label": label, "total": format_value(total, "s"), "parts": parts})
+    return bars
+
+
+def breakdown_sentence(breakdown: Mapping[str, Any] | None) -> str:
+    """'Most of the mean E2E (62%) went to queueing before the first step: ...'"""
+    from labs.sim.breakdown import PART_LABELS, largest_part
+
+    name, share = largest_part(breakdown)
+    if not name:
+        return ""
+    expected = (breakdown or {}).get("source") == "expected"
+    verb = "is expected to have gone" if expected and name != "unexplained" else "went"
+    return (
+        f"The largest part of the mean end-to-end latency ({share * 100:.0f}%) {verb} to "
+        f"{PART_LABELS.get(name, name)}: {PART_WHY.get(name, name)}."
+    )

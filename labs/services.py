@@ -364,6 +364,7 @@ class _Outcome:
 
 def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     from labs.backends import get_backend
+    from labs.backends.sim import run_breakdown
     from labs.metrics import summarize
 
     params = parse_lab_params(run.params)
@@ -371,6 +372,7 @@ def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     record = backend.run(params, _progress_reporter(run.pk, beat))
     summary = summarize(record)
     summary["meta"] = _json_safe(getattr(record, "meta", {}) or {})
+    summary["breakdown"] = _json_safe({"b": run_breakdown(params, record, summary)})["b"]
     return _Outcome(result=summary, where=str(record.where))
 
 

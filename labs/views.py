@@ -197,12 +197,15 @@ def sweep_create(request: HttpRequest, lab: str) -> HttpResponse:
 def _run_context(run: Any) -> dict[str, Any]:
     lab = LABS.get(run.lab) or LABS["sandbox"]
     rows = results.compare(run.result, run.predicted, run.params)
+    breakdown = (run.result or {}).get("breakdown")
     return {
         "run": run,
         "lab": lab,
         "where": selectors.where_label(run),
         "rows": rows,
-        "headline": results.headline(rows),
+        "headline": results.headline(rows, breakdown),
+        "breakdown": results.breakdown_bars(breakdown),
+        "breakdown_source": (breakdown or {}).get("source"),
         "charts": selectors.run_charts(run) if run.result else None,
         "shown_params": [(name, run.params.get(name)) for name in lab.fields],
         "next_url": reverse("labs:lab-detail", args=[lab.slug])

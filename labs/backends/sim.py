@@ -1,21 +1,26 @@
 """The `sim` backend: lab parameters -> the simulator in labs/sim/ -> a RunRecord.
 
-The KV pool is the predictor's KV capacity (or `kv_capacity_tokens`) in whole blocks; the step
-cost is the predictor's `step_time_s`. One seed drives two independent streams, the workload's
-lengths and arrivals (`lab_workload`, shared with the vllm backend) and the run's draft
-acceptance, so changing speculation settings does not change the requests.
+The KV pool is the predictor's KV capacity (or `kv_capacity_tokens`) in whole blocks; steps are
+priced by the engine model of the lab's `sim_profile` (labs/sim/engine_model.py: `realistic`,
+calibrated to published vLLM runs, or `ideal`, the predictor's roofline). One seed drives two
+independent streams, the workload's lengths and arrivals (`lab_workload`, shared with the vllm
+backend) and the run's draft acceptance, so changing speculation settings does not change the
+requests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
 from labs.backends.base import ProgressCallback, RunRecord
 from labs.params import LabParams, ParamError
 from labs.predict import kv_capacity_tokens
-from labs.sim.cost_model import RooflineCostModel
+from labs.sim.cost_model import build_cost_model
+from labs.sim.engine_model import where_label
 from labs.sim.scheduler import SchedulerConfig
 from labs.sim.simulator import SimConfigError, Simulator, StepInfo
 from labs.sim.workload import lab_workload
@@ -61,7 +66,7 @@ def build_simulator(
         return Simulator(
             config,
             workload,
-            RooflineCostModel(params.hardware, params.model, engine),
+            build_cost_model(params.hardware, params.model, engine),
             np.random.default_rng(run_seed),
             on_progress=on_progress,
             on_step=on_step,
@@ -79,8 +84,10 @@ class SimBackend:
         simulator = build_simulator(params, on_progress=on_progress)
         record = simulator.run()
         config = simulator.config
+        record.where = where_label(params.hardware, params.engine.sim_profile)
         record.meta.update(
             {
+                "sim_profile": params.engine.sim_profile,
                 "seed": params.workload.seed,
                 "params": params.as_dict(),
                 "num_gpu_blocks": config.num_gpu_blocks,
@@ -88,3 +95,33 @@ class SimBackend:
             }
         )
         return record
+
+
+def run_breakdown(
+    params: LabParams, record: RunRecord, measured: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Where a finished run's time went (labs/sim/breakdown.py), for any backend.
+
+    A simulated run knows its parts step by step (record.meta["breakdown"]). For a real run the
+    same workload is simulated on the realistic profile to get the expected parts, and what the
+    measurement has beyond them is shown as "unexplained" (negative when the GPU beat the model).
+    """
+    if record.simulated:
+        return record.meta.get("breakdown")
+    realistic = replace(params, engine=replace(params.engine, sim_profile="realistic"))
+    try:
+        expected = build_simulator(realistic).run().meta["breakdown"]
+    except (ParamError, ValueError, RuntimeError):
+        return None
+    result: dict[str, Any] = {**expected, "source": "expected"}
+    for key in ("e2e_s", "tpot_s"):
+        section = expected.get(key)
+        value = (measured.get(key) or {}).get("mean")
+        if not section or value is None:
+            result[key] = None
+            continue
+        parts = dict(section["parts"])
+        parts["unexplained"] = value - section["total"]
+        result[key] = {"total": value, "parts": parts}
+    result["parts"] = [*expected["parts"], "unexplained"]
+    return result

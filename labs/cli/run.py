@@ -3,8 +3,10 @@
     python manage.py lab run --backend sim --num-prompts 200 --request-rate 8 --seed 0 --json
 
 With --json, one object: {"backend", "where", "measured": labs.metrics.summarize(...) without
-the chart series, "predicted": labs.predict.predict(...).as_dict()}. Without it, a table.
-Every lab parameter is an option (labs.cli.add_param_options), validated by parse_lab_params.
+the chart series, "predicted": labs.predict.predict(...).as_dict(), "breakdown": where the mean
+E2E and TPOT went (labs/sim/breakdown.py)}. Without it, a table and the breakdown.
+Every lab parameter is an option (labs.cli.add_param_options), validated by parse_lab_params;
+`--sim-profile realistic|ideal` picks the simulator's engine model.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from labs.backends import BACKENDS, get_backend
+from labs.backends.sim import run_breakdown
 from labs.cli import add_param_options, params_from_args
 from labs.metrics import SLO_KEYS, summarize
 from labs.params import ParamError, align_run_batch
@@ -79,16 +82,19 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
     measured = summarize(record, slo_ms)
     measured.pop("series")
     predicted = predict(params).as_dict()
+    breakdown = run_breakdown(params, record, measured)
     if options.get("json"):
         result = {
             "backend": record.backend,
             "where": record.where,
             "measured": measured,
             "predicted": predicted,
+            "breakdown": breakdown,
         }
         stdout.write(json.dumps(result) + "\n")
     else:
         stdout.write(format_table(record.where, measured, predicted))
+        stdout.write(format_breakdown(breakdown))
 
 
 def _ms(value: float | None) -> str:
@@ -136,4 +142,24 @@ def format_table(where: str, measured: Mapping[str, Any], predicted: Mapping[str
             shown = fmt(measured[key])
             pred = fmt(predicted.get(pred_key)) if pred_key else ""
         lines.append(f"  {label:<24}{shown:>39}{pred:>15}")
+    return "\n".join(lines) + "\n"
+
+
+def format_breakdown(breakdown: Mapping[str, Any] | None) -> str:
+    """Where the mean E2E and TPOT went, one line per part, and the sentence naming the largest."""
+    from labs.results import breakdown_sentence
+    from labs.sim.breakdown import PART_LABELS
+
+    if not breakdown:
+        return ""
+    lines = [f"where the time went ({breakdown['source']}):"]
+    for key, label in (("e2e_s", "mean E2E"), ("tpot_s", "mean TPOT")):
+        section = breakdown.get(key)
+        if not section:
+            continue
+        lines.append(f"  {label} {_ms(section['total'])}")
+        for name, value in section["parts"].items():
+            if abs(value) >= 1e-9:
+                lines.append(f"    {PART_LABELS.get(name, name):<40}{_ms(value):>13}")
+    lines.append("  " + breakdown_sentence(breakdown))
     return "\n".join(lines) + "\n"

@@ -1,24 +1,32 @@
 """How long a step takes, from the batch it actually ran.
 
-The simulator prices every step with the predictor's own `labs.predict.step_time_s` (so the two
-can only differ through queueing, batching and chunking, never through a second formula):
+A cost model prices a step from its SchedulerOutput. Two exist:
 
-    step = max(2 x active params x (prefill + verified tokens) / FLOP/s,
-               (weights read once + each sequence's KV read) / bandwidth)
-           + fixed per-step overhead
-           + k x c x (a decode step over the speculating sequences)   when drafting
+- `labs.sim.engine_model.EngineModel` on the `realistic` profile: kernel efficiencies, per-step
+  and per-sequence costs, attention, tensor-parallel all-reduces, calibrated to published vLLM
+  runs (labs/sim/calibration.yaml). The simulator's default.
+- `RooflineCostModel` (= EngineModel on the `ideal` profile): the predictor's own
+  `labs.predict.step_time_s`, so the simulator then differs from the formulas only through
+  queueing, batching and chunking:
 
-The draft term is how `labs.predict` prices speculation too: the drafter runs once per draft
-position, and each pass costs c times the target's decode step over the same sequences.
+      step = max(2 x active params x (prefill + verified tokens) / FLOP/s,
+                 (weights read once + each sequence's KV read) / bandwidth)
+             + fixed per-step overhead (the lab's step_overhead_ms, 0 by default)
+             + k x c x (a decode step over the speculating sequences)   when drafting
+
+Both also price many steps at once (`steps_time_s`) and split steps into parts
+(`steps_parts_s`, columns labs.sim.engine_model.PARTS) for the run's breakdown.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 from labs.catalog import Hardware, ModelSpec
 from labs.params import EngineConfig
-from labs.predict import step_time_s
+from labs.sim.engine_model import PARTS, EngineModel
 from labs.sim.scheduler import SchedulerOutput
 
 
@@ -28,7 +36,24 @@ class CostModel(Protocol):
         ...
 
 
-class RooflineCostModel:
+@runtime_checkable
+class PartsCostModel(Protocol):
+    """A cost model that can say what each step's time is made of."""
+
+    def step_time_s(self, out: SchedulerOutput) -> float: ...
+
+    def steps_time_s(
+        self, out: SchedulerOutput, kv_tokens_read: np.ndarray, spec_kv_tokens_read: np.ndarray
+    ) -> np.ndarray: ...
+
+    def steps_parts_s(
+        self, out: SchedulerOutput, kv_tokens_read: np.ndarray, spec_kv_tokens_read: np.ndarray
+    ) -> np.ndarray: ...
+
+    def prefill_share_s(self, out: SchedulerOutput) -> float: ...
+
+
+class RooflineCostModel(EngineModel):
     """Step time from the step's composition via the predictor's shared cost function.
 
     Args:
@@ -38,18 +63,22 @@ class RooflineCostModel:
     """
 
     def __init__(self, hardware: Hardware, model: ModelSpec, engine: EngineConfig) -> None:
-        self.hardware = hardware
-        self.model = model
-        self.engine = engine
+        super().__init__(hardware, model, engine, profile="ideal")
 
-    def step_time_s(self, out: SchedulerOutput) -> float:
-        hw, model, engine = self.hardware, self.model, self.engine
-        seconds = step_time_s(
-            hw, model, engine, out.num_prefill_tokens, out.num_decode_tokens, out.kv_tokens_read
-        )
-        if out.max_num_draft_tokens and engine.draft_cost:
-            draft_pass = step_time_s(
-                hw, model, engine, 0, out.num_spec_seqs, out.spec_kv_tokens_read
-            )
-            seconds += out.max_num_draft_tokens * engine.draft_cost * draft_pass
-        return seconds
+
+def build_cost_model(hardware: Hardware, model: ModelSpec, engine: EngineConfig) -> EngineModel:
+    """The cost model of `engine.sim_profile`."""
+    if engine.sim_profile == "ideal":
+        return RooflineCostModel(hardware, model, engine)
+    return EngineModel(hardware, model, engine, profile=engine.sim_profile)
+
+
+def step_parts_s(cost_model: CostModel, out: SchedulerOutput) -> tuple[np.ndarray, float]:
+    """(parts of the step, its prefill share) from any cost model: one that only knows step
+    times puts the whole step in the first part ("ideal") and shares nothing."""
+    if isinstance(cost_model, PartsCostModel):
+        parts = cost_model.steps_parts_s(out, [out.kv_tokens_read], [out.spec_kv_tokens_read])[0]
+        return parts, cost_model.prefill_share_s(out)
+    parts = np.zeros(len(PARTS))
+    parts[0] = cost_model.step_time_s(out)
+    return parts, 0.0

@@ -24,7 +24,8 @@ import numpy as np
 
 from labs.backends.base import EngineSample, RequestRecord, RunRecord
 from labs.predict import blocks_for_tokens
-from labs.sim.cost_model import CostModel
+from labs.sim.breakdown import BreakdownAccumulator
+from labs.sim.cost_model import CostModel, step_parts_s
 from labs.sim.entities import RequestTable, SimRequest
 from labs.sim.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepResult
 from labs.sim.workload import GeneratedWorkload
@@ -165,6 +166,7 @@ class Simulator:
         )
         self._check_fits()
         self.scheduler = Scheduler(config, self.table, rng)
+        self.breakdown = BreakdownAccumulator(self.table)
         self.on_step = on_step
         self.on_progress = on_progress
         self.progress_interval_s = progress_interval_s
@@ -242,7 +244,9 @@ class Simulator:
                 )
             )
             start = now
-            now += self.cost_model.step_time_s(out)
+            parts, prefill_share = step_parts_s(self.cost_model, out)
+            self.breakdown.add_step(out, parts, prefill_share, start)
+            now += float(parts.sum())
             result = sched.update_from_output(out, now)
             self.num_steps += 1
             if result.emitted.size:
@@ -263,6 +267,7 @@ class Simulator:
             self.on_progress(1.0)
         requests = self._request_records(chunks.chunk_lists())
         arrival_start = float(np.nanmin(table.arrival_s))
+        breakdown = self.breakdown.summary(requests, "simulated")
         return RunRecord(
             backend="sim",
             where=WHERE,
@@ -272,7 +277,7 @@ class Simulator:
             counters=sched.counters,
             duration_s=float(np.nanmax(table.finish_s)) - arrival_start,
             wall_s=time.perf_counter() - wall_start,
-            meta={"steps": self.num_steps},
+            meta={"steps": self.num_steps, "breakdown": breakdown},
         )
 
     def _request_records(self, chunks: list[list[tuple[float, int]]]) -> list[RequestRecord]:

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labs.catalog import GPUS, MODELS
-from labs.params import EngineConfig, parse_lab_params
+from labs.params import EngineConfig, LabParams, parse_lab_params
 from labs.predict import (
     blocks_for_tokens,
     decode_step_time,
@@ -442,3 +442,56 @@ def test_prediction_as_dict_has_every_key_the_issue_names():
         "weight_read_s",
         "kv_read_s",
     } <= keys
+
+
+# -- under the learner's load ----------------------------------------------------------------------
+
+
+def _batching_lab(**overrides: object) -> LabParams:
+    from labs.params import align_run_batch
+    from labs.presets import LABS
+
+    values = {**LABS["batching"].defaults, **overrides}
+    return parse_lab_params(align_run_batch(values))
+
+
+def test_concurrency_above_the_batch_predicts_waves_of_queueing_close_to_the_simulator():
+    from labs.backends.sim import SimBackend
+    from labs.metrics import summarize
+
+    params = _batching_lab(max_num_seqs=8, concurrency=64, sim_profile="ideal")
+    predicted = predict(params)
+    simulated = summarize(SimBackend().run(params))
+    assert predicted.loaded_ttft_s == pytest.approx(simulated["ttft_s"]["mean"], rel=0.30)
+    assert predicted.loaded_e2e_s == pytest.approx(simulated["e2e_s"]["mean"], rel=0.30)
+    # The idle number the cards use stays: one prompt's prefill on an idle engine.
+    assert predicted.ttft_s < 0.05 < predicted.loaded_ttft_s
+
+
+def test_moving_concurrency_from_32_to_64_moves_the_prediction():
+    at_32 = predict(_batching_lab(max_num_seqs=8, concurrency=32))
+    at_64 = predict(_batching_lab(max_num_seqs=8, concurrency=64))
+    assert at_64.queue_wait_s > 1.5 * at_32.queue_wait_s > 0
+    assert at_64.ttft_s == at_32.ttft_s
+
+
+def test_concurrency_within_the_batch_waits_for_nothing():
+    p = predict(_batching_lab(max_num_seqs=256, concurrency=8))
+    assert p.queue_wait_s == 0
+    assert p.loaded_ttft_s < 0.05
+
+
+def test_a_poisson_rate_above_capacity_builds_a_queue_and_one_below_does_not():
+    base = _batching_lab(max_num_seqs=8, concurrency=8)
+    capacity = predict(base).capacity_requests_per_s
+    over = predict(_batching_lab(max_num_seqs=8, concurrency=8, request_rate=3 * capacity))
+    under = predict(_batching_lab(max_num_seqs=8, concurrency=8, request_rate=capacity / 3))
+    assert over.queue_wait_s > 1.0
+    assert under.queue_wait_s == 0
+
+
+def test_a_kv_pool_smaller_than_the_batch_caps_it_and_the_rest_queue():
+    roomy = predict(_batching_lab(max_num_seqs=64, concurrency=64))
+    tight = predict(_batching_lab(max_num_seqs=64, concurrency=64, kv_capacity_tokens=8 * 640))
+    assert tight.running_seqs == 8 < roomy.running_seqs
+    assert tight.queue_wait_s > roomy.queue_wait_s

@@ -1,5 +1,7 @@
 """What the simulator must show, each a comparison inside one test: against the predictor, against
-hand arithmetic, or between two runs that differ in one setting."""
+hand arithmetic, or between two runs that differ in one setting. The behaviours hold on both
+profiles of the engine model (realistic and ideal hardware); the exact match with the predictor
+only on the ideal one, which prices steps as the predictor does."""
 
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ from labs.metrics import summarize
 from labs.params import LabParams, parse_lab_params
 from labs.predict import predict, spec_speedup
 
+PROFILES = pytest.mark.parametrize("profile", ["realistic", "ideal"])
 
-def simulate(**values: object) -> tuple[LabParams, RunRecord, dict]:
-    params = parse_lab_params(values)
+
+def simulate(profile: str = "ideal", **values: object) -> tuple[LabParams, RunRecord, dict]:
+    params = parse_lab_params({**values, "sim_profile": profile})
     record = SimBackend().run(params)
     return params, record, summarize(record)
 
@@ -46,7 +50,8 @@ def test_one_request_at_a_time_matches_the_predictor(setting):
     assert m["tpot_s"]["mean"] <= predicted.tpot_s
 
 
-def test_contiguous_reservations_admit_about_20_where_paged_blocks_admit_many_more():
+@PROFILES
+def test_contiguous_reservations_admit_about_20_where_paged_blocks_admit_many_more(profile):
     # Seed 003: an 8,192-token reservation per request, sequences ending near 600 tokens
     # (100 prompt + 500 output), a pool out of memory at about 20 reservations.
     pool = 20 * 8192
@@ -60,8 +65,8 @@ def test_contiguous_reservations_admit_about_20_where_paged_blocks_admit_many_mo
         "max_num_seqs": 1024,
         "max_num_batched_tokens": 4096,
     }
-    params, contiguous, m_contiguous = simulate(kv_allocation="contiguous", **common)
-    _, paged, m_paged = simulate(kv_allocation="paged", **common)
+    params, contiguous, m_contiguous = simulate(profile, kv_allocation="contiguous", **common)
+    _, paged, m_paged = simulate(profile, kv_allocation="paged", **common)
 
     assert m_contiguous["max_running_seqs"] == pool // 8192 == 20
     assert predict(params).contiguous_max_concurrent_seqs == 20
@@ -69,15 +74,20 @@ def test_contiguous_reservations_admit_about_20_where_paged_blocks_admit_many_mo
     held = time_averaged_running(paged)
     assert held >= 5 * 20
     assert held == pytest.approx(pool / 600, rel=0.15)
-    assert m_paged["output_tokens_per_s"] >= 5 * m_contiguous["output_tokens_per_s"]
+    # On realistic hardware each extra sequence costs CPU time per step, so 13x the batch buys
+    # less than on the roofline; the vLLM paper reports 2-4x over contiguous systems (§6.2).
+    gain = 5 if profile == "ideal" else 3
+    assert m_paged["output_tokens_per_s"] >= gain * m_contiguous["output_tokens_per_s"]
     assert m_contiguous["preemptions"] == 0 < m_paged["preemptions"]
 
 
-def test_past_batch_saturation_p95_ttft_grows_while_throughput_flattens():
+@PROFILES
+def test_past_batch_saturation_p95_ttft_grows_while_throughput_flattens(profile):
     # The batch saturates at max_num_seqs = 256; the client keeps `c` requests in flight.
     results = {}
     for c in (32, 128, 256, 512):
         _, _, m = simulate(
+            profile,
             num_prompts=4 * c,
             max_concurrency=c,
             prompt_tokens=512,
@@ -92,7 +102,8 @@ def test_past_batch_saturation_p95_ttft_grows_while_throughput_flattens():
     assert ttft[512] > 2 * ttft[256]  # and the extra requests only queue
 
 
-def test_chunked_prefill_lowers_p99_itl_when_long_prompts_arrive_among_decodes():
+@PROFILES
+def test_chunked_prefill_lowers_p99_itl_when_long_prompts_arrive_among_decodes(profile):
     # Prompts of 410..7,782 tokens arrive at 8/s while others decode. Unchunked, the budget must
     # hold the longest prompt (as vLLM requires), so one prefill stalls every decode behind it.
     common = {
@@ -104,12 +115,13 @@ def test_chunked_prefill_lowers_p99_itl_when_long_prompts_arrive_among_decodes()
         "output_tokens": 256,
         "seed": 1,
     }
-    _, _, chunked = simulate(chunked_prefill=True, max_num_batched_tokens=512, **common)
-    _, _, whole = simulate(chunked_prefill=False, max_num_batched_tokens=8192, **common)
+    _, _, chunked = simulate(profile, chunked_prefill=True, max_num_batched_tokens=512, **common)
+    _, _, whole = simulate(profile, chunked_prefill=False, max_num_batched_tokens=8192, **common)
     assert chunked["itl_s"]["p99"] < 0.25 * whole["itl_s"]["p99"]
 
 
-def test_prefix_caching_lowers_ttft_for_a_shared_system_prompt():
+@PROFILES
+def test_prefix_caching_lowers_ttft_for_a_shared_system_prompt(profile):
     common = {
         "num_prompts": 200,
         "request_rate": 20,
@@ -117,21 +129,23 @@ def test_prefix_caching_lowers_ttft_for_a_shared_system_prompt():
         "shared_prefix_tokens": 1920,
         "output_tokens": 64,
     }
-    _, _, cached = simulate(prefix_caching=True, **common)
-    _, _, uncached = simulate(prefix_caching=False, **common)
+    _, _, cached = simulate(profile, prefix_caching=True, **common)
+    _, _, uncached = simulate(profile, prefix_caching=False, **common)
     assert cached["ttft_s"]["mean"] < 0.25 * uncached["ttft_s"]["mean"]
     # At most the shared 1,920 of 2,048 tokens hit; only the first request misses them all.
     assert 0.9 < cached["prefix_cache_hit_rate"] <= 1920 / 2048
     assert uncached["prefix_cache_hit_rate"] is None
 
 
-def test_speculation_speeds_up_batch_1_much_more_than_batch_128():
+@PROFILES
+def test_speculation_speeds_up_batch_1_much_more_than_batch_128(profile):
     k, alpha, c = 4, 0.7, 0.1
     speedup = {}
     for batch in (1, 128):
         tpot = {}
         for spec_tokens in (0, k):
             _, _, m = simulate(
+                profile,
                 num_prompts=max(2 * batch, 8),
                 max_concurrency=batch,
                 prompt_tokens=512,

@@ -1,0 +1,173 @@
+"""Where the time went: each request's end-to-end latency split into additive parts.
+
+The engine model splits every step into parts (labs/sim/engine_model.PARTS: ideal roofline time,
+efficiency loss, fixed overheads, communication, speculation). A request's latency is the time
+from its issue to its last token, and every moment of it falls in one place:
+
+    issue        first step            first token                        finish
+      |--queueing--|==steps it ran in, or waited inside the engine==|=== ... ===|
+                    '-------------- TTFT ----------------'---- (n - 1) x TPOT ---'
+
+- queueing: issue to the first step that schedules it (waiting for a slot or a free block);
+- a step that schedules it: the step's parts, except that a decoding request whose step also
+  carried other requests' prompt tokens counts that extra time as prefill interference;
+- a step that recomputes it after a preemption: preemption;
+- a step it sat out while running (the token budget went to others): prefill interference, or
+  preemption once it has been preempted.
+
+The last kind is found by difference (the request's time in the engine minus the steps that
+scheduled it), so the parts add up to each request's E2E exactly. TPOT's parts are the parts after
+the first token divided by (output tokens - 1), as labs.metrics defines TPOT.
+
+`add_step` is called once per step by the simulator; a fast path that advances many decode-only
+steps at once calls `add_steps` with the parts of each step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from labs.backends.base import RequestRecord
+from labs.sim.engine_model import PARTS
+from labs.sim.entities import RequestTable
+from labs.sim.scheduler import SchedulerOutput
+
+# The breakdown's parts, in the order a stacked bar shows them.
+BREAKDOWN_PARTS = (
+    "ideal",
+    "efficiency",
+    "overhead",
+    "communication",
+    "queueing",
+    "prefill_interference",
+    "preemption",
+    "speculation",
+)
+PART_LABELS = {
+    "ideal": "ideal compute/memory",
+    "efficiency": "efficiency loss",
+    "overhead": "per-step overhead",
+    "communication": "tensor-parallel communication",
+    "queueing": "queueing before the first step",
+    "prefill_interference": "prefill sharing steps with decodes",
+    "preemption": "preemption and recompute",
+    "speculation": "speculation (drafts)",
+    "unexplained": "unexplained",
+}
+_STEP = {name: i for i, name in enumerate(PARTS)}
+
+
+class BreakdownAccumulator:
+    """Per-request sums of step parts, before and after each request's first token.
+
+    Args:
+        table: the run's requests (read before each step's update).
+    """
+
+    def __init__(self, table: RequestTable) -> None:
+        n, p = len(table), len(PARTS)
+        self.table = table
+        self.first_start_s = np.full(n, np.nan)
+        # [0] before the first token, [1] after it.
+        self.steps = np.zeros((2, n, p))
+        self.interference = np.zeros((2, n))
+        self.preemption = np.zeros((2, n))
+
+    def add_step(
+        self, out: SchedulerOutput, parts: np.ndarray, prefill_share_s: float, start_s: float
+    ) -> None:
+        """Charge one step (its `parts`, summing to its time) to the requests it scheduled.
+
+        Call before `Scheduler.update_from_output`, which this reads the state before.
+        """
+        idx, t = out.req_indices, self.table
+        if idx.size == 0:
+            return
+        fresh = np.isnan(self.first_start_s[idx])
+        self.first_start_s[idx[fresh]] = start_s
+        after = (t.num_output_tokens[idx] > 0).astype(np.intp)
+        gap = t.num_prompt_tokens[idx] + t.num_output_tokens[idx] - out.num_computed_before
+        decoding = (after == 1) & (gap == 1)
+        recompute = (t.num_preemptions[idx] > 0) & ~decoding
+        own = ~decoding & ~recompute
+        step_s = float(parts.sum())
+        share = min(prefill_share_s, step_s)
+        if decoding.any():
+            scale = (step_s - share) / step_s if step_s > 0 else 0.0
+            rows = idx[decoding]
+            self.steps[1, rows] += parts * scale
+            self.interference[1, rows] += share
+        if own.any():
+            self.steps[after[own], idx[own]] += parts
+        if recompute.any():
+            self.preemption[after[recompute], idx[recompute]] += step_s
+
+    def add_steps(self, req_indices: np.ndarray, parts: np.ndarray) -> None:
+        """Charge a run of decode-only steps (rows of `parts`) to the requests decoding in all
+        of them, every one past its first token."""
+        self.steps[1, req_indices] += np.asarray(parts).sum(axis=0)
+
+    def per_request(self, requests: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
+        """(E2E parts, TPOT parts) per request, columns BREAKDOWN_PARTS; NaN rows for requests
+        that did not finish (E2E) or made one token (TPOT)."""
+        n = len(requests)
+        e2e = np.full((n, len(BREAKDOWN_PARTS)), np.nan)
+        tpot = np.full((n, len(BREAKDOWN_PARTS)), np.nan)
+        col = {name: i for i, name in enumerate(BREAKDOWN_PARTS)}
+        for i, r in enumerate(requests):
+            first = r.first_token_s
+            if r.finish_s is None or first is None or np.isnan(self.first_start_s[i]):
+                continue
+            queue = self.first_start_s[i] - r.arrival_s
+            spans = (first - r.arrival_s - queue, r.finish_s - first)
+            rows = []
+            for k in (0, 1):
+                row = np.zeros(len(BREAKDOWN_PARTS))
+                for name, j in _STEP.items():
+                    row[col[name]] = self.steps[k, i, j]
+                row[col["prefill_interference"]] = self.interference[k, i]
+                row[col["preemption"]] = self.preemption[k, i]
+                # Time in the engine when no step scheduled it (budget went to others, or it
+                # waited again after a preemption).
+                unscheduled = spans[k] - row.sum()
+                waited = "preemption" if r.preemptions else "prefill_interference"
+                row[col[waited]] += unscheduled
+                rows.append(np.maximum(row, 0.0))
+            e2e[i] = rows[0] + rows[1]
+            e2e[i, col["queueing"]] = max(queue, 0.0)
+            if r.output_tokens > 1:
+                tpot[i] = rows[1] / (r.output_tokens - 1)
+        return e2e, tpot
+
+    def summary(self, requests: Sequence[RequestRecord], source: str) -> dict[str, Any]:
+        """The run's breakdown: mean E2E and mean TPOT split into BREAKDOWN_PARTS."""
+        e2e, tpot = self.per_request(requests)
+        return breakdown_summary(e2e, tpot, source)
+
+
+def breakdown_summary(e2e: np.ndarray, tpot: np.ndarray, source: str) -> dict[str, Any]:
+    """Means over requests of per-request parts (rows), as stored in the run record."""
+    result: dict[str, Any] = {"source": source, "parts": list(BREAKDOWN_PARTS)}
+    for key, rows in (("e2e_s", e2e), ("tpot_s", tpot)):
+        done = rows[~np.isnan(rows).any(axis=1)]
+        if len(done) == 0:
+            result[key] = None
+            continue
+        means = done.mean(axis=0)
+        result[key] = {
+            "total": float(means.sum()),
+            "parts": {name: float(v) for name, v in zip(BREAKDOWN_PARTS, means, strict=True)},
+        }
+    return result
+
+
+def largest_part(breakdown: Mapping[str, Any] | None, key: str = "e2e_s") -> tuple[str, float]:
+    """(name, share of the total) of the biggest part of `key`, or ("", 0.0)."""
+    section = (breakdown or {}).get(key)
+    if not section or not section.get("total"):
+        return "", 0.0
+    name, value = max(section["parts"].items(), key=lambda kv: kv[1])
+    return name, value / section["total"]

@@ -1,0 +1,215 @@
+"""The published vLLM runs of labs/sim/calibration.yaml, replayed on the simulator.
+
+    python -m labs.sim.calibration          # the table: source, settings, published, simulated
+    python -m labs.sim.calibration --fit    # search the fitted constants on the `fit` runs only
+
+Each measurement's `settings` are lab parameters; the simulator runs them on the realistic
+profile and reads `metric` from labs.metrics.summarize (for a ratio, the same with `baseline`
+applied is the denominator). Virtual time only: the result is the same on any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import yaml
+
+from labs.metrics import summarize
+from labs.params import parse_lab_params
+from labs.sim.engine_model import (
+    CALIBRATION_PATH,
+    Calibration,
+    EngineModel,
+    load_calibration,
+    parse_calibration,
+)
+
+# How close each kind of measurement must come (tests/labs/sim/test_calibration.py).
+TOLERANCE = {"fit": 0.10, "held_out": 0.20}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    id: str
+    role: str  # "fit" | "held_out"
+    source: str
+    what: str
+    engine: str
+    settings: Mapping[str, Any]
+    metric: str
+    published: float
+    baseline: Mapping[str, Any] | None = None
+    uncertain: str = ""
+    excluded_because: str = ""
+
+    @property
+    def label(self) -> str:
+        s = self.settings
+        tp = f" x{s['tp']}" if s.get("tp", 1) > 1 else ""
+        load = (
+            f"c={s['max_concurrency']}"
+            if s.get("max_concurrency")
+            else (f"{s['request_rate']} req/s" if s.get("request_rate") else "all at once")
+        )
+        model = s.get("model", "llama-3-8b")
+        if model == "custom":
+            model = f"custom {s['params_b']}B"
+        return f"{model}, {s['gpu']}{tp}, {s['prompt_tokens']}/{s['output_tokens']} tok, {load}"
+
+
+@cache
+def load_measurements() -> tuple[Measurement, ...]:
+    data = yaml.safe_load(CALIBRATION_PATH.read_text())
+    return tuple(
+        Measurement(
+            id=m["id"],
+            role=m["role"],
+            source=m["source"],
+            what=m["what"],
+            engine=m["engine"],
+            settings=m["settings"],
+            metric=m["metric"],
+            published=float(m["published"]),
+            baseline=m.get("baseline"),
+            uncertain=m.get("uncertain", ""),
+            excluded_because=m.get("excluded_because", ""),
+        )
+        for m in data["measurements"]
+    )
+
+
+def _metric(summary: Mapping[str, Any], path: str) -> float:
+    value: Any = summary
+    for part in path.split("."):
+        value = value[part]
+    return float(value)
+
+
+def _run(settings: Mapping[str, Any], metric: str, cal: Calibration) -> float:
+    # Imported here: labs.backends.sim imports this package's simulator.
+    from labs.backends.sim import build_simulator
+
+    params = parse_lab_params({**settings, "sim_profile": "realistic"})
+    sim = build_simulator(params)
+    sim.cost_model = EngineModel(params.hardware, params.model, params.engine, calibration=cal)
+    return _metric(summarize(sim.run()), metric)
+
+
+def simulate(m: Measurement, cal: Calibration | None = None) -> float:
+    """What the simulator gives for measurement `m` with calibration `cal` (default: the file)."""
+    cal = cal or load_calibration()
+    value = _run(m.settings, m.metric, cal)
+    if m.baseline is not None:
+        value /= _run({**m.settings, **m.baseline}, m.metric, cal)
+    return value
+
+
+def relative_error(simulated: float, published: float) -> float:
+    return simulated / published - 1
+
+
+def format_table(rows: list[tuple[Measurement, float]]) -> str:
+    """source, settings, published, simulated, error: one line per measurement."""
+    lines = [
+        f"{'id':<4}{'role':<10}{'settings':<52}{'metric':<22}{'published':>12}"
+        f"{'simulated':>12}{'error':>9}  source"
+    ]
+    for m, sim in rows:
+        lines.append(
+            f"{m.id:<4}{m.role:<10}{m.label:<52}{m.metric:<22}{_fmt(m.published, m.metric):>12}"
+            f"{_fmt(sim, m.metric):>12}{relative_error(sim, m.published):>+9.1%}  {m.source}"
+        )
+    return "\n".join(lines)
+
+
+def _fmt(value: float, metric: str) -> str:
+    if metric.endswith("_s.mean") or metric.endswith("_s.p50"):
+        return f"{value * 1000:.2f} ms"
+    return f"{value:.3g}"
+
+
+# -- fitting ---------------------------------------------------------------------------------------
+
+# (dotted path in the YAML, lower bound, upper bound) of every constant the search may move.
+FREE = (
+    ("global.kernel_latency_us", 0.0, 6.0),
+    ("global.decode_step_overhead_ms", 0.1, 2.5),
+    ("global.attention_efficiency", 0.2, 0.9),
+    ("global.allreduce_latency_us.nvlink", 2.0, 40.0),
+    ("gpus.h100-sxm.bandwidth_efficiency", 0.6, 0.97),
+    ("gpus.h100-sxm.gemm_efficiency", 0.4, 0.9),
+    ("gpus.a100-40gb.bandwidth_efficiency", 0.6, 0.97),
+    ("gpus.a100-80gb.bandwidth_efficiency", 0.6, 0.97),
+)
+
+
+def _get(data: dict[str, Any], path: str) -> float:
+    node: Any = data
+    for part in path.split("."):
+        node = node[part]
+    return float(node["value"] if isinstance(node, dict) else node)
+
+
+def _set(data: dict[str, Any], path: str, value: float) -> None:
+    *head, last = path.split(".")
+    node: Any = data
+    for part in head:
+        node = node[part]
+    if isinstance(node[last], dict):
+        node[last]["value"] = value
+    else:
+        node[last] = value
+
+
+def fit(rounds: int = 3, log: Callable[[str], None] = print) -> tuple[dict[str, float], float]:
+    """Coordinate search of FREE on the `fit` measurements: minimise the sum of squared log
+    errors. Returns the constants found and the loss."""
+    data = yaml.safe_load(CALIBRATION_PATH.read_text())
+    fitted = [m for m in load_measurements() if m.role == "fit"]
+
+    def loss(values: dict[str, float]) -> float:
+        for path, v in values.items():
+            _set(data, path, v)
+        cal = parse_calibration(data)
+        return sum(math.log(simulate(m, cal) / m.published) ** 2 for m in fitted)
+
+    values = {path: _get(data, path) for path, _, _ in FREE}
+    best = loss(values)
+    step = 0.25
+    for r in range(rounds):
+        for path, low, high in FREE:
+            for factor in (1 - step, 1 + step):
+                trial = dict(values)
+                trial[path] = min(high, max(low, values[path] * factor))
+                value = loss(trial)
+                if value < best:
+                    best, values = value, trial
+        log(f"round {r}: loss {best:.4f}")
+        step /= 2
+    return values, best
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--fit", action="store_true", help="search the fitted constants")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    if args.fit:
+        values, best = fit(args.rounds)
+        for path, v in values.items():
+            print(f"{path}: {v:.4g}")
+        print(f"loss {best:.4f}")
+        return 0
+    rows = [(m, simulate(m)) for m in load_measurements()]
+    print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,409 @@
+"""The engine model: how long a vLLM step takes on the GPU the lab names, and what it is made of.
+
+The predictor (labs/predict.py) prices a step at the roofline: max(compute, memory) at peak
+FLOP/s and bandwidth. Real kernels fall short of that, a step has CPU and launch costs, and a
+tensor-parallel replica talks between GPUs. This module adds those terms, each a named function
+with its constants in labs/sim/calibration.yaml (every constant cites the public vLLM runs it was
+fitted to; docs/engine-model.md has the formulas and the error table):
+
+    step = linear layers      max(2 x active params x tokens / (FLOP/s x gemm_efficiency(tokens)),
+                                  weight bytes read / (bandwidth x bandwidth_efficiency)
+                                  + kernels x kernel_latency) x (1 + dequant overhead)
+         + attention          max(4 x layers x heads x head_dim x token pairs / (FLOP/s x attn eff),
+                                  KV bytes read / (bandwidth x kv_bandwidth_efficiency))
+         + per-step overhead  decode-only steps (CUDA graphs) or mixed steps, + per sequence
+         + communication      tp > 1: 2 all-reduces per layer, latency + ring bytes / link
+         + speculation        k draft passes, each c x a plain decode step
+
+Two profiles:
+
+- `realistic` (the default): the terms above with the calibrated constants.
+- `ideal`: the predictor's own `step_time_s` (efficiency 1, no overheads unless the lab sets
+  them), so the simulator differs from the formulas only through scheduling.
+
+Each step is also split into additive parts (PARTS), which labs/sim/breakdown.py accumulates per
+request: the ideal roofline time, the efficiency loss, the fixed overheads, communication and
+speculation. Every price is vectorised over steps (`steps_parts_s`): the simulator's fast path
+prices a run of decode-only steps with a constant batch in one call.
+
+Pure Python + numpy + PyYAML; never Django.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from labs.catalog import Hardware, ModelSpec
+from labs.params import EngineConfig
+from labs.predict import (
+    compute_rate,
+    kv_bytes_per_token,
+    kv_replication,
+    memory_rate,
+    weight_bytes_read,
+)
+from labs.sim.scheduler import SchedulerOutput
+
+PROFILES = ("realistic", "ideal")
+# The parts a step's time is split into, in this order (columns of `steps_parts_s`).
+PARTS = ("ideal", "efficiency", "overhead", "communication", "speculation")
+IDEAL, EFFICIENCY, OVERHEAD, COMMUNICATION, SPECULATION = range(len(PARTS))
+
+CALIBRATION_PATH = Path(__file__).with_name("calibration.yaml")
+# Activations cross the all-reduce in 16 bits whatever the weights are.
+ACTIVATION_BYTES = 2
+
+
+@dataclass(frozen=True)
+class GpuConstants:
+    """What one GPU kind reaches in vLLM's kernels (fractions of its data-sheet peaks)."""
+
+    name: str
+    display: str  # "H100 SXM"
+    bandwidth_efficiency: float  # weight reads, large
+    kv_bandwidth_efficiency: float  # paged-attention KV reads
+    gemm_efficiency: float  # long prefills approach this fraction of dense peak FLOP/s
+    gemm_half_tokens: float  # tokens in a step at which GEMMs reach half of that
+    link: str  # "nvlink" | "pcie"
+    link_bytes_per_s: float  # one direction, per GPU
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Every constant of the realistic profile (labs/sim/calibration.yaml)."""
+
+    gpus: dict[str, GpuConstants]
+    kernel_latency_s: float
+    kernels_per_layer: int
+    attention_efficiency: float
+    decode_step_overhead_s: float
+    mixed_step_overhead_s: float
+    per_seq_overhead_s: float
+    allreduce_latency_s: dict[str, float]
+    dequant_overhead: dict[str, float]
+    num_fitted: int
+    num_held_out: int
+
+    @property
+    def num_runs(self) -> int:
+        return self.num_fitted + self.num_held_out
+
+    def gpu(self, hardware: Hardware) -> GpuConstants:
+        """The GPU's constants; a custom GPU gets the `custom` entry (the catalog's median)."""
+        found = self.gpus.get(hardware.name)
+        if found is not None:
+            return found
+        return replace(self.gpus["custom"], name=hardware.name)
+
+
+_NESTED = ("allreduce_latency_us", "dequant_overhead")
+
+
+def _value(entry: Any) -> Any:
+    """A constant is either a bare value or {value: ..., source: ...}."""
+    return entry["value"] if isinstance(entry, dict) and "value" in entry else entry
+
+
+def parse_calibration(data: dict[str, Any]) -> Calibration:
+    """A Calibration from the YAML's mapping (raises KeyError/ValueError on a malformed file)."""
+    g = {k: v if k in _NESTED else _value(v) for k, v in data["global"].items()}
+    gpus = {}
+    for name, entry in data["gpus"].items():
+        c = {k: _value(v) for k, v in entry.items()}
+        gpus[name] = GpuConstants(
+            name=name,
+            display=str(c["display"]),
+            bandwidth_efficiency=float(c["bandwidth_efficiency"]),
+            kv_bandwidth_efficiency=float(c["kv_bandwidth_efficiency"]),
+            gemm_efficiency=float(c["gemm_efficiency"]),
+            gemm_half_tokens=float(c["gemm_half_tokens"]),
+            link=str(c["link"]),
+            link_bytes_per_s=float(c["link_gb_per_s"]) * 1e9,
+        )
+    if "custom" not in gpus:
+        raise ValueError("calibration.yaml needs a `custom` GPU entry")
+    roles = [m.get("role") for m in data.get("measurements", [])]
+    return Calibration(
+        gpus=gpus,
+        kernel_latency_s=float(g["kernel_latency_us"]) * 1e-6,
+        kernels_per_layer=int(g["kernels_per_layer"]),
+        attention_efficiency=float(g["attention_efficiency"]),
+        decode_step_overhead_s=float(g["decode_step_overhead_ms"]) * 1e-3,
+        mixed_step_overhead_s=float(g["mixed_step_overhead_ms"]) * 1e-3,
+        per_seq_overhead_s=float(g["per_seq_overhead_us"]) * 1e-6,
+        allreduce_latency_s={
+            k: float(_value(v)) * 1e-6 for k, v in g["allreduce_latency_us"].items()
+        },
+        dequant_overhead={k: float(_value(v)) for k, v in g["dequant_overhead"].items()},
+        num_fitted=roles.count("fit"),
+        num_held_out=roles.count("held_out"),
+    )
+
+
+@cache
+def load_calibration(path: Path = CALIBRATION_PATH) -> Calibration:
+    """The calibration file, parsed once per process."""
+    return parse_calibration(yaml.safe_load(path.read_text()))
+
+
+def gpu_display_name(hardware: Hardware) -> str:
+    """ "H100 SXM" for a catalog GPU, "a custom GPU" otherwise."""
+    found = load_calibration().gpus.get(hardware.name)
+    return found.display if found is not None else "a custom GPU"
+
+
+def where_label(hardware: Hardware, profile: str) -> str:
+    """What every simulated number is labelled with: where it ran and on which profile."""
+    name = gpu_display_name(hardware)
+    if profile == "ideal":
+        return f"simulated on CPU as {name}, ideal hardware (roofline, no overheads)"
+    runs = load_calibration().num_runs
+    return f"simulated on CPU as {name} (calibrated to {runs} published vLLM runs)"
+
+
+# -- the terms, one function each -----------------------------------------------------------------
+
+
+def memory_read_s(
+    num_bytes: np.ndarray | float,
+    bandwidth_bytes_per_s: float,
+    efficiency: float,
+    num_reads: int = 0,
+    read_latency_s: float = 0.0,
+) -> np.ndarray | float:
+    """Time to read `num_bytes` in `num_reads` kernels: streaming at `efficiency` of peak, plus
+    a fixed latency per kernel (launch, ramp-up and tail), which is why small reads fall short."""
+    return num_bytes / (bandwidth_bytes_per_s * efficiency) + num_reads * read_latency_s
+
+
+def achieved_bandwidth_fraction(
+    gpu: GpuConstants, bytes_per_read: float, bandwidth_bytes_per_s: float, read_latency_s: float
+) -> float:
+    """Fraction of peak bandwidth one read of `bytes_per_read` reaches: the GPU's streaming
+    efficiency, less the share the per-kernel latency takes on a small read."""
+    if bytes_per_read <= 0:
+        return 0.0
+    seconds = memory_read_s(
+        bytes_per_read, bandwidth_bytes_per_s, gpu.bandwidth_efficiency, 1, read_latency_s
+    )
+    return float(bytes_per_read / bandwidth_bytes_per_s / seconds)
+
+
+def gemm_efficiency(gpu: GpuConstants, num_tokens: np.ndarray | float) -> np.ndarray | float:
+    """Fraction of peak FLOP/s a step's GEMMs reach with `num_tokens` rows: a few tokens leave
+    the tensor cores idle, a long prefill approaches the GPU's ceiling (half of it at
+    `gemm_half_tokens`)."""
+    n = np.maximum(num_tokens, 1)
+    return gpu.gemm_efficiency * n / (n + gpu.gemm_half_tokens)
+
+
+def attention_flops(model: ModelSpec, token_pairs: np.ndarray | float) -> np.ndarray | float:
+    """Attention FLOPs for `token_pairs` (query, key) pairs: QK^T and PV, 2 FLOPs per multiply-add
+    over heads x head_dim, in every layer. A prefill chunk of n tokens after c cached ones has
+    n x c + n (n + 1) / 2 pairs, so it grows with the square of the prompt."""
+    return 4 * model.layers * model.heads * model.head_dim * token_pairs
+
+
+def token_pairs(out: SchedulerOutput) -> float:
+    """(query, key) pairs the step's attention computes: each new token attends to the tokens
+    before it (cached or earlier in its chunk) and itself."""
+    new = out.num_scheduled_tokens.astype(np.float64)
+    before = out.num_computed_before.astype(np.float64)
+    return float((new * before + new * (new + 1) / 2).sum())
+
+
+def step_overhead_s(cal: Calibration, decode_only: bool, num_seqs: int) -> float:
+    """Fixed CPU and launch time of a step: scheduling, input preparation, sampling and output
+    processing. A decode-only step replays a CUDA graph (cheaper) while a step with prefill
+    tokens launches its kernels one by one; each sequence adds its share of bookkeeping."""
+    fixed = cal.decode_step_overhead_s if decode_only else cal.mixed_step_overhead_s
+    return fixed + cal.per_seq_overhead_s * num_seqs
+
+
+def tp_communication_s(
+    cal: Calibration, gpu: GpuConstants, model: ModelSpec, tp: int, num_tokens: np.ndarray | float
+) -> np.ndarray | float:
+    """Tensor-parallel all-reduces: two per layer (after attention and after the MLP), each a
+    fixed latency plus a ring all-reduce of the step's activations, 2 (tp - 1) / tp x tokens x
+    hidden x 2 bytes over the GPU's link (NVLink on SXM parts, PCIe on PCIe cards)."""
+    if tp <= 1:
+        return np.zeros_like(np.asarray(num_tokens, dtype=np.float64))
+    latency = cal.allreduce_latency_s.get(gpu.link, max(cal.allreduce_latency_s.values()))
+    ring_bytes = 2 * (tp - 1) / tp * num_tokens * model.hidden_size * ACTIVATION_BYTES
+    return 2 * model.layers * (latency + ring_bytes / gpu.link_bytes_per_s)
+
+
+def dequant_overhead(cal: Calibration, hardware: Hardware, weight_dtype: str) -> float:
+    """Extra linear-layer time for weights stored narrower than the math: int8/int4 always, FP8
+    on a GPU without FP8 tensor cores (A100), where kernels dequantise on the fly."""
+    if weight_dtype == "fp8" and hardware.fp8_flops_per_s is not None:
+        return 0.0
+    return cal.dequant_overhead.get(weight_dtype, 0.0)
+
+
+# -- the model ------------------------------------------------------------------------------------
+
+
+class EngineModel:
+    """Prices steps from their composition on one profile.
+
+    Args:
+        hardware: one GPU of the replica.
+        model: the model served.
+        engine: dtypes, tp, speculation; on the ideal profile also the lab's efficiencies and
+            fixed overhead (the predictor's knobs).
+        profile: "realistic" or "ideal".
+        calibration: the constants (default: labs/sim/calibration.yaml).
+    """
+
+    def __init__(
+        self,
+        hardware: Hardware,
+        model: ModelSpec,
+        engine: EngineConfig,
+        profile: str = "realistic",
+        calibration: Calibration | None = None,
+    ) -> None:
+        if profile not in PROFILES:
+            raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile}")
+        self.hardware, self.model, self.engine, self.profile = hardware, model, engine, profile
+        self.cal = calibration or load_calibration()
+        self.gpu = self.cal.gpu(hardware)
+        # The roofline at peak, with no overhead: the "ideal" part of every step.
+        self._peak = replace(
+            engine, compute_efficiency=1.0, bandwidth_efficiency=1.0, step_overhead_s=0.0
+        )
+        self._kv_bytes = kv_bytes_per_token(model, engine.kv_dtype) * kv_replication(
+            model, engine.tp
+        )
+
+    # NOTE: every method below takes per-step arrays (kv, spec_kv) and treats the rest of `out`
+    # as fixed, so that `steps_time_s(out, [out.kv_tokens_read], [out.spec_kv_tokens_read])[0]`
+    # is exactly `step_time_s(out)`.
+
+    def _roofline_s(
+        self, engine: EngineConfig, num_tokens: float, kv: np.ndarray, overhead: bool = True
+    ) -> np.ndarray:
+        """labs.predict.step_time_s, vectorised over the steps' KV reads."""
+        hw, model = self.hardware, self.model
+        compute = 2 * model.active_params * num_tokens / compute_rate(hw, engine)
+        weights = weight_bytes_read(model, engine.weight_dtype, int(num_tokens))
+        memory = (weights + kv * self._kv_bytes) / memory_rate(hw, engine)
+        return np.maximum(compute, memory) + (engine.step_overhead_s if overhead else 0.0)
+
+    def _kernels_s(self, num_tokens: float, kv: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+        """Realistic GPU time of the step's kernels: linear layers + attention."""
+        hw, model, engine, gpu, cal = self.hardware, self.model, self.engine, self.gpu, self.cal
+        tp = engine.tp
+        peak_flops = compute_rate(hw, self._peak)
+        bandwidth = hw.bandwidth_bytes_per_s * tp
+        gemm = (
+            2 * model.active_params * num_tokens / (peak_flops * gemm_efficiency(gpu, num_tokens))
+        )
+        weights = weight_bytes_read(model, engine.weight_dtype, int(num_tokens))
+        reads = model.layers * cal.kernels_per_layer
+        weight_read = memory_read_s(
+            weights, bandwidth, gpu.bandwidth_efficiency, reads, cal.kernel_latency_s
+        )
+        linear = max(gemm, weight_read) * (1 + dequant_overhead(cal, hw, engine.weight_dtype))
+        # Attention math runs in 16 bits (BF16 tensor cores) whatever the weights are.
+        attn_flops = attention_flops(model, pairs) / (
+            hw.bf16_flops_per_s * tp * cal.attention_efficiency
+        )
+        kv_read = memory_read_s(kv * self._kv_bytes, bandwidth, gpu.kv_bandwidth_efficiency)
+        return linear + np.maximum(attn_flops, kv_read)
+
+    def _pairs(self, out: SchedulerOutput, kv: np.ndarray) -> np.ndarray:
+        # Every scheduled token attends to its sequence's KV, so pairs grow with the KV read by
+        # the tokens per sequence (1 for a plain decode, 1 + k when verifying drafts).
+        per_seq = out.total_num_scheduled_tokens / max(len(out.req_indices), 1)
+        return token_pairs(out) + (kv - out.kv_tokens_read) * per_seq
+
+    def _decode_step_s(self, num_seqs: int, kv: np.ndarray) -> np.ndarray:
+        """A plain decode step of `num_seqs` sequences (a draft pass is c times this)."""
+        if self.profile == "ideal":
+            return self._roofline_s(self.engine, num_seqs, kv)
+        pairs = kv + num_seqs
+        return (
+            self._kernels_s(num_seqs, kv, pairs)
+            + step_overhead_s(self.cal, True, num_seqs)
+            + tp_communication_s(self.cal, self.gpu, self.model, self.engine.tp, num_seqs)
+        )
+
+    def steps_parts_s(
+        self, out: SchedulerOutput, kv_tokens_read: np.ndarray, spec_kv_tokens_read: np.ndarray
+    ) -> np.ndarray:
+        """Parts (columns PARTS) of len(kv_tokens_read) steps composed like `out` except for
+        their KV totals. Rows sum to each step's time; every part is >= 0.
+
+        Returns:
+            Array (steps, len(PARTS)) in seconds.
+        """
+        kv = np.asarray(kv_tokens_read, dtype=np.float64)
+        spec_kv = np.asarray(spec_kv_tokens_read, dtype=np.float64)
+        n_tokens = out.total_num_scheduled_tokens
+        drafts = int(out.num_draft_tokens.sum())
+        parts = np.zeros((len(kv), len(PARTS)))
+        base_ideal = self._roofline_s(self._peak, n_tokens - drafts, kv)
+        full_ideal = self._roofline_s(self._peak, n_tokens, kv)
+        parts[:, IDEAL] = base_ideal
+        draft_s = np.zeros_like(kv)
+        if out.max_num_draft_tokens and self.engine.draft_cost:
+            plain = self._decode_step_s(out.num_spec_seqs, spec_kv)
+            draft_s = out.max_num_draft_tokens * self.engine.draft_cost * plain
+        parts[:, SPECULATION] = np.maximum(full_ideal - base_ideal, 0) + draft_s
+        if self.profile == "ideal":
+            with_knobs = self._roofline_s(self.engine, n_tokens, kv, overhead=False)
+            parts[:, EFFICIENCY] = np.maximum(with_knobs - full_ideal, 0)
+            parts[:, OVERHEAD] = self.engine.step_overhead_s
+            return parts
+        kernels = self._kernels_s(n_tokens, kv, self._pairs(out, kv))
+        parts[:, EFFICIENCY] = np.maximum(kernels - full_ideal, 0)
+        num_seqs = len(out.req_indices)
+        parts[:, OVERHEAD] = step_overhead_s(self.cal, out.num_prefill_tokens == 0, num_seqs)
+        parts[:, COMMUNICATION] = tp_communication_s(
+            self.cal, self.gpu, self.model, self.engine.tp, n_tokens
+        )
+        return parts
+
+    def steps_time_s(
+        self, out: SchedulerOutput, kv_tokens_read: np.ndarray, spec_kv_tokens_read: np.ndarray
+    ) -> np.ndarray:
+        """Seconds of len(kv_tokens_read) steps composed like `out` except for their KV totals."""
+        return self.steps_parts_s(out, kv_tokens_read, spec_kv_tokens_read).sum(axis=1)
+
+    def step_parts_s(self, out: SchedulerOutput) -> np.ndarray:
+        """The parts of the one step `out`."""
+        return self.steps_parts_s(out, [out.kv_tokens_read], [out.spec_kv_tokens_read])[0]
+
+    def step_time_s(self, out: SchedulerOutput) -> float:
+        """Seconds the step `out` takes."""
+        return float(self.step_parts_s(out).sum())
+
+    def prefill_share_s(self, out: SchedulerOutput) -> float:
+        """How much of the step's time its prefill tokens cost: the step minus the same step
+        with only its decode tokens (0 for a decode-only or prefill-only step). A decoding
+        request in this step waits that long because others' prompts share it."""
+        if out.num_prefill_tokens == 0 or out.num_decode_tokens == 0:
+            return 0.0
+        decoding = out.num_computed_before > 0
+        decoding &= out.num_scheduled_tokens <= 1 + out.num_draft_tokens
+        alone = SchedulerOutput(
+            req_indices=out.req_indices[decoding],
+            num_scheduled_tokens=out.num_scheduled_tokens[decoding],
+            num_draft_tokens=out.num_draft_tokens[decoding],
+            num_computed_before=out.num_computed_before[decoding],
+            num_prefill_tokens=0,
+            num_decode_tokens=out.num_decode_tokens,
+            kv_tokens_read=int(out.num_computed_before[decoding].sum()),
+            num_spec_seqs=out.num_spec_seqs,
+            spec_kv_tokens_read=out.spec_kv_tokens_read,
+            max_num_draft_tokens=out.max_num_draft_tokens,
+        )
+        return max(0.0, self.step_time_s(out) - self.step_time_s(alone))
