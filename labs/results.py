@@ -374,7 +374,7 @@ PART_WHY: dict[str, str] = {
     "efficiency": "kernels running below the GPU's peak bandwidth and FLOP/s",
     "overhead": "fixed per-step costs (scheduling, launches, sampling) and per-sequence work",
     "communication": "all-reduces between the tensor-parallel GPUs",
-    "queueing": "waiting for a slot before the first step",
+    "queueing": "requests waited for a free slot (max_num_seqs, KV blocks) while others ran",
     "prefill_interference": "decode steps that also carried other requests' prompts",
     "preemption": "recomputing sequences the KV pool evicted",
     "speculation": "drafting and verifying speculative tokens",

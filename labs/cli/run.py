@@ -107,14 +107,17 @@ def _num(fmt: str) -> Any:
 
 def format_table(where: str, measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> str:
     """Measured (mean, p50, p99) beside predicted, in ms and tokens/s."""
-    lines = [f"measured: {where}; predicted: closed-form formulas (labs/predict.py)"]
+    lines = [
+        f"measured: {where}; predicted: closed-form formulas (labs/predict.py), TTFT and E2E"
+        " under this load (queueing included)"
+    ]
     header = f"  {'':<24}{'mean':>13}{'p50':>13}{'p99':>13}{'predicted':>15}"
     lines.append(header)
     for key, label, pred_key in (
-        ("ttft_s", "TTFT", "ttft_s"),
+        ("ttft_s", "TTFT", "loaded_ttft_s"),
         ("tpot_s", "TPOT", "tpot_s"),
         ("itl_s", "ITL", None),
-        ("e2e_s", "E2E", "e2e_s"),
+        ("e2e_s", "E2E", "loaded_e2e_s"),
     ):
         d = measured[key]
         pred = _ms(predicted.get(pred_key)) if pred_key else ""

@@ -140,6 +140,7 @@ def _fmt(value: float, metric: str) -> str:
 FREE = (
     ("global.kernel_latency_us", 0.0, 6.0),
     ("global.decode_step_overhead_ms", 0.1, 2.5),
+    ("global.mixed_step_overhead_ms", 0.2, 5.0),
     ("global.attention_efficiency", 0.2, 0.9),
     ("global.allreduce_latency_us.nvlink", 2.0, 40.0),
     ("gpus.h100-sxm.bandwidth_efficiency", 0.6, 0.97),

@@ -230,13 +230,14 @@ def tp_communication_s(
     cal: Calibration, gpu: GpuConstants, model: ModelSpec, tp: int, num_tokens: np.ndarray | float
 ) -> np.ndarray | float:
     """Tensor-parallel all-reduces: two per layer (after attention and after the MLP), each a
-    fixed latency plus a ring all-reduce of the step's activations, 2 (tp - 1) / tp x tokens x
-    hidden x 2 bytes over the GPU's link (NVLink on SXM parts, PCIe on PCIe cards)."""
+    ring all-reduce of the step's activations: 2 (tp - 1) hops (reduce-scatter, then
+    all-gather), each paying the link's hop latency, and 2 (tp - 1) / tp x tokens x hidden x 2
+    bytes over the GPU's link (NVLink on SXM parts, PCIe on PCIe cards)."""
     if tp <= 1:
         return np.zeros_like(np.asarray(num_tokens, dtype=np.float64))
-    latency = cal.allreduce_latency_s.get(gpu.link, max(cal.allreduce_latency_s.values()))
+    hop = cal.allreduce_latency_s.get(gpu.link, max(cal.allreduce_latency_s.values()))
     ring_bytes = 2 * (tp - 1) / tp * num_tokens * model.hidden_size * ACTIVATION_BYTES
-    return 2 * model.layers * (latency + ring_bytes / gpu.link_bytes_per_s)
+    return 2 * model.layers * (2 * (tp - 1) * hop + ring_bytes / gpu.link_bytes_per_s)
 
 
 def dequant_overhead(cal: Calibration, hardware: Hardware, weight_dtype: str) -> float:

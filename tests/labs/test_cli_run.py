@@ -56,7 +56,8 @@ def test_it_prints_one_json_object_with_the_issues_keys():
     done = lab_run("--backend", "sim", *SMALL, "--request-rate", "50", "--seed", "3", "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert result["backend"] == "sim" and result["where"] == "simulated on CPU"
+    assert result["backend"] == "sim"
+    assert result["where"].startswith("simulated on CPU as H100 SXM (calibrated to ")
     assert set(result["measured"]) >= MEASURED_KEYS
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
         assert set(result["measured"][key]) == STATS
@@ -153,3 +154,22 @@ def test_the_prediction_is_for_the_batch_the_run_keeps_in_flight():
     assert all_at_once["measured"]["max_running_seqs"] == 20
     given = run_json(*SMALL, "--max-concurrency", "32", "--concurrency", "4")
     assert given["predicted"]["running_seqs"] == 4
+
+
+def test_the_json_says_where_the_time_went_and_the_profile_switches_the_engine_model():
+    realistic = run_json(*SMALL, "--max-concurrency", "4")
+    ideal = run_json(*SMALL, "--max-concurrency", "4", "--sim-profile", "ideal")
+    assert ideal["where"].endswith("ideal hardware (roofline, no overheads)")
+    for result in (realistic, ideal):
+        section = result["breakdown"]["e2e_s"]
+        assert section["total"] == pytest.approx(result["measured"]["e2e_s"]["mean"], rel=0.01)
+        assert result["breakdown"]["source"] == "simulated"
+    assert realistic["breakdown"]["tpot_s"]["parts"]["overhead"] > 0
+    assert ideal["breakdown"]["tpot_s"]["parts"]["overhead"] == 0
+    assert realistic["measured"]["tpot_s"]["mean"] > ideal["measured"]["tpot_s"]["mean"]
+
+
+def test_a_bad_profile_is_refused_naming_the_option():
+    out = StringIO()
+    with pytest.raises(CommandError, match="sim_profile must be one of realistic, ideal"):
+        call_command("lab", "run", *SMALL, "--sim-profile", "fast", stdout=out)

@@ -362,3 +362,40 @@ def test_the_run_page_says_which_clock_each_time_is(alice_client, done_run):
     assert took, "no duration on the run page"
     assert "s of wall-clock time to simulate" in took.group(1)
     assert "of GPU time" in took.group(1)
+
+
+def test_a_finished_run_shows_where_its_time_went_and_the_reading_names_the_largest_part(
+    alice_client, done_run
+):
+    breakdown = done_run.result["breakdown"]
+    assert breakdown["source"] == "simulated"
+    assert breakdown["e2e_s"]["total"] == pytest.approx(done_run.result["e2e_s"]["mean"], rel=0.01)
+    response = alice_client.get(reverse("labs:run-detail", args=[done_run.pk]))
+    html = response.content.decode()
+    assert "Where the time went" in html
+    assert 'id="breakdown-e2e_s"' in html and 'id="breakdown-tpot_s"' in html
+    parts = breakdown["e2e_s"]["parts"]
+    largest = max(parts, key=parts.get)
+    from labs.sim.breakdown import PART_LABELS
+
+    reading = html.split('class="headline"', 1)[1].split("</p>", 1)[0]
+    assert f"to {PART_LABELS[largest]}" in reading
+    assert "calibrated to" in html  # the profile label on every simulated number
+
+
+def test_the_lab_page_offers_both_simulator_profiles_and_carries_the_choice(alice_client):
+    html = alice_client.get(reverse("labs:lab-detail", args=["batching"])).content.decode()
+    assert 'name="sim_profile"' in html and 'value="ideal"' in html
+    assert html.count('name="sim_profile"') == 1
+
+
+def test_the_live_prediction_reacts_to_concurrency(alice_client):
+    url = reverse("labs:lab-predict", args=["batching"])
+    texts = []
+    for concurrency in (32, 64):
+        data = {**LABS["batching"].defaults, "max_num_seqs": 8, "concurrency": concurrency}
+        response = alice_client.get(url, data, **HTMX)
+        assert response.status_code == 200
+        texts.append(response.content.decode())
+    assert "under this load" in texts[0]
+    assert texts[0] != texts[1]

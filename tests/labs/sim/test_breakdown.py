@@ -159,3 +159,33 @@ def test_the_fast_path_entry_charges_decode_steps_to_their_requests():
     after = sim.breakdown.steps[1]
     assert after[0].tolist() == [2.0, 1.0, 0.5, 0.0, 0.0]
     assert after[1].sum() == 0
+
+
+def test_a_real_gpu_run_gets_the_expected_parts_and_an_honest_unexplained_remainder():
+    from labs.backends.base import RequestRecord
+    from labs.backends.sim import run_breakdown
+
+    params = parse_lab_params(
+        {"num_prompts": 8, "max_concurrency": 2, "prompt_tokens": 128, "output_tokens": 16}
+    )
+    record = SimBackend().run(params)
+    # The same requests, as if a GPU had taken 25% longer than the engine model expects.
+    record.simulated, record.backend = False, "vllm"
+    record.requests = [
+        RequestRecord(
+            req_id=r.req_id,
+            prompt_tokens=r.prompt_tokens,
+            max_tokens=r.max_tokens,
+            arrival_s=r.arrival_s,
+            chunks=[(r.arrival_s + 1.25 * (t - r.arrival_s), n) for t, n in r.chunks],
+            finish_s=r.arrival_s + 1.25 * (r.finish_s - r.arrival_s),
+        )
+        for r in record.requests
+    ]
+    measured = summarize(record)
+    breakdown = run_breakdown(params, record, measured)
+    assert breakdown["source"] == "expected"
+    e2e = breakdown["e2e_s"]
+    assert e2e["total"] == measured["e2e_s"]["mean"]
+    assert sum(e2e["parts"].values()) == pytest.approx(e2e["total"], rel=1e-9)
+    assert e2e["parts"]["unexplained"] == pytest.approx(0.2 * e2e["total"], rel=0.05)

@@ -148,9 +148,10 @@ def test_all_reduces_cost_nothing_on_one_gpu_and_more_over_pcie_than_nvlink():
         < tp_communication_s(cal, nvlink, LLAMA70, 4, 4096)
         < (tp_communication_s(cal, pcie, LLAMA70, 4, 4096))
     )
-    # Two per layer: at one token they are almost all latency.
+    # Two per layer, each 2 (tp - 1) hops of a ring: at one token they are almost all latency.
     one = tp_communication_s(cal, nvlink, LLAMA70, 4, 1)
-    assert one == pytest.approx(2 * LLAMA70.layers * cal.allreduce_latency_s["nvlink"], rel=0.01)
+    hops = 2 * LLAMA70.layers * 2 * (4 - 1)
+    assert one == pytest.approx(hops * cal.allreduce_latency_s["nvlink"], rel=0.01)
 
 
 def test_a_moe_decode_at_batch_1_reads_only_the_experts_it_touches():

@@ -1,0 +1,52 @@
+"""Every cited vLLM measurement of labs/sim/calibration.yaml, replayed on the simulator.
+
+Virtual time only, so the numbers are the same on any machine: fitted runs within 10%, held-out
+runs (which no fit saw) within 20%. Excluded runs are printed with their reason, not asserted.
+Run with -s to see the table (the same table is in docs/engine-model.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from labs.catalog import GPUS
+from labs.sim.calibration import (
+    TOLERANCE,
+    format_table,
+    load_measurements,
+    relative_error,
+    simulate,
+)
+
+
+@pytest.fixture(scope="module")
+def table() -> list:
+    rows = [(m, simulate(m)) for m in load_measurements()]
+    print("\n" + format_table(rows))
+    return rows
+
+
+def test_every_published_run_is_reproduced_within_its_tolerance(table):
+    misses = [
+        f"{m.id} ({m.role}): published {m.published:g}, simulated {sim:g}"
+        for m, sim in table
+        if m.role in TOLERANCE and abs(relative_error(sim, m.published)) > TOLERANCE[m.role]
+    ]
+    assert not misses, "\n".join(misses)
+
+
+def test_the_runs_cover_gpus_models_tensor_parallelism_batch_1_and_concurrency():
+    runs = load_measurements()
+    asserted = [m for m in runs if m.role in TOLERANCE]
+    assert len(runs) >= 12
+    assert sum(m.role == "held_out" for m in runs) >= 4
+    assert all(m.role in (*TOLERANCE, "excluded") for m in runs)
+    assert all(m.excluded_because for m in runs if m.role == "excluded")
+    gpus = {m.settings["gpu"] for m in asserted}
+    assert gpus <= set(GPUS) and len(gpus) >= 3
+    models = {(m.settings["model"], m.settings.get("params_b")) for m in asserted}
+    assert len(models) >= 3
+    assert any(m.settings.get("tp", 1) >= 2 for m in asserted)
+    assert any(m.settings.get("max_concurrency") == 1 for m in asserted)
+    assert any((m.settings.get("max_concurrency") or 0) >= 8 for m in asserted)
+    assert all(m.source.strip() and m.engine.strip() for m in runs)
