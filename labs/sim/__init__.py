@@ -7,6 +7,9 @@ Pure Python and numpy; never imports Django (tests/labs/sim/test_purity.py check
     block_pool.py  fixed KV blocks: free queue, reference counts, prefix-cache map
     kv_cache.py    per-request block tables, paged or contiguous
     scheduler.py   token budget, running first, FCFS admission, preemption, speculation
-    cost_model.py  step time from the batch, via labs.predict.step_time_s
+    engine_model.py  step time and its parts on the realistic or ideal profile (calibration.yaml)
+    cost_model.py  the cost-model interface; the ideal profile is labs.predict.step_time_s
+    breakdown.py   where each request's time went, charged step by step
+    calibration.py the published vLLM runs of calibration.yaml, replayed (and the fit)
     simulator.py   the event loop; returns a RunRecord (labs/backends/base.py)
 """
