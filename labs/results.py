@@ -159,10 +159,13 @@ def _read_ttft(c: Context, ratio: float) -> str:
     if ratio > 1 + AGREE:
         if c.waited:
             return (
-                "Requests waited for a slot or shared prefill steps with others; the formula "
-                "times one prompt on an idle engine."
+                "Requests waited for a slot or shared prefill steps with others longer than the "
+                "formula's waves of queueing allow."
             )
-        return "Prefill ran in several chunks or beside decodes, so the first token came later."
+        return (
+            "Prefill ran in several chunks, beside decodes, or below the GPU's peak, so the first "
+            "token came later."
+        )
     if ratio < 1 - AGREE:
         return "Prefix-cache hits or shorter prompts left less to prefill than the formula assumes."
     return "One prefill step dominates, as the formula assumes."
