@@ -161,6 +161,9 @@ if _broker.scheme == "filesystem":
         "control_folder": str(_broker_dir / "control"),
         "processed_folder": str(_broker_dir / "processed"),
         "store_processed": False,
+        # An idle worker lists the queue folder this often (kombu's default is 1 s): a sweep's
+        # points, each a fraction of a second of simulation, would otherwise wait ~1 s apiece.
+        "polling_interval": env_int("CELERY_BROKER_POLLING_MS", 100) / 1000,
     }
     CELERY_RESULT_BACKEND = f"file://{_broker_dir / 'results'}"
     BROKER_DIR = _broker_dir

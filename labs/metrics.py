@@ -20,8 +20,7 @@ uses), in seconds; None when no request has the value. Pure Python + numpy, no D
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from itertools import chain
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -35,12 +34,14 @@ MAX_SERIES_POINTS = 1000
 THROUGHPUT_BUCKETS = 100
 
 
-def distribution(values: np.ndarray) -> dict[str, float | None]:
-    """{mean, p50, p90, p95, p99} of `values`; all None when there are none."""
+def distribution(values: np.ndarray, *, reorder: bool = False) -> dict[str, float | None]:
+    """{mean, p50, p90, p95, p99} of `values`; all None when there are none. With `reorder`,
+    `values` is partitioned in place instead of copied (for arrays of millions)."""
     keys = ["mean", *(f"p{p}" for p in PERCENTILES)]
     if len(values) == 0:
         return dict.fromkeys(keys)
-    stats = [float(np.mean(values)), *(float(v) for v in np.percentile(values, PERCENTILES))]
+    mean = float(np.mean(values))
+    stats = [mean, *(float(v) for v in np.percentile(values, PERCENTILES, overwrite_input=reorder))]
     return dict(zip(keys, stats, strict=True))
 
 
@@ -49,7 +50,9 @@ def _thin(values: np.ndarray) -> list[float]:
     statistics (quantiles), fine for a histogram."""
     if len(values) <= MAX_SERIES_POINTS:
         return values.tolist()
-    return np.quantile(values, np.linspace(0, 1, MAX_SERIES_POINTS)).tolist()
+    # NOTE: summarize passes arrays it owns and needs no more, so partitioning them is fine.
+    points = np.linspace(0, 1, MAX_SERIES_POINTS)
+    return np.quantile(values, points, overwrite_input=True).tolist()
 
 
 def _ratio(part: int | None, whole: int | None) -> float | None:
@@ -63,15 +66,39 @@ def _check_slos(slo_ms: Mapping[str, float]) -> None:
         raise ValueError(f"SLO keys must be among {', '.join(SLO_KEYS)}, got {', '.join(unknown)}")
 
 
-def _chunk_arrays(done: list[RequestRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every chunk's time and token count, flattened in request order, plus chunks per request."""
-    counts = np.array([len(r.chunks) for r in done], dtype=np.int64)
-    flat = np.fromiter(
-        chain.from_iterable(chain.from_iterable(r.chunks for r in done)),
-        dtype=np.float64,
-        count=2 * int(counts.sum()),
-    ).reshape(-1, 2)
-    return flat[:, 0], flat[:, 1].astype(np.int64), counts
+# Requests whose chunks are read at once: bounds the temporary arrays of a long run.
+_BATCH_REQUESTS = 4096
+
+
+def _batches(done: list[RequestRecord]) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(times, tokens, chunks per request) of successive groups of requests, flattened."""
+    for a in range(0, len(done), _BATCH_REQUESTS):
+        group = [r.chunks for r in done[a : a + _BATCH_REQUESTS]]
+        counts = np.array([len(c) for c in group], dtype=np.int64)
+        times = np.concatenate([c.times_s for c in group])
+        tokens = np.concatenate([c.tokens for c in group])
+        yield times, tokens, counts
+
+
+def _chunk_stats(done: list[RequestRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each request's first chunk time and output tokens, and every inter-chunk gap (ITL),
+    request by request, in chunk order."""
+    num_chunks = sum(len(r.chunks) for r in done)
+    first = np.empty(len(done))
+    output = np.empty(len(done), dtype=np.int64)
+    itl = np.empty(max(0, num_chunks - len(done)))
+    i = g = 0
+    for times, tokens, counts in _batches(done):
+        starts = np.cumsum(counts) - counts
+        first[i : i + len(counts)] = times[starts]
+        output[i : i + len(counts)] = np.add.reduceat(tokens, starts, dtype=np.int64)
+        # Gaps between successive chunks, except across the boundary between two requests.
+        within = np.ones(len(times) - 1, dtype=bool)
+        within[starts[1:] - 1] = False
+        gaps = np.diff(times)[within]
+        itl[g : g + len(gaps)] = gaps
+        i, g = i + len(counts), g + len(gaps)
+    return first, output, itl
 
 
 def summarize(record: RunRecord, slo_ms: Mapping[str, float] | None = None) -> dict[str, Any]:
@@ -91,20 +118,13 @@ def summarize(record: RunRecord, slo_ms: Mapping[str, float] | None = None) -> d
     if slo_ms:
         _check_slos(slo_ms)
     done = [r for r in record.requests if r.error is None and r.finish_s is not None and r.chunks]
-    times, tokens, counts = _chunk_arrays(done)
-    starts = np.cumsum(counts) - counts
+    first, output, itl = _chunk_stats(done)
     arrival = np.array([r.arrival_s for r in done], dtype=np.float64)
     finish = np.array([r.finish_s for r in done], dtype=np.float64)
-    output = np.add.reduceat(tokens, starts) if len(done) else np.zeros(0, dtype=np.int64)
-    ttft = times[starts] - arrival if len(done) else np.zeros(0)
+    ttft = first - arrival
     e2e = finish - arrival
     multi = output > 1
     tpot = (e2e[multi] - ttft[multi]) / (output[multi] - 1)
-    # Gaps between successive chunks, except across the boundary between two requests.
-    gaps = np.diff(times)
-    within = np.ones(len(gaps), dtype=bool)
-    within[(starts[1:] - 1)] = False
-    itl = gaps[within]
 
     duration = record.duration_s
     completed = len(done)
@@ -123,7 +143,7 @@ def summarize(record: RunRecord, slo_ms: Mapping[str, float] | None = None) -> d
     return {
         "ttft_s": distribution(ttft),
         "tpot_s": distribution(tpot),
-        "itl_s": distribution(itl),
+        "itl_s": distribution(itl, reorder=len(itl) > MAX_SERIES_POINTS),
         "e2e_s": distribution(e2e),
         "output_tokens_per_s": _per_s(int(output.sum()), duration),
         "total_tokens_per_s": _per_s(int(output.sum()) + prompt_tokens, duration),
@@ -144,7 +164,7 @@ def summarize(record: RunRecord, slo_ms: Mapping[str, float] | None = None) -> d
         "simulated_s": duration if record.simulated else None,
         "duration_s": duration,
         "wall_s": record.wall_s,
-        "series": _series(record, ttft, itl, times, tokens),
+        "series": _series(record, ttft, itl, done),
     }
 
 
@@ -153,7 +173,7 @@ def _per_s(count: int, duration_s: float) -> float | None:
 
 
 def _series(
-    record: RunRecord, ttft: np.ndarray, itl: np.ndarray, times: np.ndarray, tokens: np.ndarray
+    record: RunRecord, ttft: np.ndarray, itl: np.ndarray, done: list[RequestRecord]
 ) -> dict[str, Any]:
     """What the charts draw.
 
@@ -166,11 +186,20 @@ def _series(
     start = 0.0
     duration = record.duration_s
     tokens_per_s: dict[str, Any] = {"t_s": [], "value": [], "bucket_s": None}
-    if duration > 0 and len(times):
+    if duration > 0 and done:
         bucket = duration / THROUGHPUT_BUCKETS
         edges = start + bucket * np.arange(THROUGHPUT_BUCKETS + 1)
         # The last chunk lands exactly on the last edge, which np.histogram includes.
-        counts, _ = np.histogram(times, bins=edges, weights=tokens)
+        counts = np.zeros(THROUGHPUT_BUCKETS)
+        for times, tokens, _ in _batches(done):
+            # np.histogram's bins (right-open, the last closed), found by binary search instead
+            # of sorting every chunk time.
+            bins = np.searchsorted(edges, times, side="right") - 1
+            bins[times == edges[-1]] = THROUGHPUT_BUCKETS - 1
+            inside = (bins >= 0) & (bins < THROUGHPUT_BUCKETS)
+            counts += np.bincount(
+                bins[inside], weights=tokens[inside], minlength=THROUGHPUT_BUCKETS
+            )
         tokens_per_s = {
             "t_s": (edges[:-1] - start).tolist(),
             "value": (counts / bucket).tolist(),

@@ -72,6 +72,7 @@ def start_worker(
     queues: list[str],
     *,
     pool: str = "solo",
+    concurrency: int = 1,
     extra_env: dict[str, str] | None = None,
     ready_timeout_s: float = 180.0,
 ) -> WorkerProcess:
@@ -91,7 +92,7 @@ def start_worker(
         "-Q",
         ",".join(queues),
         f"--pool={pool}",
-        "--concurrency=1",
+        f"--concurrency={concurrency}",
         "--hostname",
         f"{name}@%h",
         "--loglevel=INFO",

@@ -8,9 +8,11 @@ Pure Python: no Django, so the simulator and a GPU worker can build records anyw
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, overload
+
+import numpy as np
 
 if TYPE_CHECKING:
     from labs.params import LabParams
@@ -21,29 +23,123 @@ class BackendError(RuntimeError):
     message says why in a sentence a learner can act on; the run is marked failed with it."""
 
 
-@dataclass
+class Chunks:
+    """A request's streamed chunks: two numpy columns, `times_s` (float64) and `tokens` (int32).
+
+    It behaves like the list of (time_s, tokens) pairs it replaces (len, iteration, indexing,
+    `append`, equality with a list), so a load generator can append as chunks arrive; but a run
+    of 10^5 requests x 10^3 tokens stays 12 bytes a chunk instead of a Python tuple each, and the
+    metrics read the columns directly.
+    """
+
+    __slots__ = ("_times", "_tokens", "_pending")
+
+    def __init__(
+        self,
+        pairs: Iterable[tuple[float, int]] | None = None,
+        *,
+        times_s: np.ndarray | None = None,
+        tokens: np.ndarray | None = None,
+    ) -> None:
+        if times_s is None:
+            items = list(pairs or [])
+            times_s = np.array([float(t) for t, _ in items], dtype=np.float64)
+            tokens = np.array([int(n) for _, n in items], dtype=np.int32)
+        elif tokens is None or len(tokens) != len(times_s):
+            raise ValueError("times_s and tokens need one value per chunk")
+        self._times: np.ndarray = times_s
+        self._tokens: np.ndarray = tokens  # type: ignore[assignment]
+        self._pending: list[tuple[float, int]] = []
+
+    @classmethod
+    def of_columns(cls, times_s: np.ndarray, tokens: np.ndarray) -> Chunks:
+        """Wrap two equally long columns without copying or checking them (hot path)."""
+        self = cls.__new__(cls)
+        self._times, self._tokens, self._pending = times_s, tokens, []
+        return self
+
+    def _flush(self) -> None:
+        if self._pending:
+            times, tokens = zip(*self._pending, strict=True)
+            self._times = np.concatenate([self._times, np.array(times, dtype=np.float64)])
+            self._tokens = np.concatenate([self._tokens, np.array(tokens, dtype=np.int32)])
+            self._pending = []
+
+    @property
+    def times_s(self) -> np.ndarray:
+        self._flush()
+        return self._times
+
+    @property
+    def tokens(self) -> np.ndarray:
+        self._flush()
+        return self._tokens
+
+    def append(self, chunk: tuple[float, int]) -> None:
+        self._pending.append((float(chunk[0]), int(chunk[1])))
+
+    def __len__(self) -> int:
+        return len(self._times) + len(self._pending)
+
+    def __iter__(self) -> Iterator[tuple[float, int]]:
+        return iter(zip(self.times_s.tolist(), self.tokens.tolist(), strict=True))
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[float, int]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[float, int]]: ...
+
+    def __getitem__(self, i: int | slice) -> tuple[float, int] | list[tuple[float, int]]:
+        if isinstance(i, slice):  # a list of pairs, as slicing the old list gave
+            times, tokens = self.times_s[i].tolist(), self.tokens[i].tolist()
+            return list(zip(times, tokens, strict=True))
+        return float(self.times_s[i]), int(self.tokens[i])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Chunks):
+            return bool(
+                np.array_equal(self.times_s, other.times_s)
+                and np.array_equal(self.tokens, other.tokens)
+            )
+        if isinstance(other, list | tuple):
+            return list(self) == [(float(t), int(n)) for t, n in other]
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"Chunks({list(self)!r})"
+
+    def to_list(self) -> list[list[float | int]]:
+        """[[time_s, tokens], ...] for JSON."""
+        return [[t, n] for t, n in self]
+
+
+@dataclass(eq=True)
 class RequestRecord:
-    """One request as the client saw it."""
+    """One request as the client saw it. `chunks` may be given as a list of (time_s, tokens)
+    pairs; it is kept as `Chunks` (numpy columns)."""
 
     req_id: str
     prompt_tokens: int
     max_tokens: int  # output tokens asked for (ignore_eos, so normally all produced)
     arrival_s: float  # when the request was issued (client side) / arrived (sim)
-    chunks: list[
-        tuple[float, int]
-    ]  # every streamed chunk: (time_s, tokens in that chunk), in order
+    chunks: Chunks  # every streamed chunk: (time_s, tokens in that chunk), in order
     finish_s: float | None  # last chunk / completion; None if it failed before finishing
     error: str | None = None  # why it failed ("HTTP 500: ...", "stream cut after 37 tokens")
     cached_prompt_tokens: int = 0  # prefix-cache hit, where the backend knows it
     preemptions: int = 0  # where the backend knows it
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.chunks, Chunks):
+            self.chunks = Chunks(self.chunks)
+
     @property
     def first_token_s(self) -> float | None:
-        return self.chunks[0][0] if self.chunks else None
+        return float(self.chunks.times_s[0]) if len(self.chunks) else None
 
     @property
     def output_tokens(self) -> int:
-        return sum(n for _, n in self.chunks)
+        return int(self.chunks.tokens.sum())
 
 
 @dataclass
@@ -88,16 +184,33 @@ class RunRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict (chunks become [time_s, tokens] lists)."""
-        data = asdict(self)
-        for req in data["requests"]:
-            req["chunks"] = [[t, n] for t, n in req["chunks"]]
+        requests = self.requests
+        self.requests = []
+        try:
+            data = asdict(self)
+        finally:
+            self.requests = requests
+        data["requests"] = [
+            {
+                "req_id": r.req_id,
+                "prompt_tokens": r.prompt_tokens,
+                "max_tokens": r.max_tokens,
+                "arrival_s": r.arrival_s,
+                "chunks": r.chunks.to_list(),
+                "finish_s": r.finish_s,
+                "error": r.error,
+                "cached_prompt_tokens": r.cached_prompt_tokens,
+                "preemptions": r.preemptions,
+            }
+            for r in requests
+        ]
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
         """The inverse of `to_dict()`."""
         requests = [
-            RequestRecord(**{**req, "chunks": [(float(t), int(n)) for t, n in req["chunks"]]})
+            RequestRecord(**{**req, "chunks": Chunks((t, n) for t, n in req["chunks"])})
             for req in data["requests"]
         ]
         return cls(

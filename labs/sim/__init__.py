@@ -4,7 +4,7 @@ Pure Python and numpy; never imports Django (tests/labs/sim/test_purity.py check
 
     workload.py    requests like `vllm bench serve` (lengths, shared prefix, arrivals)
     entities.py    per-request counters (RequestTable) and a view of one request (SimRequest)
-    block_pool.py  fixed KV blocks: free queue, reference counts, prefix-cache map
+    block_pool.py  KV blocks, grown lazily: free queue, reference counts, prefix-cache map
     kv_cache.py    per-request block tables, paged or contiguous
     scheduler.py   token budget, running first, FCFS admission, preemption, speculation
     engine_model.py  step time and its parts on the realistic or ideal profile (calibration.yaml)
@@ -12,4 +12,5 @@ Pure Python and numpy; never imports Django (tests/labs/sim/test_purity.py check
     breakdown.py   where each request's time went, charged step by step
     calibration.py the published vLLM runs of calibration.yaml, replayed (and the fit)
     simulator.py   the event loop; returns a RunRecord (labs/backends/base.py)
+    steady.py      busy steps taken with a few scalars instead of arrays over the batch
 """

@@ -44,8 +44,31 @@ class KVCacheManager:
         self.contiguous = contiguous
         # NOTE: a contiguous reservation is private to its request, so nothing is shared.
         self.caching = pool.enable_caching and not contiguous
-        self.block_tables: list[list[int]] = [[] for _ in range(len(table))]
+        # NOTE: every block table lives in one flat array, request i's at _start[i], sized for
+        # the most blocks it can ever hold; its length is table.num_blocks[i].
+        if contiguous:
+            most = table.num_prompt_tokens + table.max_tokens
+        else:
+            most = table.num_prompt_tokens + table.num_output_tokens_target
+        capacity = blocks_for_tokens(most, block_size)
+        self._start = np.cumsum(capacity) - capacity
+        self._tables = np.empty(int(capacity.sum()), dtype=np.int32)  # block ids < 2**31
         self._num_shared_blocks = table.num_shared_prefix_tokens // block_size
+
+    @property
+    def num_shared_blocks(self) -> int:
+        """Full blocks of the shared prefix (keyed by position, so shared by every request)."""
+        return self._num_shared_blocks
+
+    def block_table(self, idx: int) -> np.ndarray:
+        """Request `idx`'s blocks, in token order (a view)."""
+        start = int(self._start[idx])
+        return self._tables[start : start + int(self.table.num_blocks[idx])]
+
+    @property
+    def block_tables(self) -> list[np.ndarray]:
+        """Every request's block table (for tests and observers)."""
+        return [self.block_table(i) for i in range(len(self.table))]
 
     def _keys(self, idx: int, start: int, end: int) -> range | list[BlockKey]:
         """Prefix-cache keys of blocks start..end-1 of request `idx`.
@@ -97,7 +120,9 @@ class KVCacheManager:
             blocks = self.pool.allocate(self.blocks_to_reserve(idx))
             if blocks is None:
                 return False
-            num_hit = 0
+            num_hit, num_blocks = 0, len(blocks)
+            start = int(self._start[idx])
+            self._tables[start : start + num_blocks] = blocks
         else:
             num_hit = len(hits)
             # Hit blocks in the free queue stop being free once touched.
@@ -106,13 +131,13 @@ class KVCacheManager:
             if whole + evictable > self.pool.num_free_blocks:
                 return False
             self.pool.touch(hits)
-            blocks = self.pool.allocate(
-                blocks_for_tokens(num_hit * bs + num_new_tokens, bs) - num_hit
-            )
-            assert blocks is not None  # guaranteed by the whole-prompt check above
-            blocks = hits + blocks
-        self.block_tables[idx] = blocks
-        t.num_blocks[idx] = len(blocks)
+            new = self.pool.allocate(blocks_for_tokens(num_hit * bs + num_new_tokens, bs) - num_hit)
+            assert new is not None  # guaranteed by the whole-prompt check above
+            start = int(self._start[idx])
+            self._tables[start : start + num_hit] = hits
+            self._tables[start + num_hit : start + num_hit + len(new)] = new
+            num_blocks = num_hit + len(new)
+        t.num_blocks[idx] = num_blocks
         t.num_cached_blocks[idx] = num_hit
         t.num_computed_tokens[idx] = num_hit * bs
         return True
@@ -124,18 +149,34 @@ class KVCacheManager:
         total = t.num_computed_tokens[idx] + num_new_tokens
         return blocks_for_tokens(total, self.block_size) - t.num_blocks[idx]
 
-    def allocate(self, idx: list[int], num_blocks: list[int]) -> bool:
-        """Append new blocks to the tables of requests `idx` (`num_blocks` each), all or
-        nothing; False if the pool is short."""
-        blocks = self.pool.allocate(sum(num_blocks))
+    def allocate(self, idx: np.ndarray, num_blocks: np.ndarray) -> bool:
+        """Append new blocks to the tables of (distinct) requests `idx` (`num_blocks` each, at
+        least one), all or nothing; False if the pool is short."""
+        blocks = self.pool.allocate(int(num_blocks.sum()))
         if blocks is None:
             return False
-        tables, start = self.block_tables, 0
-        for r, k in zip(idx, num_blocks, strict=True):
-            tables[r].extend(blocks[start : start + k])
-            start += k
-        self.table.num_blocks[idx] += num_blocks
+        self.place(np.repeat(idx, num_blocks), blocks)
         return True
+
+    def place(self, owners: np.ndarray, blocks: np.ndarray) -> None:
+        """Append `blocks[j]` to the table of request `owners[j]`, in order (a request's new
+        blocks in the order they were taken)."""
+        t = self.table
+        if len(owners) == 1:
+            r = int(owners[0])
+            self._tables[int(self._start[r] + t.num_blocks[r])] = blocks[0]
+            t.num_blocks[r] += 1
+            return
+        # Each block's rank among its owner's new blocks: a stable sort groups owners.
+        order = np.argsort(owners, kind="stable")
+        sorted_owners = owners[order]
+        first = np.r_[True, sorted_owners[1:] != sorted_owners[:-1]]
+        group_start = np.flatnonzero(first)
+        counts = np.diff(np.r_[group_start, len(owners)])
+        rank = np.arange(len(owners)) - np.repeat(group_start, counts)
+        slots = self._start[sorted_owners] + t.num_blocks[sorted_owners] + rank
+        self._tables[slots] = blocks[order]
+        np.add.at(t.num_blocks, sorted_owners[group_start], counts)
 
     def free(self, idx: int, *, preempted: bool = False) -> None:
         """Release all of a request's blocks (tail first, so its tail is evicted first).
@@ -146,16 +187,30 @@ class KVCacheManager:
         t = self.table
         if preempted and self.caching:
             self._cache(idx, int(t.num_cached_blocks[idx]), int(t.num_computed_tokens[idx]))
-        table = self.block_tables[idx]
-        self.pool.free(table[::-1])
-        table.clear()
+        self.pool.free(self.block_table(idx)[::-1])
+        t.num_blocks[idx] = 0
+        t.num_cached_blocks[idx] = 0
+
+    def free_finished(self, idx: list[int]) -> None:
+        """Release all blocks of finished requests `idx` in one go, as `free` would one after
+        another. NOTE: only for blocks no two of them share (no prefix-cache hits)."""
+        if not idx:
+            return
+        t = self.table
+        req = np.asarray(idx, dtype=np.int64)
+        lengths = t.num_blocks[req]
+        # Each table last block first, the tables one after another.
+        last = np.repeat(self._start[req] + lengths - 1, lengths)
+        within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        self.pool.free(self._tables[last - within])
         t.num_blocks[idx] = 0
         t.num_cached_blocks[idx] = 0
 
     def _cache(self, idx: int, start: int, num_computed_tokens: int) -> None:
         end = num_computed_tokens // self.block_size
         if end > start:
-            self.pool.cache(self.block_tables[idx][start:end], self._keys(idx, start, end))
+            blocks = self.block_table(idx)[start:end].tolist()
+            self.pool.cache(blocks, self._keys(idx, start, end))
             self.table.num_cached_blocks[idx] = end
 
     def cache_full_blocks(self, idx: np.ndarray) -> None:

@@ -184,13 +184,13 @@ class Scheduler:
             The preempted requests, newest first; `self.running` loses them.
         """
         needy = np.flatnonzero(need > 0)
-        if not needy.size or self.kv.allocate(run[needy].tolist(), need[needy].tolist()):
+        if not needy.size or self.kv.allocate(run[needy], need[needy]):
             return []  # everyone's blocks fitted at once: nothing to preempt
         tail, preempted = len(run), []
         for i in needy.tolist():
             if i >= tail:
                 break
-            while not self.kv.allocate([int(run[i])], [int(need[i])]):
+            while not self.kv.allocate(run[i : i + 1], need[i : i + 1]):
                 # NOTE: victims come from the tail, which has not been given blocks this step;
                 # a request that finds itself at the tail preempts itself.
                 tail -= 1

@@ -10,6 +10,13 @@ tokens all appear at the step's end, and a request issued during a step waits fo
 The clock only moves forward by step times (from the cost model) or by jumping over idle gaps
 to the next issue time. Nothing here reads the wall clock except `wall_s` and the throttle of
 the progress callback, so a seed fixes the result.
+
+A step is taken one of three ways, all giving the same record (tests/labs/sim/test_fast_path.py):
+
+- a run of plain decode steps at once (`_skip_decode_steps`): nothing changes but the KV, so
+  the steps are priced in one vectorised call and their tokens written with numpy;
+- a steady step (labs/sim/steady.py): decodes kept as sums, only changing requests touched;
+- one step through the scheduler, for everything else, and always with `step_by_step=True`.
 """
 
 from __future__ import annotations
@@ -22,15 +29,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from labs.backends.base import EngineSample, RequestRecord, RunRecord
+from labs.backends.base import Chunks, EngineSample, RequestRecord, RunRecord
 from labs.predict import blocks_for_tokens
 from labs.sim.breakdown import BreakdownAccumulator
-from labs.sim.cost_model import CostModel, step_parts_s
+from labs.sim.cost_model import CostModel, PartsCostModel, step_parts_s
+from labs.sim.engine_model import PARTS
 from labs.sim.entities import RequestTable, SimRequest
 from labs.sim.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepResult
+from labs.sim.steady import LoopState, advance_steady
 from labs.sim.workload import GeneratedWorkload
 
 WHERE = "simulated on CPU"
+# Most steps x sequences advanced in one go (bounds the arrays a run of skipped steps needs).
+_MAX_SKIP_CELLS = 1 << 20
 
 
 class SimConfigError(ValueError):
@@ -55,78 +66,147 @@ class StepInfo:
 
 class _SampleRecorder:
     """Engine samples, one per step until `max_samples`; then neighbours are merged pairwise and
-    each sample stands for twice as many steps.
+    each sample stands for twice as many steps. Steps come in one at a time (`add`) or as arrays
+    for a run of skipped steps (`add_many`); they are folded into the samples every few thousand
+    steps, so memory stays bounded however long the run.
 
     NOTE: a merged sample holds the earlier time and the maxima of running, waiting and KV
     usage over the steps it stands for (like an oscilloscope's peak detect), so the peaks that
     `max_running_seqs` and `kv_usage_peak` read survive thinning exactly.
     """
 
-    def __init__(self, max_samples: int) -> None:
-        self.samples: list[EngineSample] = []
+    _FOLD_EVERY = 8192
+
+    def __init__(self, max_samples: int, num_blocks: int) -> None:
         self.max_samples = max(2, max_samples + max_samples % 2)  # even: merged in pairs
+        self.num_blocks = num_blocks
         self._stride = 1
-        self._pending: EngineSample | None = None
-        self._pending_steps = 0
+        # Folded samples, columns t_s, running, waiting, blocks used (all exact in float64).
+        self._samples = np.empty((0, 4))
+        self._raw: list[np.ndarray] = []  # steps not folded yet, in order
+        self._row: list[tuple[float, int, int, int]] = []
+        self._num_raw = 0
+
+    def add(self, t_s: float, running: int, waiting: int, blocks_used: int) -> None:
+        self._row.append((t_s, running, waiting, blocks_used))
+        self._num_raw += 1
+        if self._num_raw >= self._FOLD_EVERY:
+            self._fold()
+
+    def add_many(
+        self,
+        t_s: np.ndarray,
+        running: int | np.ndarray,
+        waiting: int | np.ndarray,
+        blocks_used: np.ndarray,
+    ) -> None:
+        self._flush_rows()
+        block = np.empty((len(t_s), 4))
+        block[:, 0], block[:, 1], block[:, 2], block[:, 3] = t_s, running, waiting, blocks_used
+        self._raw.append(block)
+        self._num_raw += len(t_s)
+        if self._num_raw >= self._FOLD_EVERY:
+            self._fold()
+
+    def _flush_rows(self) -> None:
+        if self._row:
+            self._raw.append(np.array(self._row, dtype=np.float64))
+            self._row = []
 
     @staticmethod
-    def _peak(a: EngineSample, b: EngineSample) -> EngineSample:
-        return EngineSample(
-            t_s=a.t_s,
-            running=max(a.running, b.running),
-            waiting=max(a.waiting, b.waiting),
-            kv_usage=max(a.kv_usage, b.kv_usage),
-            kv_blocks_used=max(a.kv_blocks_used or 0, b.kv_blocks_used or 0),
-        )
+    def _peak(rows: np.ndarray, stride: int) -> np.ndarray:
+        """Merge every `stride` consecutive rows: the first time, the maxima of the rest."""
+        groups = rows.reshape(-1, stride, 4)
+        merged = groups.max(axis=1)
+        merged[:, 0] = groups[:, 0, 0]
+        return merged
 
-    def add(self, sample: EngineSample) -> None:
-        self._pending = sample if self._pending is None else self._peak(self._pending, sample)
-        self._pending_steps += 1
-        if self._pending_steps < self._stride:
-            return
-        self.samples.append(self._pending)
-        self._pending, self._pending_steps = None, 0
-        if len(self.samples) >= self.max_samples:
-            pairs = zip(self.samples[0::2], self.samples[1::2], strict=False)
-            self.samples = [self._peak(a, b) for a, b in pairs]
-            self._stride *= 2
+    def _fold(self, final: bool = False) -> None:
+        self._flush_rows()
+        raw = np.concatenate(self._raw) if self._raw else np.empty((0, 4))
+        samples, stride, top = self._samples, self._stride, self.max_samples
+        while True:
+            complete = len(raw) // stride
+            if len(samples) + complete < top:
+                break
+            # Fill up to max_samples at this stride, then halve the count and double the stride.
+            take = top - len(samples)
+            samples = np.concatenate([samples, self._peak(raw[: take * stride], stride)])
+            raw = raw[take * stride :]
+            samples = self._peak(samples, 2)
+            stride *= 2
+        complete = len(raw) // stride
+        samples = np.concatenate([samples, self._peak(raw[: complete * stride], stride)])
+        raw = raw[complete * stride :]
+        if final and len(raw):
+            samples = np.concatenate([samples, self._peak(raw, len(raw))])
+            raw = raw[:0]
+        self._samples, self._stride = samples, stride
+        self._raw = [raw] if len(raw) else []
+        self._num_raw = len(raw)
 
     def finish(self) -> list[EngineSample]:
-        if self._pending is not None:
-            self.samples.append(self._pending)
-            self._pending = None
-        return self.samples
+        self._fold(final=True)
+        rows = self._samples
+        return [
+            EngineSample(
+                t_s=t, running=r, waiting=w, kv_usage=b / self.num_blocks, kv_blocks_used=b
+            )
+            for t, r, w, b in zip(
+                rows[:, 0].tolist(),
+                rows[:, 1].astype(np.int64).tolist(),
+                rows[:, 2].astype(np.int64).tolist(),
+                rows[:, 3].astype(np.int64).tolist(),
+                strict=True,
+            )
+        ]
 
 
-class _ChunkLog:
-    """Every step's streamed chunks, kept as arrays per step and turned into each request's list
-    of (time_s, tokens) at the end."""
+class _ChunkStore:
+    """Every request's streamed chunks, written in place into two flat columns (times, tokens):
+    request i owns a slice as long as its output (a chunk holds at least one token), and has
+    used `num_chunks[i]` of it."""
 
-    def __init__(self, num_requests: int) -> None:
-        self._num_chunks = np.zeros(num_requests, dtype=np.int64)
-        self._idx: list[np.ndarray] = []
-        self._rank: list[np.ndarray] = []  # each chunk's position in its request's list
-        self._tokens: list[np.ndarray] = []
-        self._times: list[float] = []
+    def __init__(self, num_output_tokens: np.ndarray) -> None:
+        self.start = np.cumsum(num_output_tokens) - num_output_tokens
+        total = int(num_output_tokens.sum())
+        self.times_s = np.empty(total, dtype=np.float64)
+        self.tokens = np.empty(total, dtype=np.int32)
+        self.num_chunks = np.zeros(len(num_output_tokens), dtype=np.int64)
 
     def add(self, t_s: float, idx: np.ndarray, tokens: np.ndarray) -> None:
-        self._idx.append(idx)
-        self._rank.append(self._num_chunks[idx])
-        self._num_chunks[idx] += 1
-        self._tokens.append(tokens)
-        self._times.append(t_s)
+        place = self.start[idx] + self.num_chunks[idx]
+        self.times_s[place] = t_s
+        self.tokens[place] = tokens
+        self.num_chunks[idx] += 1
 
-    def chunk_lists(self) -> list[list[tuple[float, int]]]:
-        counts = self._num_chunks
-        starts = np.cumsum(counts) - counts
-        # Scatter every chunk to its place: request by request, in time order within each.
-        place = starts[np.concatenate(self._idx)] + np.concatenate(self._rank)
-        times = np.empty(int(counts.sum()))
-        times[place] = np.repeat(self._times, [len(a) for a in self._idx])
-        tokens = np.empty(len(times), dtype=np.int64)
-        tokens[place] = np.concatenate(self._tokens)
-        pairs = list(zip(times.tolist(), tokens.tolist(), strict=True))
-        return [pairs[a : a + n] for a, n in zip(starts.tolist(), counts.tolist(), strict=True)]
+    def add_steps(self, t_s: np.ndarray, idx: np.ndarray, tokens: np.ndarray | None = None) -> None:
+        """A chunk for each of `idx` at each of the times `t_s`: tokens[step, i] tokens (one
+        when not given)."""
+        place = (self.start[idx] + self.num_chunks[idx])[None, :] + np.arange(len(t_s))[:, None]
+        self.times_s[place] = t_s[:, None]
+        self.tokens[place] = 1 if tokens is None else tokens
+        self.num_chunks[idx] += len(t_s)
+
+    def add_runs(
+        self, idx: np.ndarray, end_s: np.ndarray, first: np.ndarray, last: np.ndarray
+    ) -> None:
+        """One token for request idx[j] at each of end_s[first[j]..last[j]] (distinct requests)."""
+        lengths = last - first + 1
+        owners = np.repeat(idx, lengths)
+        within = np.arange(len(owners)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        place = self.start[owners] + self.num_chunks[owners] + within
+        self.times_s[place] = end_s[np.repeat(first, lengths) + within]
+        self.tokens[place] = 1
+        self.num_chunks[idx] += lengths
+
+    def all_chunks(self) -> list[Chunks]:
+        """Each request's chunks, as views of the flat columns."""
+        times, tokens, of = self.times_s, self.tokens, Chunks.of_columns
+        return [
+            of(times[a : a + n], tokens[a : a + n])
+            for a, n in zip(self.start.tolist(), self.num_chunks.tolist(), strict=True)
+        ]
 
 
 class Simulator:
@@ -141,6 +221,9 @@ class Simulator:
         on_progress: called with the fraction of requests finished, at most every
             `progress_interval_s` of wall time, and with 1.0 at the end.
         max_samples: engine samples kept at most.
+        step_by_step: schedule every step on its own instead of advancing runs of plain decode
+            steps at once (the same record either way; tests compare the two). `on_step` sees
+            only the steps taken one at a time.
     """
 
     def __init__(
@@ -154,6 +237,7 @@ class Simulator:
         on_progress: Callable[[float], None] | None = None,
         progress_interval_s: float = 0.25,
         max_samples: int = 4096,
+        step_by_step: bool = False,
     ) -> None:
         self.config = config
         self.workload = workload
@@ -171,7 +255,10 @@ class Simulator:
         self.on_progress = on_progress
         self.progress_interval_s = progress_interval_s
         self.max_samples = max_samples
+        self.step_by_step = step_by_step
         self.num_steps = 0
+        self.num_skipped_steps = 0  # steps advanced in runs, without scheduling each
+        self.num_steady_steps = 0  # steps taken by labs/sim/steady.py
 
     def _check_fits(self) -> None:
         """Every request must fit the pool on its own, or the engine could never finish it."""
@@ -218,56 +305,70 @@ class Simulator:
         slots: list[float] | None = None
         if wl.max_concurrency is not None:
             slots = [0.0] * min(wl.max_concurrency, n)
-        recorder = _SampleRecorder(self.max_samples)
-        chunks = _ChunkLog(n)
-        now, next_req, num_finished = 0.0, 0, 0
-        last_progress = wall_start
-        while num_finished < n:
-            while next_req < n and intended[next_req] <= now and (slots is None or slots):
+        loop = LoopState(now=0.0, next_req=0, num_finished=0, slots=slots, last_progress=wall_start)
+        recorder = _SampleRecorder(self.max_samples, sched.pool.num_blocks)
+        chunks = _ChunkStore(table.num_output_tokens_target)
+        fast = not self.step_by_step
+        cost = self.cost_model
+        while loop.num_finished < n:
+            while (
+                loop.next_req < n
+                and intended[loop.next_req] <= loop.now
+                and (slots is None or slots)
+            ):
                 slot_s = heapq.heappop(slots) if slots is not None else 0.0
-                sched.add_request(next_req, max(intended[next_req], slot_s))
-                next_req += 1
+                sched.add_request(loop.next_req, max(intended[loop.next_req], slot_s))
+                loop.next_req += 1
             if not sched.has_unfinished_requests():
-                now = max(now, intended[next_req])  # idle until the next request is issued
+                loop.now = max(loop.now, intended[loop.next_req])  # idle until the next issue
                 continue
+            if fast:
+                # An arrival can only come in before a step if there is a slot for it.
+                can_arrive = loop.next_req < n and slots != []
+                next_arrival = intended[loop.next_req] if can_arrive else None
+                before = loop.now
+                loop.now = self._skip_decode_steps(loop.now, next_arrival, recorder, chunks)
+                if loop.now != before:
+                    continue
+                steady = advance_steady(self, loop, recorder, chunks)
+                if steady:
+                    self.num_steady_steps += steady
+                    continue
             out = sched.schedule()
             if out.req_indices.size == 0:
                 raise RuntimeError("the scheduler found nothing to run: the simulation is stuck")
             blocks_used = sched.pool.num_used_blocks
-            recorder.add(
-                EngineSample(
-                    t_s=now,
-                    running=sched.num_running,
-                    waiting=sched.num_waiting,
-                    kv_usage=blocks_used / sched.pool.num_blocks,
-                    kv_blocks_used=blocks_used,
-                )
-            )
-            start = now
-            parts, prefill_share = step_parts_s(self.cost_model, out)
+            recorder.add(loop.now, sched.num_running, sched.num_waiting, blocks_used)
+            start = loop.now
+            parts, prefill_share = step_parts_s(cost, out)
             self.breakdown.add_step(out, parts, prefill_share, start)
-            now += float(parts.sum())
+            loop.now += float(parts.sum())
+            now = loop.now
             result = sched.update_from_output(out, now)
             self.num_steps += 1
             if result.emitted.size:
                 chunks.add(now, result.emitted, result.num_emitted_tokens)
             if result.finished.size:
-                num_finished += int(result.finished.size)
+                loop.num_finished += int(result.finished.size)
                 if slots is not None:
                     for _ in range(int(result.finished.size)):
                         heapq.heappush(slots, now)
                 if self.on_progress is not None:
                     wall = time.perf_counter()
-                    if wall - last_progress >= self.progress_interval_s:
-                        self.on_progress(num_finished / n)
-                        last_progress = wall
+                    if wall - loop.last_progress >= self.progress_interval_s:
+                        self.on_progress(loop.num_finished / n)
+                        loop.last_progress = wall
             if self.on_step is not None:
                 self.on_step(StepInfo(start, now, out, result, blocks_used, sched))
         if self.on_progress is not None:
             self.on_progress(1.0)
-        requests = self._request_records(chunks.chunk_lists())
+        requests = self._request_records(chunks)
         arrival_start = float(np.nanmin(table.arrival_s))
-        breakdown = self.breakdown.summary(requests, "simulated")
+        # NOTE: steady steps do not feed the breakdown yet (labs/sim/steady.py), so a run that
+        # took any has none rather than a wrong one.
+        breakdown = (
+            self.breakdown.summary(requests, "simulated") if not self.num_steady_steps else None
+        )
         return RunRecord(
             backend="sim",
             where=WHERE,
@@ -277,21 +378,176 @@ class Simulator:
             counters=sched.counters,
             duration_s=float(np.nanmax(table.finish_s)) - arrival_start,
             wall_s=time.perf_counter() - wall_start,
-            meta={"steps": self.num_steps, "breakdown": breakdown},
+            meta={
+                "steps": self.num_steps,
+                "skipped_steps": self.num_skipped_steps,
+                "steady_steps": self.num_steady_steps,
+                "breakdown": breakdown,
+            },
         )
 
-    def _request_records(self, chunks: list[list[tuple[float, int]]]) -> list[RequestRecord]:
-        t = self.table
-        return [
-            RequestRecord(
-                req_id=f"sim-{i}",
-                prompt_tokens=int(t.num_prompt_tokens[i]),
-                max_tokens=int(t.num_output_tokens_target[i]),
-                arrival_s=float(t.arrival_s[i]),
-                chunks=chunks[i],
-                finish_s=float(t.finish_s[i]),
-                cached_prompt_tokens=max(0, int(t.num_cached_tokens[i])),
-                preemptions=int(t.num_preemptions[i]),
+    def _skip_decode_steps(
+        self,
+        now: float,
+        next_arrival: float | None,
+        recorder: _SampleRecorder,
+        chunks: _ChunkStore,
+    ) -> float:
+        """Advance a run of steps in which nothing but the decoding changes, all at once.
+
+        Such a run starts when every running request is decoding, all of them fit the token
+        budget, and nobody waiting can be admitted; it lasts until the step before the first
+        request finishes (or, with k drafts, has fewer than k tokens left to draft), the step
+        before an arrival, or the last step whose new blocks still fit the pool. In it the batch
+        is fixed and only each sequence's KV grows, so the steps are priced in one call
+        (`steps_time_s`) and the token times written with numpy; the blocks are taken in the
+        order the single steps would take them (step by step, oldest request first), so the
+        pool ends up the same.
+
+        NOTE: with speculation each step draws one acceptance per sequence from the run's
+        generator, `rng.geometric(1 - alpha, size=m)`. Generator.geometric fills its output one
+        value after another from the same stream, so drawing (steps, m) at once gives exactly
+        the values of `steps` single draws of m. The run is cut where a draw makes something
+        happen; the generator is then rewound and the kept steps redrawn, so the next single
+        step draws what it would have drawn anyway.
+
+        Returns:
+            The time after the skipped steps (`now` if none were skipped).
+        """
+        sched, t, cfg = self.scheduler, self.table, self.config
+        run = sched.running
+        m, k = len(run), cfg.num_spec_tokens
+        want = m * (1 + k)
+        if m == 0 or want > cfg.max_num_batched_tokens:
+            return now
+        if sched.waiting and m < cfg.max_num_seqs and want < cfg.max_num_batched_tokens:
+            return now  # the waiting queue's head might be admitted
+        computed = t.num_computed_tokens[run]
+        output = t.num_output_tokens[run]
+        if not ((computed + 1 == t.num_prompt_tokens[run] + output) & (output > 0)).all():
+            return now  # someone is still prefilling
+        left = t.num_output_tokens_target[run] - output  # tokens still to make
+        # Every step makes at least one token per request; the step that makes a request's last
+        # token frees its blocks, and with drafts one with fewer than k + 1 tokens left drafts
+        # fewer: those run alone.
+        num_steps = int(left.min()) - 1 - k
+        if num_steps < 2:
+            return now
+        num_steps = min(num_steps, max(2, _MAX_SKIP_CELLS // m))
+        rng = sched.rng
+        state = rng.bit_generator.state if k else None
+        if k:
+            p_reject = 1.0 - cfg.spec_acceptance
+            accepted = np.minimum(rng.geometric(p_reject, size=(num_steps, m)) - 1, k)
+            made = np.cumsum(1 + accepted, axis=0)  # tokens after each step
+            # Step j (0-based) is plain if, before it, everyone has k + 1 tokens left to make.
+            before = np.vstack([np.zeros((1, m), dtype=np.int64), made[:-1]])
+            fine = (left - before >= k + 2).all(axis=1)
+            num_steps = min(num_steps, int(np.argmin(fine)) if not fine.all() else num_steps)
+            grown = np.vstack([np.zeros((1, m), dtype=np.int64), made])  # before each step
+        else:
+            accepted = None
+            grown = np.arange(num_steps + 1)[:, None]
+        if num_steps < 2:
+            if state is not None:
+                rng.bit_generator.state = state
+            return now
+        # Blocks: step j computes KV up to computed + grown[j] + 1 + k tokens.
+        bs = cfg.block_size
+        need = -(-(computed + grown[:num_steps] + 1 + k) // bs)
+        # NOTE: `need` only grows step by step, so the blocks held after step j are
+        # max(held now, need[j]) (rejected drafts give back KV slots, not blocks).
+        held = np.vstack([t.num_blocks[run], np.maximum(need, t.num_blocks[run])])
+        new = np.diff(held, axis=0)  # (steps, m) new blocks per step and request
+        used_per_step = np.cumsum(new.sum(axis=1))
+        fits = int(np.searchsorted(used_per_step, sched.pool.num_free_blocks, side="right"))
+        num_steps = min(num_steps, fits)
+        if num_steps >= 2:
+            growth = grown[:num_steps].sum(axis=1) if k else m * grown[:num_steps, 0]
+            kv = int(computed.sum()) + growth
+            out = SchedulerOutput(
+                req_indices=run,
+                num_scheduled_tokens=np.full(m, 1 + k, dtype=np.int64),
+                num_draft_tokens=np.full(m, k, dtype=np.int64),
+                num_computed_before=computed,
+                num_decode_tokens=want,
+                kv_tokens_read=int(kv[0]),
+                num_spec_seqs=m if k else 0,
+                spec_kv_tokens_read=int(kv[0]) if k else 0,
+                max_num_draft_tokens=k,
             )
-            for i in range(len(t))
+            spec_kv = kv if k else np.zeros_like(kv)
+            cost = self.cost_model
+            if isinstance(cost, PartsCostModel):
+                parts = cost.steps_parts_s(out, kv, spec_kv)
+                seconds = parts.sum(axis=1)  # each row summed as a single step's parts are
+            else:
+                seconds = cost.steps_time_s(out, kv, spec_kv)
+                parts = np.zeros((len(seconds), len(PARTS)))
+                parts[:, 0] = seconds  # as step_parts_s puts a plain model's step
+            # NOTE: accumulated left to right from `now`, as the single steps add up, so every
+            # timestamp is the same float.
+            ends = np.cumsum(np.concatenate([[now], seconds]))
+            if next_arrival is not None:
+                # A step may start only before the next arrival is due.
+                due = int(np.searchsorted(ends[:-1], next_arrival, side="left"))
+                num_steps = min(num_steps, due)
+        if num_steps < 2:
+            if state is not None:
+                rng.bit_generator.state = state  # as if nothing had been drawn
+            return now
+        if k:
+            rng.bit_generator.state = state
+            again = np.minimum(rng.geometric(p_reject, size=(num_steps, m)) - 1, k)
+            assert np.array_equal(again, accepted[:num_steps])  # type: ignore[index]
+            tokens = 1 + again
+            c = sched.counters
+            c.spec_drafts += num_steps * m
+            c.spec_draft_tokens += num_steps * m * k
+            c.spec_accepted_tokens += int(again.sum())
+        ends = ends[1 : num_steps + 1]
+        # Decode-only steps share no prefill time: each decoding request takes the whole step.
+        self.breakdown.add_steps(run, parts[:num_steps])
+        new = new[:num_steps]
+        total_new = int(used_per_step[num_steps - 1])
+        if total_new:
+            # Step by step, oldest request first, a request's new blocks together.
+            owners = np.repeat(np.tile(np.arange(m), num_steps), new.ravel())
+            blocks = sched.pool.allocate(total_new)
+            assert blocks is not None  # the run was cut to what fits
+            sched.kv.place(run[owners], blocks)
+        blocks_used = sched.pool.num_used_blocks - total_new
+        recorder.add_many(
+            np.concatenate([[now], ends[:-1]]),
+            m,
+            sched.num_waiting,
+            blocks_used + used_per_step[:num_steps],
+        )
+        if k:
+            chunks.add_steps(ends, run, tokens)
+            total = tokens.sum(axis=0)
+        else:
+            chunks.add_steps(ends, run)
+            total = num_steps
+        t.num_computed_tokens[run] += total
+        t.num_output_tokens[run] += total
+        self.num_steps += num_steps
+        self.num_skipped_steps += num_steps
+        return float(ends[-1])
+
+    def _request_records(self, chunks: _ChunkStore) -> list[RequestRecord]:
+        t = self.table
+        columns = zip(
+            t.num_prompt_tokens.tolist(),
+            t.num_output_tokens_target.tolist(),
+            t.arrival_s.tolist(),
+            chunks.all_chunks(),
+            t.finish_s.tolist(),
+            np.maximum(t.num_cached_tokens, 0).tolist(),
+            t.num_preemptions.tolist(),
+            strict=True,
+        )
+        return [
+            RequestRecord(f"sim-{i}", prompt, target, arrival, c, finish, None, cached, preempted)
+            for i, (prompt, target, arrival, c, finish, cached, preempted) in enumerate(columns)
         ]

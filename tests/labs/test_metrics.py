@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from labs.backends.base import EngineCounters, EngineSample, RequestRecord, RunRecord
@@ -137,3 +138,14 @@ def test_a_record_survives_json_and_summarizes_the_same():
     again = RunRecord.from_dict(json.loads(json.dumps(record.to_dict())))
     assert again == record
     assert summarize(again) == summarize(record)
+
+
+def test_chunks_act_like_the_list_of_pairs_they_store():
+    from labs.backends.base import Chunks
+
+    chunks = Chunks([(1.0, 1), (2.0, 3)])
+    chunks.append((4.0, 2))
+    assert len(chunks) == 3 and chunks == [(1.0, 1), (2.0, 3), (4.0, 2)]
+    assert chunks[-1] == (4.0, 2) and chunks[1:] == [(2.0, 3), (4.0, 2)]
+    assert chunks.times_s.tolist() == [1.0, 2.0, 4.0] and chunks.tokens.dtype == np.int32
+    assert [n for _, n in chunks] == [1, 3, 2] and chunks.to_list()[0] == [1.0, 1]

@@ -23,18 +23,27 @@ from tests.worker import WorkerProcess, start_worker
 pytestmark = [pytest.mark.worker]
 HTMX = {"HTTP_HX_REQUEST": "true"}
 
-# Each request decodes alone (concurrency 1), so the simulator takes a few seconds: long enough
-# to watch progress move, short enough for a test.
+# A run the simulator takes about a second over: long enough to watch progress move, short
+# enough for a test. NOTE: the simulator skips the steps in which nothing happens, so that takes
+# something happening at nearly every step: Poisson arrivals, and speculation's drafts.
 WATCHABLE = {
-    "num_prompts": "150",
+    "num_prompts": "2000",
     "prompt_tokens": "256",
-    "output_tokens": "256",
+    "output_tokens": "64",
     "max_tokens": "512",
-    "concurrency": "1",
+    "request_rate": "50",
+    "spec_method": "draft_model",
+    "spec_tokens": "2",
     "backend": "sim",
 }
 # About a minute of simulation: still running when the test kills its worker.
-ENDLESS = {**WATCHABLE, "num_prompts": "5000"}
+ENDLESS = {
+    **WATCHABLE,
+    "num_prompts": "300000",
+    "prompt_tokens": "64",
+    "output_tokens": "16",
+    "request_rate": "100",
+}
 # Seconds, for worker processes a test starts itself: a killed worker's run is stale after 3 s.
 FAST_REAPER = {
     "LABS_RUN_STALE_S": "3",
@@ -105,7 +114,7 @@ def test_a_lab_run_from_the_page_to_the_result_through_a_real_worker(
     assert run.worker.startswith(celery_worker.name)
     assert run.where.startswith("simulated on CPU as H100 SXM (calibrated to ")
     assert run.started_at <= run.finished_at and run.progress == 1
-    assert run.result["completed"] == 150
+    assert run.result["completed"] == 2000
     assert run.result["ttft_s"]["p50"] > 0 and run.predicted["ttft_s"] > 0
 
     page = alice_client.get(run.get_absolute_url())

@@ -13,14 +13,36 @@ from labs.sim.workload import GeneratedWorkload
 
 
 class LinearCost:
-    """step = fixed_s + per_token_s x tokens scheduled (1 s per step by default)."""
+    """step = fixed_s + per_token_s x tokens scheduled + per_kv_s x KV tokens read (+ the same
+    per speculating sequence's KV); 1 s per step by default."""
 
-    def __init__(self, fixed_s: float = 1.0, per_token_s: float = 0.0) -> None:
+    def __init__(
+        self, fixed_s: float = 1.0, per_token_s: float = 0.0, per_kv_s: float = 0.0
+    ) -> None:
         self.fixed_s = fixed_s
         self.per_token_s = per_token_s
+        self.per_kv_s = per_kv_s
 
     def step_time_s(self, out: SchedulerOutput) -> float:
-        return self.fixed_s + self.per_token_s * out.total_num_scheduled_tokens
+        return float(self.steps_time_s(out, [out.kv_tokens_read], [out.spec_kv_tokens_read])[0])
+
+    def steps_time_s(
+        self, out: SchedulerOutput, kv_tokens_read: np.ndarray, spec_kv_tokens_read: np.ndarray
+    ) -> np.ndarray:
+        kv = np.asarray(kv_tokens_read, dtype=np.int64) + np.asarray(spec_kv_tokens_read)
+        return self.fixed_s + self.per_token_s * out.total_num_scheduled_tokens + self.per_kv_s * kv
+
+    def compositions_time_s(
+        self,
+        num_prefill_tokens: np.ndarray,
+        num_decode_tokens: np.ndarray,
+        kv_tokens_read: np.ndarray,
+        num_seqs: np.ndarray,
+    ) -> np.ndarray:
+        """Steps without drafts from their totals (what lets the simulator take steady steps)."""
+        tokens = np.asarray(num_prefill_tokens) + np.asarray(num_decode_tokens)
+        kv = np.asarray(kv_tokens_read, dtype=np.int64) + 0
+        return self.fixed_s + self.per_token_s * tokens + self.per_kv_s * kv
 
 
 def make_workload(
@@ -49,8 +71,11 @@ def make_sim(
     cost: LinearCost | None = None,
     seed: int = 0,
     on_step: Callable[[StepInfo], None] | None = None,
+    step_by_step: bool | None = None,
     **config: object,
 ) -> Simulator:
+    """A simulator over `workload`; with an `on_step` observer it schedules every step on its own
+    (unless `step_by_step` says otherwise), so the observer sees them all."""
     defaults: dict[str, object] = {
         "max_num_seqs": 8,
         "max_num_batched_tokens": 16,
@@ -64,6 +89,7 @@ def make_sim(
         cost or LinearCost(),
         np.random.default_rng(seed),
         on_step=on_step,
+        step_by_step=on_step is not None if step_by_step is None else step_by_step,
     )
 
 

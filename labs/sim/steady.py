@@ -1,0 +1,370 @@
+"""Steady steps, taken with a few Python scalars instead of arrays over the whole batch.
+
+Most steps of a busy run look alike: a few hundred sequences decode one token each, a prompt or
+two is prefilled beside them, a request finishes and the next one is admitted. The scheduler
+(scheduler.py) redoes its numpy work over the whole batch for each such step. Here the decoding
+sequences are a sum instead: each reads one more KV token per step, needs a new block every
+block_size steps (counted per phase, `by_phase`), and finishes at a step known when it starts
+decoding (`finishing`). A step then costs a few operations per request that changes (the
+prefilling ones, admissions, finishes), not per request in the batch; token times are written
+per request as one slice of step end times when it stops decoding, and the steps are priced in
+one vectorised call when nothing needs the clock in between (no arrival or client slot pending).
+
+It holds while (checked on entry, and left before a step that would break it):
+
+- no speculation (a fixed token per decode) and paged KV;
+- no block carries a prefix-cache key (caching off, or no shared prefix and nothing cached yet),
+  so which block a request gets cannot change anything: blocks are only counted here, and the
+  ids are handed out when the run of steady steps ends;
+- every decoding request is ahead of every prefilling one and fits the token budget, and no
+  step needs more blocks than are free (so nobody is preempted).
+
+Anything else (speculation, a shared prefix, preemption, a budget smaller than the batch) goes
+through the scheduler one step at a time. `Simulator(step_by_step=True)` never comes here, and
+tests/labs/sim/test_fast_path.py checks both give the same record.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from labs.sim.entities import RequestStatus
+from labs.sim.scheduler import SchedulerOutput
+
+if TYPE_CHECKING:
+    from labs.sim.simulator import Simulator, _ChunkStore, _SampleRecorder
+
+# A decode-only stretch at least this long is left to Simulator._skip_decode_steps.
+_SKIP_AT_LEAST = 8
+# Steady steps taken before writing them back, so the logs and temporaries stay small.
+_MAX_STEPS = 4096
+_RUNNING = int(RequestStatus.RUNNING)
+_FINISHED = int(RequestStatus.FINISHED)
+
+
+@dataclass
+class LoopState:
+    """The event loop's clock and cursors, shared by the ways of taking steps."""
+
+    now: float
+    next_req: int
+    num_finished: int
+    slots: list[float] | None  # closed loop: when each free client slot became free
+    last_progress: float
+
+
+class _Prefill:
+    """A running request that is not decoding yet (a prompt in chunks, or a recompute)."""
+
+    __slots__ = ("req", "computed", "tokens", "output", "target", "held")
+
+    def __init__(self, req: int, computed: int, tokens: int, output: int, target: int, held: int):
+        self.req = req
+        self.computed = computed
+        self.tokens = tokens  # prompt + output so far
+        self.output = output
+        self.target = target
+        self.held = held  # blocks
+
+
+def steady_applies(sim: Simulator) -> bool:
+    """Whether the run's settings allow steady steps at all (see the module docstring).
+
+    NOTE: steady steps know each step's totals (tokens, sequences, KV read), not the per-sequence
+    arrays a SchedulerOutput carries, so they need a cost model that prices from totals and says
+    so by having `compositions_time_s`; with any other, every step goes through the scheduler.
+    """
+    cfg, kv = sim.config, sim.scheduler.kv
+    if cfg.num_spec_tokens or cfg.kv_allocation != "paged":
+        return False
+    if not hasattr(sim.cost_model, "compositions_time_s"):
+        return False
+    return not (kv.caching and (kv.num_shared_blocks or kv.pool.has_cached_blocks))
+
+
+def advance_steady(
+    sim: Simulator, loop: LoopState, recorder: _SampleRecorder, chunks: _ChunkStore
+) -> int:
+    """Take steady steps from `loop.now` for as long as they stay steady.
+
+    Returns:
+        The number of steps taken (0: the next step must go through the scheduler).
+    """
+    if not steady_applies(sim):
+        return 0
+    sched, t, cfg = sim.scheduler, sim.table, sim.config
+    run = sched.running
+    bs, budget, max_seqs = cfg.block_size, cfg.max_num_batched_tokens, cfg.max_num_seqs
+    computed = t.num_computed_tokens[run]
+    output = t.num_output_tokens[run]
+    decoding = (t.num_prompt_tokens[run] + output - computed == 1) & (output > 0)
+    d = int(decoding.sum())
+    if d > budget or not decoding[:d].all():
+        return 0
+    if (t.num_blocks[run] != -(-computed // bs)).any():
+        return 0
+
+    # Decoders: before step s, request r has computed base[r] + s tokens and output obase[r] + s.
+    dec, c, o = run[:d], computed[:d], output[:d]
+    pairs = zip(c.tolist(), o.tolist(), strict=True)
+    dec_base: dict[int, tuple[int, int]] = dict(zip(dec.tolist(), pairs, strict=True))
+    seg_first: dict[int, int] = {}  # the step of a joiner's first token (0 for the others)
+    target = t.num_output_tokens_target
+    # The step at which each decoder finishes: those decoding on entry in one sorted array, those
+    # who join later in a map and a heap.
+    fin = target[dec] - o - 1
+    by_fin = np.argsort(fin, kind="stable")
+    entry_fin, entry_fin_req = fin[by_fin].tolist(), dec[by_fin].tolist()
+    num_entry_fin, k = len(entry_fin), 0
+    finishing: defaultdict[int, list[int]] = defaultdict(list)
+    finish_heap: list[int] = []
+    by_phase = np.bincount(-c % bs, minlength=bs).tolist()  # decoders by step mod bs of a new block
+    base_sum = int(c.sum())
+    prefills = [
+        _Prefill(r, c, int(t.num_prompt_tokens[r]) + o, o, int(target[r]), -(-c // bs))
+        for r, c, o in zip(
+            run[d:].tolist(), computed[d:].tolist(), output[d:].tolist(), strict=True
+        )
+    ]
+
+    n = len(t)
+    wl = sim.workload
+    intended = wl.intended_arrival_s
+    waiting, counters, caching = sched.waiting, sched.counters, sched.kv.caching
+    chunked = cfg.chunked_prefill
+    num_blocks = sched.pool.num_blocks
+    free = sched.pool.num_free_blocks
+    order = run.tolist()
+    # The clock is needed step by step only if an arrival or a client slot depends on it.
+    clocked = loop.slots is not None or loop.next_req < n
+    now0 = loop.now
+    ends: list[float] = []
+    composition: list[tuple[int, int, int, int]] = []  # prefill, decode, KV read, sequences
+    running_log: list[int] = []
+    waiting_log: list[int] = []
+    used_log: list[int] = []
+    finished: list[tuple[int, int, int]] = []  # request, step, computed tokens at the end
+    segments: list[tuple[int, int, int]] = []  # request, first step, last step of its tokens
+    cost = sim.cost_model
+    prompt_col, output_col, cached_col = (
+        t.num_prompt_tokens,
+        t.num_output_tokens,
+        t.num_cached_tokens,
+    )
+    status_col = t.status
+    s = 0
+    while loop.num_finished < n and s < _MAX_STEPS:
+        if clocked:
+            while (
+                loop.next_req < n
+                and intended[loop.next_req] <= loop.now
+                and (loop.slots is None or loop.slots)
+            ):
+                slot_s = heapq.heappop(loop.slots) if loop.slots is not None else 0.0
+                sched.add_request(loop.next_req, max(float(intended[loop.next_req]), slot_s))
+                loop.next_req += 1
+        left = budget - d
+        if left < 0 or not (d or prefills or waiting):
+            break
+        if d and not prefills and (not waiting or d >= max_seqs or left == 0):
+            while finish_heap and finish_heap[0] < s:
+                heapq.heappop(finish_heap)
+            next_fin = entry_fin[k] if k < num_entry_fin else 1 << 62
+            if finish_heap:
+                next_fin = min(next_fin, finish_heap[0])
+            if next_fin - s >= _SKIP_AT_LEAST:
+                break  # a plain decode stretch: Simulator._skip_decode_steps takes it whole
+        need = by_phase[s % bs] if d else 0
+        scheduled: list[tuple[_Prefill, int]] = []
+        for p in prefills:
+            if left <= 0:
+                break
+            chunk = min(p.tokens - p.computed, left)
+            left -= chunk
+            need += -(-(p.computed + chunk) // bs) - p.held
+            scheduled.append((p, chunk))
+        if need > free:
+            break  # the scheduler would preempt: let it
+        free -= need
+        num_running = d + len(prefills)
+        while waiting and left > 0 and num_running < max_seqs:
+            h = waiting[0]
+            out_h = output_col.item(h)
+            tokens = prompt_col.item(h) + out_h
+            num_new = tokens
+            if num_new > left:
+                if not chunked and out_h == 0:
+                    break
+                num_new = left
+            if -(-tokens // bs) > free:
+                break  # the whole prompt must fit (KVCacheManager.admit)
+            free -= -(-num_new // bs)
+            waiting.popleft()
+            if caching:
+                counters.prefix_cache_queries += tokens
+            if cached_col.item(h) < 0:
+                cached_col[h] = 0
+            status_col[h] = _RUNNING
+            p = _Prefill(h, 0, tokens, out_h, target.item(h), 0)
+            prefills.append(p)
+            scheduled.append((p, num_new))
+            order.append(h)
+            left -= num_new
+            num_running += 1
+
+        kv_read = base_sum + d * s
+        num_prefill, num_decode = 0, d
+        for p, chunk in scheduled:
+            kv_read += p.computed
+            if p.tokens - p.computed == 1 and p.output > 0:
+                num_decode += chunk
+            else:
+                num_prefill += chunk
+        num_seqs = d + len(scheduled)
+        if clocked:
+            loop.now += cost.step_time_s(_composition(num_seqs, num_prefill, num_decode, kv_read))
+            ends.append(loop.now)  # (a totals-priced model: the filler arrays are not read)
+        else:
+            composition.append((num_prefill, num_decode, kv_read, num_seqs))
+        running_log.append(num_running)
+        waiting_log.append(len(waiting))
+        used_log.append(num_blocks - free)
+
+        # The step's outcome: prefills advance (and sample once they catch up), decoders finish.
+        num_done = 0
+        for p, chunk in scheduled:
+            p.computed += chunk
+            p.held = -(-p.computed // bs)
+        still: list[_Prefill] = []
+        for p in prefills:
+            if p.computed < p.tokens:
+                still.append(p)
+                continue
+            p.output += 1
+            p.tokens += 1
+            r = p.req
+            if p.output >= p.target:
+                free += p.held
+                finished.append((r, s, p.computed))
+                segments.append((r, s, s))
+                num_done += 1
+                continue
+            # A decoder from the next step on (it is ahead of every prefill still running).
+            base, obase = p.computed - (s + 1), p.output - (s + 1)
+            dec_base[r] = (base, obase)
+            seg_first[r] = s
+            fin = p.target - obase - 1
+            finishing[fin].append(r)
+            heapq.heappush(finish_heap, fin)
+            by_phase[-base % bs] += 1
+            base_sum += base
+            d += 1
+        prefills = still
+        ending = finishing.pop(s, [])
+        while k < num_entry_fin and entry_fin[k] == s:
+            ending.append(entry_fin_req[k])
+            k += 1
+        for r in ending:
+            base, _ = dec_base.pop(r)
+            d -= 1
+            base_sum -= base
+            by_phase[-base % bs] -= 1
+            free += -(-(base + s + 1) // bs)
+            finished.append((r, s, base + s + 1))
+            segments.append((r, seg_first.pop(r, 0), s))
+            num_done += 1
+        s += 1
+        if num_done:
+            loop.num_finished += num_done
+            if loop.slots is not None:
+                for _ in range(num_done):
+                    heapq.heappush(loop.slots, loop.now)
+            if sim.on_progress is not None:
+                wall = time.perf_counter()
+                if wall - loop.last_progress >= sim.progress_interval_s:
+                    sim.on_progress(loop.num_finished / n)
+                    loop.last_progress = wall
+    if s == 0:
+        return 0
+
+    # -- write back: times, counters, blocks, tokens, samples ---------------------------------
+    if clocked:
+        end_s = np.array(ends)
+    else:
+        end_s = np.cumsum(np.concatenate([[now0], _price(cost, composition)]))[1:]
+        loop.now = float(end_s[-1])
+    start_s = np.concatenate([[now0], end_s[:-1]])
+    if dec_base:
+        still_decoding = np.fromiter(dec_base, dtype=np.int64, count=len(dec_base))
+        bases = np.array(list(dec_base.values()), dtype=np.int64)
+        t.num_computed_tokens[still_decoding] = bases[:, 0] + s
+        t.num_output_tokens[still_decoding] = bases[:, 1] + s
+        segments.extend(
+            zip(
+                still_decoding.tolist(),
+                [seg_first.get(r, 0) for r in dec_base],
+                [s - 1] * len(dec_base),
+                strict=True,
+            )
+        )
+    for p in prefills:
+        t.num_computed_tokens[p.req] = p.computed
+        t.num_output_tokens[p.req] = p.output
+    kv, pool = sched.kv, sched.pool
+    if finished:
+        done = np.array(finished, dtype=np.int64)
+        req = done[:, 0]
+        t.num_computed_tokens[req] = done[:, 2]
+        t.num_output_tokens[req] = target[req]
+        t.status[req] = _FINISHED
+        t.finish_s[req] = end_s[done[:, 1]]
+        # The blocks each held on entry; the rest were only counted.
+        kv.free_finished(req.tolist())
+    owners = np.array([*dec_base, *(p.req for p in prefills)], dtype=np.int64)
+    if len(owners):
+        owed = -(-t.num_computed_tokens[owners] // bs) - t.num_blocks[owners]
+        total = int(owed.sum())
+        if total:
+            blocks = pool.allocate(total)
+            assert blocks is not None
+            kv.place(np.repeat(owners, owed), blocks)
+    assert pool.num_free_blocks == free, "steady steps lost count of the free blocks"
+    seg = np.array(segments, dtype=np.int64).reshape(-1, 3)
+    chunks.add_runs(seg[:, 0], end_s, seg[:, 1], seg[:, 2])
+    recorder.add_many(start_s, np.array(running_log), np.array(waiting_log), np.array(used_log))
+    in_order = np.array(order, dtype=np.int64)
+    sched.running = in_order[t.status[in_order] == _RUNNING]
+    sim.num_steps += s
+    return s
+
+
+_DUMMY: dict[int, np.ndarray] = {}
+
+
+def _composition(num_seqs: int, num_prefill: int, num_decode: int, kv_read: int) -> SchedulerOutput:
+    """A SchedulerOutput with the step's totals (what the cost model prices); the per-sequence
+    arrays only have the right length."""
+    filler = _DUMMY.get(num_seqs)
+    if filler is None:
+        filler = _DUMMY[num_seqs] = np.zeros(num_seqs, dtype=np.int64)
+    return SchedulerOutput(
+        req_indices=filler,
+        num_scheduled_tokens=filler,
+        num_draft_tokens=filler,
+        num_computed_before=filler,
+        num_prefill_tokens=num_prefill,
+        num_decode_tokens=num_decode,
+        kv_tokens_read=kv_read,
+    )
+
+
+def _price(cost: object, composition: list[tuple[int, int, int, int]]) -> np.ndarray:
+    """Seconds of each logged step, in one call."""
+    table = np.array(composition, dtype=np.int64).reshape(-1, 4)
+    return cost.compositions_time_s(table[:, 0], table[:, 1], table[:, 2], table[:, 3])  # type: ignore[attr-defined]
