@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from labs.backends.base import RunRecord
 from labs.params import parse_lab_params
 from labs.predict import blocks_for_tokens
-from labs.sim.cost_model import RooflineCostModel
 from labs.sim.scheduler import SchedulerConfig
 from labs.sim.simulator import Simulator
 from tests.labs.sim.helpers import LinearCost, make_workload
@@ -147,26 +146,33 @@ def test_it_prices_the_lab_model_the_same_to_the_bit():
     assert_same_record(fast, slow)
     for a, b in zip(fast.requests, slow.requests, strict=True):
         assert np.array_equal(a.chunks.times_s, b.chunks.times_s)
+    # The skipped decode runs feed the time breakdown as the single steps do.
+    assert fast.meta["skipped_steps"] > 0
+    for key in ("e2e_s", "tpot_s"):
+        got, want = fast.meta["breakdown"][key], slow.meta["breakdown"][key]
+        assert got["total"] == pytest.approx(want["total"], rel=1e-9)
+        for name, value in want["parts"].items():
+            assert got["parts"][name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
 
 
-def test_the_cost_model_prices_a_run_of_steps_as_single_steps():
-    params = parse_lab_params({"model": "mixtral-8x7b", "gpu": "h100-sxm", "tp": 2})
-    cost = RooflineCostModel(params.hardware, params.model, params.engine)
-    rng = np.random.default_rng(1)
-    prefill = rng.integers(0, 3000, 50)
-    decode = rng.integers(1, 300, 50)
-    kv = rng.integers(0, 400_000, 50)
+def test_the_cost_models_price_a_run_of_steps_as_single_steps():
+    from labs.sim.cost_model import build_cost_model
     from labs.sim.steady import _composition
 
-    singles = [
-        cost.step_time_s(_composition(int(d), int(p), int(d), int(k)))
-        for p, d, k in zip(prefill, decode, kv, strict=True)
-    ]
-    assert cost.compositions_time_s(prefill, decode, kv, decode).tolist() == singles
-    out = _composition(8, 0, 8, int(kv[0]))
-    run = cost.steps_time_s(out, kv, np.zeros_like(kv))
-    assert run[0] == cost.step_time_s(out)
-    assert run.tolist() == [cost.step_time_s(_composition(8, 0, 8, int(k))) for k in kv]
+    rng = np.random.default_rng(1)
+    kv = rng.integers(0, 400_000, 50)
+    for profile in ("ideal", "realistic"):
+        params = parse_lab_params(
+            {"model": "mixtral-8x7b", "gpu": "h100-sxm", "tp": 2, "sim_profile": profile}
+        )
+        cost = build_cost_model(params.hardware, params.model, params.engine)
+        out = _composition(8, 0, 8, int(kv[0]))
+        run = cost.steps_time_s(out, kv, np.zeros_like(kv))
+        parts = cost.steps_parts_s(out, kv, np.zeros_like(kv))
+        assert run[0] == cost.step_time_s(out)
+        assert parts.sum(axis=1).tolist() == [
+            cost.step_time_s(_composition(8, 0, 8, int(k))) for k in kv
+        ]
 
 
 def test_it_draws_speculation_for_many_steps_from_the_same_stream():
