@@ -142,11 +142,13 @@ FREE = (
     ("global.decode_step_overhead_ms", 0.1, 2.5),
     ("global.mixed_step_overhead_ms", 0.2, 5.0),
     ("global.attention_efficiency", 0.2, 0.9),
+    ("global.per_seq_overhead_us", 0.0, 40.0),
     ("global.allreduce_latency_us.nvlink", 2.0, 40.0),
     ("gpus.h100-sxm.bandwidth_efficiency", 0.6, 0.97),
     ("gpus.h100-sxm.gemm_efficiency", 0.4, 0.9),
     ("gpus.a100-40gb.bandwidth_efficiency", 0.6, 0.97),
     ("gpus.a100-80gb.bandwidth_efficiency", 0.6, 0.97),
+    ("gpus.b200.decode_step_overhead_ms", 0.05, 2.5),
 )
 
 

@@ -72,6 +72,9 @@ class GpuConstants:
     gemm_half_tokens: float  # tokens in a step at which GEMMs reach half of that
     link: str  # "nvlink" | "pcie"
     link_bytes_per_s: float  # one direction, per GPU
+    # Fixed CPU time of a decode-only step where this GPU's measurements pin it down (its
+    # engine version's scheduler); None = the global constant.
+    decode_step_overhead_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,11 @@ def parse_calibration(data: dict[str, Any]) -> Calibration:
             gemm_half_tokens=float(c["gemm_half_tokens"]),
             link=str(c["link"]),
             link_bytes_per_s=float(c["link_gb_per_s"]) * 1e9,
+            decode_step_overhead_s=(
+                float(c["decode_step_overhead_ms"]) * 1e-3
+                if "decode_step_overhead_ms" in c
+                else None
+            ),
         )
     if "custom" not in gpus:
         raise ValueError("calibration.yaml needs a `custom` GPU entry")
@@ -218,11 +226,16 @@ def token_pairs(out: SchedulerOutput) -> float:
     return float((new * before + new * (new + 1) / 2).sum())
 
 
-def step_overhead_s(cal: Calibration, decode_only: bool, num_seqs: int) -> float:
+def step_overhead_s(
+    cal: Calibration, decode_only: bool, num_seqs: int, gpu: GpuConstants | None = None
+) -> float:
     """Fixed CPU and launch time of a step: scheduling, input preparation, sampling and output
     processing. A decode-only step replays a CUDA graph (cheaper) while a step with prefill
-    tokens launches its kernels one by one; each sequence adds its share of bookkeeping."""
+    tokens launches its kernels one by one; each sequence adds its share of bookkeeping.
+    `gpu` may carry its own decode-step constant (fitted where its runs pin it down)."""
     fixed = cal.decode_step_overhead_s if decode_only else cal.mixed_step_overhead_s
+    if decode_only and gpu is not None and gpu.decode_step_overhead_s is not None:
+        fixed = gpu.decode_step_overhead_s
     return fixed + cal.per_seq_overhead_s * num_seqs
 
 
@@ -333,7 +346,7 @@ class EngineModel:
         pairs = kv + num_seqs
         return (
             self._kernels_s(num_seqs, kv, pairs)
-            + step_overhead_s(self.cal, True, num_seqs)
+            + step_overhead_s(self.cal, True, num_seqs, self.gpu)
             + tp_communication_s(self.cal, self.gpu, self.model, self.engine.tp, num_seqs)
         )
 
@@ -367,7 +380,9 @@ class EngineModel:
         kernels = self._kernels_s(n_tokens, kv, self._pairs(out, kv))
         parts[:, EFFICIENCY] = np.maximum(kernels - full_ideal, 0)
         num_seqs = len(out.req_indices)
-        parts[:, OVERHEAD] = step_overhead_s(self.cal, out.num_prefill_tokens == 0, num_seqs)
+        parts[:, OVERHEAD] = step_overhead_s(
+            self.cal, out.num_prefill_tokens == 0, num_seqs, self.gpu
+        )
         parts[:, COMMUNICATION] = tp_communication_s(
             self.cal, self.gpu, self.model, self.engine.tp, n_tokens
         )

@@ -23,6 +23,7 @@ from labs.sim.engine_model import (
     dequant_overhead,
     gemm_efficiency,
     load_calibration,
+    step_overhead_s,
     tp_communication_s,
     where_label,
 )
@@ -152,6 +153,23 @@ def test_all_reduces_cost_nothing_on_one_gpu_and_more_over_pcie_than_nvlink():
     one = tp_communication_s(cal, nvlink, LLAMA70, 4, 1)
     hops = 2 * LLAMA70.layers * 2 * (4 - 1)
     assert one == pytest.approx(hops * cal.allreduce_latency_s["nvlink"], rel=0.01)
+
+
+def test_a_gpu_with_its_own_decode_step_constant_uses_it_and_others_use_the_global_one():
+    cal = load_calibration()
+    b200, h100 = cal.gpu(GPUS["b200"]), cal.gpu(H100)
+    assert b200.decode_step_overhead_s is not None and h100.decode_step_overhead_s is None
+    assert step_overhead_s(cal, True, 1, b200) == pytest.approx(
+        b200.decode_step_overhead_s + cal.per_seq_overhead_s
+    )
+    assert step_overhead_s(cal, True, 1, h100) == step_overhead_s(cal, True, 1)
+    # Mixed steps keep the global constant on every GPU.
+    assert step_overhead_s(cal, False, 1, b200) == step_overhead_s(cal, False, 1)
+    # ...and the step price uses it: a B200 decode step's overhead part is the B200 constant.
+    parts = EngineModel(GPUS["b200"], LLAMA8, EngineConfig()).step_parts_s(decode_out(4, 300))
+    assert parts[OVERHEAD] == pytest.approx(
+        b200.decode_step_overhead_s + 4 * cal.per_seq_overhead_s
+    )
 
 
 def test_a_moe_decode_at_batch_1_reads_only_the_experts_it_touches():
