@@ -1,0 +1,228 @@
+"""`make run`: Django's development server and a sim lab worker, started and stopped as one.
+
+make runs this file as its recipe's only process (`exec`), with the standard library only, so
+`make run` can also call it before set-up to check the port. Each child runs in its own process
+group, so stopping one also stops what it started (runserver's reloaded child, Celery's pool).
+
+Both stop when this process gets SIGINT, SIGTERM or SIGHUP, and when make gives up: GNU make
+forwards only SIGTERM to its recipe; on SIGINT or SIGHUP sent to make alone it waits for the
+recipe to end, which it would never do, so the parent's signal state is watched (see ParentWatch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Celery's warm shutdown lets a running lab finish its step; after this the groups are killed.
+GRACE_S = 10.0
+POLL_S = 0.2
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why the web server could not listen on host:port, or None when it can."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        return f"HOST={host} is not an address this machine can listen on ({exc.strerror})"
+    with socket.socket(family, kind, proto) as probe:
+        # As runserver does: a stopped server's connections in TIME_WAIT do not hold the port.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                other = port + 1 if port < 65535 else 8001
+                return (
+                    f"port {port} on {host} is already in use (is another `make run` running?). "
+                    f"Stop it, or use another port: make run PORT={other}"
+                )
+            return f"cannot listen on {host}:{port} ({exc.strerror})"
+    return None
+
+
+def parse_port(raw: str) -> int:
+    try:
+        port = int(raw)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"PORT must be a whole number from 1 to 65535, got {raw!r}"
+        )
+    return port
+
+
+def _caught_signals(pid: int) -> int | None:
+    """The mask of signals `pid` has a handler for (Linux /proc), or None when unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _command_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+class ParentWatch:
+    """Notices that make, our parent, is stopping: it died, or it is in its fatal-signal handler.
+
+    On SIGINT or SIGHUP GNU make resets that signal to its default action (so its handler bit
+    drops from /proc/<pid>/status SigCgt), then waits for the recipe before dying. Only a parent
+    named make is read that way; a shell changes its handlers for other reasons.
+    """
+
+    WATCHED = sum(1 << (sig - 1) for sig in STOP_SIGNALS)
+
+    def __init__(self) -> None:
+        self.ppid = os.getppid()
+        is_make = _command_name(self.ppid) in {"make", "gmake"}
+        self.initial = _caught_signals(self.ppid) if is_make else None
+
+    def stopping(self) -> bool:
+        if os.getppid() != self.ppid:
+            return True
+        if self.initial is None:
+            return False
+        now = _caught_signals(self.ppid)
+        return now is not None and bool(self.initial & self.WATCHED & ~now)
+
+
+class Child:
+    def __init__(self, name: str, argv: Sequence[str]) -> None:
+        self.name = name
+        # Own session and group: a terminal's Ctrl-C reaches only make and us, and we stop the rest.
+        self.process = subprocess.Popen(
+            list(argv), cwd=ROOT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+
+    def gone(self) -> bool:
+        """True once the child and everything left in its process group have exited."""
+        if self.process.poll() is None:
+            return False
+        try:
+            os.killpg(self.process.pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+
+def stop_all(children: Sequence[Child], grace_s: float = GRACE_S) -> None:
+    # SIGTERM to each leader only: Celery stops its own pool (a signalled pool process would be
+    # logged as an error) and runserver its reloaded child; whatever is left is killed below.
+    for child in children:
+        if child.process.poll() is None:
+            child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and not all(child.gone() for child in children):
+        time.sleep(POLL_S)
+    for child in children:
+        if not child.gone():
+            print(f"make run: the {child.name} did not stop in {grace_s:.0f} s; killing it")
+            child.signal_group(signal.SIGKILL)
+            child.process.wait()
+
+
+def commands(host: str, port: int, venv: Path) -> list[tuple[str, list[str]]]:
+    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    server = [str(venv / "bin" / "python"), "manage.py", "runserver", bind]
+    if ":" in host:
+        server.append("--ipv6")
+    worker = [
+        str(venv / "bin" / "celery"),
+        "-A",
+        "config",
+        "worker",
+        "-Q",
+        "labs.sim,default",
+        "--concurrency=2",
+        "--hostname=sim@%h",
+        "--loglevel=INFO",
+    ]
+    return [("lab worker", worker), ("web server", server)]
+
+
+def supervise(children: Sequence[Child], watch: ParentWatch, received: list[int]) -> int:
+    """Wait until a stop signal, make stopping, or a child exiting; stop everything; exit code."""
+    why, code = "an error in make run", 1
+    try:
+        while True:
+            if received:
+                why, code = signal.Signals(received[0]).name, 128 + received[0]
+                break
+            if watch.stopping():
+                why, code = "make is stopping", 128 + signal.SIGTERM
+                break
+            ended = next((c for c in children if c.process.poll() is not None), None)
+            if ended is not None:
+                code = ended.process.returncode or 1
+                why = f"the {ended.name} exited (code {ended.process.returncode})"
+                break
+            time.sleep(POLL_S)
+    finally:
+        # Also on an unexpected error here: never leave a server or worker behind.
+        print(f"\nmake run: stopping the web server and the lab worker ({why})", flush=True)
+        stop_all(children)
+    print("make run: stopped")
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=parse_port, default=8000)
+    parser.add_argument("--venv", type=Path, default=ROOT / ".venv")
+    parser.add_argument("--check-port", action="store_true", help="only check the port is free")
+    args = parser.parse_args(argv)
+
+    problem = port_problem(args.host, args.port)
+    if problem:
+        print(f"make run: {problem}", file=sys.stderr)
+        return 2
+    if args.check_port:
+        return 0
+
+    received: list[int] = []
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, _frame: received.append(signum))
+    watch = ParentWatch()
+    children: list[Child] = []
+    try:
+        for name, command in commands(args.host, args.port, args.venv):
+            children.append(Child(name, command))
+    except OSError as exc:
+        print(f"make run: cannot start {exc.filename}: {exc.strerror}", file=sys.stderr)
+        stop_all(children)
+        return 1
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"\n  Serving School: http://{shown}:{args.port}/")
+    print("  Lab worker: sim queue (simulated on CPU). Ctrl-C stops both.")
+    print(f"  First staff user: {args.venv}/bin/python manage.py createsuperuser\n", flush=True)
+    return supervise(children, watch, received)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

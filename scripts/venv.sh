@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# The virtualenv behind `make setup` and `make lock`.
+#
+#   scripts/venv.sh install   create $VENV if needed and install requirements.lock into it (+ the project)
+#   scripts/venv.sh lock      regenerate requirements.lock from pyproject.toml (keeps existing pins)
+#
+# uv (pinned: UV_VERSION) does the work; it is installed into $VENV itself with pip, once. If uv cannot
+# be had (INSTALLER=pip forces this), pip installs the same lock file, only slower.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+LOCK=${LOCK:-requirements.lock}
+UV_VERSION=${UV_VERSION:-0.13.8}
+INSTALLER=${INSTALLER:-uv}
+UV="$VENV/bin/uv"
+# One command makes the lock, so the file's header names it and every machine runs the same one.
+LOCK_ARGS=(pip compile pyproject.toml --extra dev --universal --python-version 3.11
+  --custom-compile-command "make lock" --quiet)
+
+say() { printf '==> %s\n' "$*"; }
+
+# Tools' chatter goes to a log that is shown only when they fail.
+LOG=$(mktemp)
+trap 'rm -f "$LOG" "$LOG.lock"' EXIT
+silently() { "$@" >>"$LOG" 2>&1; }
+quietly() {
+  if ! silently "$@"; then
+    grep -v "is ignored: it is neither a file nor a directory" "$LOG" >&2 || true
+    return 1
+  fi
+}
+
+make_venv() {
+  [[ -x $VENV/bin/python ]] && return 0
+  if ! command -v "$PYTHON" >/dev/null 2>&1; then
+    echo "error: Python 3.11+ not found (PYTHON=$PYTHON); install it or run make PYTHON=/path/to/python3.11" >&2
+    exit 1
+  fi
+  say "Creating $VENV with $("$PYTHON" --version 2>&1)"
+  # Without pip: uv installs the packages, so the ~3 s of seeding pip are saved.
+  "$PYTHON" -m venv --without-pip "$VENV"
+}
+
+ensure_pip() {
+  "$VENV/bin/python" -m pip --version >/dev/null 2>&1 || quietly "$VENV/bin/python" -m ensurepip --upgrade
+}
+
+# Succeeds with $UV at UV_VERSION, installing it into the virtualenv when missing.
+ensure_uv() {
+  [[ -x $UV && "$("$UV" --version 2>/dev/null)" == "uv $UV_VERSION"* ]] && return 0
+  say "Installing uv $UV_VERSION into $VENV (once, a few seconds)"
+  # The system pip installs into the venv directly (pip >= 22.3); otherwise seed the venv's own pip.
+  if silently "$PYTHON" -m pip --python "$VENV/bin/python" install --quiet "uv==$UV_VERSION"; then
+    return 0
+  fi
+  : >"$LOG"
+  ensure_pip && quietly "$VENV/bin/python" -m pip install --quiet "uv==$UV_VERSION"
+}
+
+direct_deps() {
+  # Names of the packages pyproject.toml asks for (the lock marks them "via serving-school").
+  awk '/^[A-Za-z0-9]/ {name=$1; sub(/==.*/, "", name)} /serving-school \(pyproject/ {print name}' "$LOCK" |
+    head -n 8 | paste -sd, - | sed 's/,/, /g'
+}
+
+# Regenerates the lock when pyproject.toml asks for something it lacks; says so loudly.
+refresh_lock() {
+  [[ -f $LOCK ]] && cp "$LOCK" "$LOCK.new" || : >"$LOCK.new"
+  if ! quietly "$UV" "${LOCK_ARGS[@]}" --output-file "$LOCK.new"; then
+    echo "warning: could not check $LOCK against pyproject.toml (offline?); installing it as it is" >&2
+    rm -f "$LOCK.new"
+    return 0
+  fi
+  if cmp -s "$LOCK" "$LOCK.new"; then
+    rm -f "$LOCK.new"
+  else
+    mv "$LOCK.new" "$LOCK"
+    say "$LOCK did not match pyproject.toml: regenerated it (what \`make lock\` does); commit it"
+  fi
+}
+
+install() {
+  local started=$SECONDS first=0
+  [[ -x $VENV/bin/python ]] || first=1
+  make_venv
+  local count
+  count=$(grep -c '^[A-Za-z0-9]' "$LOCK" 2>/dev/null || true)
+  if [[ $INSTALLER != pip ]] && ensure_uv; then
+    refresh_lock
+    count=$(grep -c '^[A-Za-z0-9]' "$LOCK" 2>/dev/null || true)
+    if ((first)); then
+      say "Installing $count pinned packages ($(direct_deps), ...) from $LOCK with uv;"
+      say "usually 5-15 s with uv's cache warm, up to a minute when it downloads everything"
+    else
+      say "Updating $VENV from $LOCK with uv"
+    fi
+    # uv lists every package it adds; its summary lines are enough.
+    if ! "$UV" pip install --python "$VENV/bin/python" -r "$LOCK" -e . 2>&1 |
+      { grep -Ev '^ [-+~] |^Using Python' || true; }; then
+      exit 1
+    fi
+  else
+    if [[ $INSTALLER != pip ]]; then
+      echo "warning: uv $UV_VERSION could not be installed; installing with pip instead (slower, same" \
+        "pinned versions from $LOCK)" >&2
+    fi
+    ensure_pip
+    say "Installing $count pinned packages from $LOCK with pip; usually 45 s with pip's cache warm," \
+      "about 3 minutes without"
+    # pip's own notices and the setuptools editable-install banner stay in the log unless it fails.
+    quietly "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$LOCK" -e .
+  fi
+  say "$VENV ready in $((SECONDS - started)) s"
+}
+
+lock() {
+  make_venv
+  ensure_uv || {
+    echo "error: uv $UV_VERSION could not be installed; \`make lock\` needs it" >&2
+    exit 1
+  }
+  local before=""
+  [[ -f $LOCK ]] && before=$(cat "$LOCK")
+  "$UV" "${LOCK_ARGS[@]}" --output-file "$LOCK"
+  if [[ $before == "$(cat "$LOCK")" ]]; then
+    say "$LOCK already matches pyproject.toml"
+  else
+    say "$LOCK regenerated from pyproject.toml ($(grep -c '^[A-Za-z0-9]' "$LOCK") packages); commit it"
+  fi
+}
+
+case "${1:-}" in
+  install) install ;;
+  lock) lock ;;
+  *)
+    echo "usage: $0 install|lock" >&2
+    exit 2
+    ;;
+esac
