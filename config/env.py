@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
+from dotenv import load_dotenv
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -41,3 +43,21 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def load_env_file(default: Path) -> Path | None:
+    """Read the KEY=value lines of a .env file into the environment; the environment wins.
+
+    ENV_FILE names another file (a missing one stops start-up); ENV_FILE= (empty) reads none.
+    Returns the file read, if any.
+    """
+    named = os.environ.get("ENV_FILE")
+    if named == "":
+        return None
+    path = Path(named) if named else default
+    if not path.is_file():
+        if named:
+            raise ImproperlyConfigured(f"ENV_FILE names {named!r}, which is not a file")
+        return None
+    load_dotenv(path, override=False)
+    return path

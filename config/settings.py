@@ -1,5 +1,6 @@
 """Settings: every deployment choice comes from the environment (see .env.example).
 
+A `.env` file beside manage.py is read first (variables already in the environment win).
 Unset, everything is embedded: SQLite and Celery's filesystem broker under var/, DEBUG on.
 """
 
@@ -13,9 +14,10 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_int, env_list, env_str
+from config.env import env_bool, env_int, env_list, env_str, load_env_file
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+ENV_FILE = load_env_file(BASE_DIR / ".env")
 VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
 
 DEBUG = env_bool("DEBUG", True)
