@@ -30,9 +30,7 @@ lock:
 
 setup: $(STAMP)
 	@mkdir -p "$${VAR_DIR:-var}"
-	$(PY) manage.py preflight
-	$(PY) manage.py migrate --noinput
-	$(PY) manage.py load_content
+	$(PY) manage.py prepare
 
 # Debian's Chromium for the browser tests (Playwright drives it; nothing is downloaded by a test tool).
 browsers:

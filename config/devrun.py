@@ -146,7 +146,7 @@ def stop_all(children: Sequence[Child], grace_s: float = GRACE_S) -> None:
             child.process.wait()
 
 
-def commands(host: str, port: int, venv: Path) -> list[tuple[str, list[str]]]:
+def commands(host: str, port: int, venv: Path) -> dict[str, list[str]]:
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     server = [str(venv / "bin" / "python"), "manage.py", "runserver", bind]
     if ":" in host:
@@ -162,32 +162,65 @@ def commands(host: str, port: int, venv: Path) -> list[tuple[str, list[str]]]:
         "--hostname=sim@%h",
         "--loglevel=INFO",
     ]
-    return [("lab worker", worker), ("web server", server)]
+    return {"web server": server, "lab worker": worker}
 
 
-def supervise(children: Sequence[Child], watch: ParentWatch, received: list[int]) -> int:
-    """Wait until a stop signal, make stopping, or a child exiting; stop everything; exit code."""
-    why, code = "an error in make run", 1
+def listening(host: str, port: int) -> bool:
     try:
-        while True:
-            if received:
-                why, code = signal.Signals(received[0]).name, 128 + received[0]
-                break
-            if watch.stopping():
-                why, code = "make is stopping", 128 + signal.SIGTERM
-                break
-            ended = next((c for c in children if c.process.poll() is not None), None)
-            if ended is not None:
-                code = ended.process.returncode or 1
-                why = f"the {ended.name} exited (code {ended.process.returncode})"
-                break
-            time.sleep(POLL_S)
-    finally:
-        # Also on an unexpected error here: never leave a server or worker behind.
-        print(f"\nmake run: stopping the web server and the lab worker ({why})", flush=True)
-        stop_all(children)
-    print("make run: stopped")
-    return code
+        with socket.create_connection((host, port), timeout=POLL_S):
+            return True
+    except OSError:
+        return False
+
+
+class DevRun:
+    """The web server first; the lab worker once the server listens (on two busy cores the page
+    answers sooner when the two do not start at once), or after WORKER_AFTER_S regardless."""
+
+    WORKER_AFTER_S = 30.0
+
+    def __init__(self, host: str, port: int, venv: Path) -> None:
+        self.host, self.port = host, port
+        self.commands = commands(host, port, venv)
+        self.children: list[Child] = []
+        self.received: list[int] = []
+        self.watch = ParentWatch()
+
+    def start(self, name: str) -> None:
+        self.children.append(Child(name, self.commands[name]))
+
+    def run(self) -> int:
+        """Until a stop signal, make stopping, or a child exiting; then stop all; exit code."""
+        why, code = "an error in make run", 1
+        try:
+            self.start("web server")
+            started_at = time.monotonic()
+            while True:
+                if self.received:
+                    why, code = signal.Signals(self.received[0]).name, 128 + self.received[0]
+                    break
+                if self.watch.stopping():
+                    why, code = "make is stopping", 128 + signal.SIGTERM
+                    break
+                ended = next((c for c in self.children if c.process.poll() is not None), None)
+                if ended is not None:
+                    code = ended.process.returncode or 1
+                    why = f"the {ended.name} exited (code {ended.process.returncode})"
+                    break
+                if len(self.children) == 1 and (
+                    listening(self.host, self.port)
+                    or time.monotonic() - started_at > self.WORKER_AFTER_S
+                ):
+                    self.start("lab worker")
+                time.sleep(POLL_S)
+        except OSError as exc:
+            why = f"cannot start {exc.filename}: {exc.strerror}"
+        finally:
+            # Also on an unexpected error here: never leave a server or worker behind.
+            print(f"\nmake run: stopping the web server and the lab worker ({why})", flush=True)
+            stop_all(self.children)
+        print("make run: stopped")
+        return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -205,23 +238,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check_port:
         return 0
 
-    received: list[int] = []
+    devrun = DevRun(args.host, args.port, args.venv)
     for sig in STOP_SIGNALS:
-        signal.signal(sig, lambda signum, _frame: received.append(signum))
-    watch = ParentWatch()
-    children: list[Child] = []
-    try:
-        for name, command in commands(args.host, args.port, args.venv):
-            children.append(Child(name, command))
-    except OSError as exc:
-        print(f"make run: cannot start {exc.filename}: {exc.strerror}", file=sys.stderr)
-        stop_all(children)
-        return 1
+        signal.signal(sig, lambda signum, _frame: devrun.received.append(signum))
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(f"\n  Serving School: http://{shown}:{args.port}/")
-    print("  Lab worker: sim queue (simulated on CPU). Ctrl-C stops both.")
+    print("  Lab worker: sim queue (simulated on CPU), started once the server listens.")
+    print("  Ctrl-C stops both.")
     print(f"  First staff user: {args.venv}/bin/python manage.py createsuperuser\n", flush=True)
-    return supervise(children, watch, received)
+    return devrun.run()
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@
 #   scripts/venv.sh install   create $VENV if needed and install requirements.lock into it (+ the project)
 #   scripts/venv.sh lock      regenerate requirements.lock from pyproject.toml (keeps existing pins)
 #
-# uv (pinned: UV_VERSION) does the work; it is installed into $VENV itself with pip, once. If uv cannot
-# be had (INSTALLER=pip forces this), pip installs the same lock file, only slower.
+# uv (pinned: UV_VERSION) does the work. pip installs it once per machine, into
+# ~/.cache/serving-school/uv-<version> (so a second clone starts without pip), or into $VENV when the
+# system Python has no pip. If uv cannot be had (INSTALLER=pip forces this), pip installs the same
+# lock file, only slower.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +16,8 @@ VENV=${VENV:-.venv}
 LOCK=${LOCK:-requirements.lock}
 UV_VERSION=${UV_VERSION:-0.13.8}
 INSTALLER=${INSTALLER:-uv}
-UV="$VENV/bin/uv"
+UV_DIR=${UV_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/serving-school/uv-$UV_VERSION}
+UV="$UV_DIR/bin/uv"
 # One command makes the lock, so the file's header names it and every machine runs the same one.
 LOCK_ARGS=(pip compile pyproject.toml --extra dev --universal --python-version 3.11
   --custom-compile-command "make lock" --quiet)
@@ -23,7 +26,7 @@ say() { printf '==> %s\n' "$*"; }
 
 # Tools' chatter goes to a log that is shown only when they fail.
 LOG=$(mktemp)
-trap 'rm -f "$LOG" "$LOG.lock"' EXIT
+trap 'rm -f "$LOG" "$LOCK.new"' EXIT
 silently() { "$@" >>"$LOG" 2>&1; }
 quietly() {
   if ! silently "$@"; then
@@ -47,15 +50,26 @@ ensure_pip() {
   "$VENV/bin/python" -m pip --version >/dev/null 2>&1 || quietly "$VENV/bin/python" -m ensurepip --upgrade
 }
 
-# Succeeds with $UV at UV_VERSION, installing it into the virtualenv when missing.
+uv_ok() { [[ -x $1 && "$("$1" --version 2>/dev/null)" == "uv $UV_VERSION"* ]]; }
+
+# Succeeds with $UV at UV_VERSION, installing it when missing.
 ensure_uv() {
-  [[ -x $UV && "$("$UV" --version 2>/dev/null)" == "uv $UV_VERSION"* ]] && return 0
-  say "Installing uv $UV_VERSION into $VENV (once, a few seconds)"
-  # The system pip installs into the venv directly (pip >= 22.3); otherwise seed the venv's own pip.
-  if silently "$PYTHON" -m pip --python "$VENV/bin/python" install --quiet "uv==$UV_VERSION"; then
+  uv_ok "$UV" && return 0
+  uv_ok "$VENV/bin/uv" && UV="$VENV/bin/uv" && return 0
+  say "Installing uv $UV_VERSION for this machine into $UV_DIR (once, a few seconds)"
+  # Into a fresh folder, moved into place whole: two clones setting up at once do not clash.
+  local staging="$UV_DIR.tmp.$$"
+  if silently "$PYTHON" -m pip install --quiet --target "$staging" "uv==$UV_VERSION" &&
+    mkdir -p "$(dirname "$UV_DIR")" && { mv -T "$staging" "$UV_DIR" 2>/dev/null || true; } &&
+    uv_ok "$UV"; then
+    rm -rf "$staging"
     return 0
   fi
+  rm -rf "$staging"
+  # No pip beside this Python (or no writable cache): the venv's own pip installs uv into the venv.
   : >"$LOG"
+  [[ -x $VENV/bin/python ]] || return 1
+  UV="$VENV/bin/uv"
   ensure_pip && quietly "$VENV/bin/python" -m pip install --quiet "uv==$UV_VERSION"
 }
 
@@ -116,17 +130,19 @@ install() {
 }
 
 lock() {
-  make_venv
   ensure_uv || {
     echo "error: uv $UV_VERSION could not be installed; \`make lock\` needs it" >&2
     exit 1
   }
-  local before=""
-  [[ -f $LOCK ]] && before=$(cat "$LOCK")
-  "$UV" "${LOCK_ARGS[@]}" --output-file "$LOCK"
-  if [[ $before == "$(cat "$LOCK")" ]]; then
+  # Into a copy (uv keeps the pins it finds there), replacing the lock only when it changed, so
+  # an unchanged lock does not make the next `make setup` reinstall.
+  [[ -f $LOCK ]] && cp "$LOCK" "$LOCK.new" || : >"$LOCK.new"
+  "$UV" "${LOCK_ARGS[@]}" --output-file "$LOCK.new"
+  if cmp -s "$LOCK" "$LOCK.new"; then
+    rm -f "$LOCK.new"
     say "$LOCK already matches pyproject.toml"
   else
+    mv "$LOCK.new" "$LOCK"
     say "$LOCK regenerated from pyproject.toml ($(grep -c '^[A-Za-z0-9]' "$LOCK") packages); commit it"
   fi
 }

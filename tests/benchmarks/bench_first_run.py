@@ -1,0 +1,131 @@
+"""How long a new user waits: `make run` from a fresh clone until the page answers, uv beside pip.
+
+For each installer (uv, then pip with INSTALLER=pip, the same requirements.lock) and each round:
+clone the repository (committed HEAD) into a temporary folder, time a cold `make run` (no
+virtualenv: set-up, migrations, the deck, server and worker) until http://127.0.0.1:PORT/
+answers, stop it with SIGTERM to make, then time a warm `make run` the same way. Package caches
+are as they are (warm after the first round); the clones' own files are removed at the end.
+Rounds alternate between installers so both see the same machine load; medians are printed.
+The goal: a cold start under 30 s with a warm package cache.
+
+Not part of the default run (pytest collects test_*.py only). Run it with
+    .venv/bin/pytest tests/benchmarks/bench_first_run.py -s
+or  .venv/bin/python -m tests.benchmarks.bench_first_run [rounds]
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PORT = 8179  # the top of this bench's range; never 8000
+GUARD_S = 900
+GOAL_COLD_S = 30.0
+
+
+def _env(clone: Path) -> dict[str, str]:
+    drop = {"MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES", "DATABASE_URL"}
+    drop |= {"CELERY_BROKER_URL", "VIRTUAL_ENV", "VAR_DIR", "ENV_FILE"}
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+def time_make_run(clone: Path, installer: str, log: Path) -> tuple[float, float]:
+    """Seconds from `make run` to the first HTTP answer and to the lab worker's "ready." line;
+    then stops it with SIGTERM to make."""
+    offset = log.stat().st_size if log.exists() else 0
+    with log.open("a") as out:
+        start = time.perf_counter()
+        make = subprocess.Popen(
+            ["make", "run", f"PORT={PORT}", f"INSTALLER={installer}"],
+            cwd=clone,
+            env=_env(clone),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            while True:
+                if make.poll() is not None:
+                    raise RuntimeError(f"make run ended early; see {log}")
+                if time.perf_counter() - start > GUARD_S:
+                    raise RuntimeError(f"no answer after {GUARD_S} s; see {log}")
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/", timeout=5):
+                        break
+                except urllib.error.HTTPError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            page = time.perf_counter() - start
+            while "ready." not in log.read_text(errors="replace")[offset:]:
+                if make.poll() is not None or time.perf_counter() - start > GUARD_S:
+                    raise RuntimeError(f"the worker did not start; see {log}")
+                time.sleep(0.1)
+            worker = time.perf_counter() - start
+        finally:
+            if make.poll() is None:
+                os.kill(make.pid, signal.SIGTERM)
+                make.wait(timeout=120)
+    return page, worker
+
+
+Times = dict[str, dict[str, list[float]]]
+
+
+def one_round(installer: str, workdir: Path, index: int) -> dict[str, float]:
+    clone = workdir / f"ff-clone-{installer}-{index}"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+    log = workdir / f"{installer}-{index}.log"
+    cold_page, cold_worker = time_make_run(clone, installer, log)
+    warm_page, warm_worker = time_make_run(clone, installer, log)
+    shutil.rmtree(clone)
+    return {
+        "cold page": cold_page,
+        "cold worker": cold_worker,
+        "warm page": warm_page,
+        "warm worker": warm_worker,
+    }
+
+
+def measure(rounds: int) -> Times:
+    results: Times = {"uv": {}, "pip": {}}
+    workdir = Path(tempfile.mkdtemp(prefix="ff-bench-"))
+    for index in range(rounds):
+        for installer in ("uv", "pip"):
+            times = one_round(installer, workdir, index)
+            for name, seconds in times.items():
+                results[installer].setdefault(name, []).append(seconds)
+            shown = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in times.items())
+            print(f"round {index + 1} {installer}: {shown} (load {os.getloadavg()[0]:.1f})")
+    print(f"logs in {workdir}")
+    return results
+
+
+def report(results: Times) -> None:
+    print("\n`make run` from a fresh clone: seconds until the page answers, and the lab worker")
+    print("is ready; cold = no .venv, warm = the second run. Median, all runs in brackets.")
+    for installer, times in results.items():
+        for name, values in times.items():
+            runs = ", ".join(f"{x:.1f}" for x in values)
+            print(f"{installer:<4} {name:<12} {statistics.median(values):6.1f} s   [{runs}]")
+
+
+def test_first_run():
+    results = measure(rounds=3)
+    report(results)
+    assert statistics.median(results["uv"]["cold page"]) < GOAL_COLD_S
+
+
+if __name__ == "__main__":
+    report(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 3))
