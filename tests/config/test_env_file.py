@@ -91,16 +91,28 @@ def test_it_lets_the_environment_win_over_the_dot_env_file(tmp_path):
     assert settings["LABS_SWEEP_MAX_VALUES"] == "7"
 
 
-def test_it_starts_the_embedded_defaults_from_a_copy_of_the_example(tmp_path):
+# The environment's own choices (which win over the file) as a production host sets them, so
+# the defaults that only apply there (HTTPS, PostgreSQL, Redis) are compared too.
+PRODUCTION = {
+    "DEBUG": "0",
+    "SECRET_KEY": "a-production-secret-set-in-the-environment-0123456789",
+    "ALLOWED_HOSTS": "school.example.com",
+    "DATABASE_URL": "postgres://school@db.example.com:5432/school",
+    "CELERY_BROKER_URL": "redis://cache.example.com:6379/0",
+}
+
+
+@pytest.mark.parametrize("environment", [{}, PRODUCTION], ids=["embedded", "production"])
+def test_it_starts_the_embedded_defaults_from_a_copy_of_the_example(tmp_path, environment):
     copied = tmp_path / ".env"
     shutil.copy(EXAMPLE, copied)
-    with_copy = settings_of(str(copied))
-    without = settings_of("")
+    with_copy = settings_of(str(copied), **environment)
+    without = settings_of("", **environment)
     # The copy was read (its set lines reached the environment), and changed no setting.
     assert with_copy["env_file"] == str(copied)
     assert without["env_file"] == "None"
     assert with_copy["environ"]["LABS_RUN_STALE_S"] == "60"
-    assert without["environ"] == {}
+    assert set(without["environ"]) == set(environment)
     changed = {
         name: (without["settings"].get(name), value)
         for name, value in with_copy["settings"].items()
@@ -108,6 +120,8 @@ def test_it_starts_the_embedded_defaults_from_a_copy_of_the_example(tmp_path):
     }
     assert changed == {}
     # And the app starts on it.
+    if environment:
+        return
     check = subprocess.run(
         [sys.executable, "manage.py", "check"],
         cwd=ROOT,
