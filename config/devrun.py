@@ -107,12 +107,25 @@ class ParentWatch:
         return now is not None and bool(self.initial & self.WATCHED & ~now)
 
 
+def _term_when_parent_dies() -> None:
+    """In the child before exec (Linux): SIGTERM it if this supervisor dies, even by SIGKILL."""
+    if sys.platform == "linux":
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+
+
 class Child:
     def __init__(self, name: str, argv: Sequence[str]) -> None:
         self.name = name
         # Own session and group: a terminal's Ctrl-C reaches only make and us, and we stop the rest.
         self.process = subprocess.Popen(
-            list(argv), cwd=ROOT, stdin=subprocess.DEVNULL, start_new_session=True
+            list(argv),
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_term_when_parent_dies,  # safe: this process starts no threads
         )
 
     def signal_group(self, sig: int) -> None:

@@ -39,9 +39,32 @@ def _env(clone: Path) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
-def time_make_run(clone: Path, installer: str, log: Path) -> tuple[float, float]:
-    """Seconds from `make run` to the first HTTP answer and to the lab worker's "ready." line;
-    then stops it with SIGTERM to make."""
+def cpu_seconds(root: int) -> float:
+    """CPU time used so far by `root` and everything it started (Linux /proc): the processes
+    still running, plus, through each one's cutime/cstime, the children it has already reaped."""
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry.name)] = fields
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            # Fields 14-17 of /proc/<pid>/stat (utime, stime, cutime, cstime), after pid and comm.
+            total += sum(int(x) for x in stats[pid][11:15])
+            todo.extend(children.get(pid, []))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def time_make_run(clone: Path, installer: str, log: Path) -> tuple[float, float, float]:
+    """Seconds from `make run` to the first HTTP answer and to the lab worker's "ready." line, and
+    the CPU seconds spent until that answer; then stops it with SIGTERM to make."""
     offset = log.stat().st_size if log.exists() else 0
     with log.open("a") as out:
         start = time.perf_counter()
@@ -68,6 +91,7 @@ def time_make_run(clone: Path, installer: str, log: Path) -> tuple[float, float]
                 except OSError:
                     time.sleep(0.1)
             page = time.perf_counter() - start
+            cpu = cpu_seconds(make.pid)
             while "ready." not in log.read_text(errors="replace")[offset:]:
                 if make.poll() is not None or time.perf_counter() - start > GUARD_S:
                     raise RuntimeError(f"the worker did not start; see {log}")
@@ -77,7 +101,7 @@ def time_make_run(clone: Path, installer: str, log: Path) -> tuple[float, float]
             if make.poll() is None:
                 os.kill(make.pid, signal.SIGTERM)
                 make.wait(timeout=120)
-    return page, worker
+    return page, worker, cpu
 
 
 Times = dict[str, dict[str, list[float]]]
@@ -87,14 +111,16 @@ def one_round(installer: str, workdir: Path, index: int) -> dict[str, float]:
     clone = workdir / f"ff-clone-{installer}-{index}"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
     log = workdir / f"{installer}-{index}.log"
-    cold_page, cold_worker = time_make_run(clone, installer, log)
-    warm_page, warm_worker = time_make_run(clone, installer, log)
+    cold_page, cold_worker, cold_cpu = time_make_run(clone, installer, log)
+    warm_page, warm_worker, warm_cpu = time_make_run(clone, installer, log)
     shutil.rmtree(clone)
     return {
         "cold page": cold_page,
         "cold worker": cold_worker,
+        "cold CPU": cold_cpu,
         "warm page": warm_page,
         "warm worker": warm_worker,
+        "warm CPU": warm_cpu,
     }
 
 
@@ -107,14 +133,16 @@ def measure(rounds: int) -> Times:
             for name, seconds in times.items():
                 results[installer].setdefault(name, []).append(seconds)
             shown = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in times.items())
-            print(f"round {index + 1} {installer}: {shown} (load {os.getloadavg()[0]:.1f})")
+            load = os.getloadavg()[0]
+            print(f"round {index + 1} {installer}: {shown} (load {load:.1f})", flush=True)
     print(f"logs in {workdir}")
     return results
 
 
 def report(results: Times) -> None:
     print("\n`make run` from a fresh clone: seconds until the page answers, and the lab worker")
-    print("is ready; cold = no .venv, warm = the second run. Median, all runs in brackets.")
+    print("is ready; cold = no .venv, warm = the second run; CPU = CPU seconds all its processes")
+    print("used until the page answered (what a quiet machine would need, about). Median [all].")
     for installer, times in results.items():
         for name, values in times.items():
             runs = ", ".join(f"{x:.1f}" for x in values)
