@@ -117,15 +117,21 @@ def _term_when_parent_dies() -> None:
 
 
 class Child:
-    def __init__(self, name: str, argv: Sequence[str]) -> None:
+    def __init__(self, name: str, argv: Sequence[str], *, nice: int = 0) -> None:
         self.name = name
+
+        def before_exec() -> None:
+            _term_when_parent_dies()
+            if nice:
+                os.nice(nice)
+
         # Own session and group: a terminal's Ctrl-C reaches only make and us, and we stop the rest.
         self.process = subprocess.Popen(
             list(argv),
             cwd=ROOT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_term_when_parent_dies,  # safe: this process starts no threads
+            preexec_fn=before_exec,  # safe: this process starts no threads
         )
 
     def signal_group(self, sig: int) -> None:
@@ -178,6 +184,29 @@ def commands(host: str, port: int, venv: Path) -> dict[str, list[str]]:
     return {"web server": server, "lab worker": worker}
 
 
+COMPILE = """
+import compileall, pathlib, sys
+venv = pathlib.Path(sys.argv[1])
+for packages in venv.glob("lib/python*/site-packages"):
+    compileall.compile_dir(packages, quiet=2, workers=1)
+(venv / ".bytecode").touch()
+"""
+
+
+def bytecode_command(venv: Path) -> list[str] | None:
+    """Where Python writes no bytecode itself (PYTHONDONTWRITEBYTECODE, as in many containers),
+    every start compiles Django anew; compile the virtualenv's packages once (after each install),
+    in the background, so the next starts skip that."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        return None
+    marker, installed = venv / ".bytecode", venv / ".installed"
+    if marker.exists() and (
+        not installed.exists() or marker.stat().st_mtime >= installed.stat().st_mtime
+    ):
+        return None
+    return [str(venv / "bin" / "python"), "-c", COMPILE, str(venv)]
+
+
 def listening(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=POLL_S):
@@ -195,7 +224,10 @@ class DevRun:
     def __init__(self, host: str, port: int, venv: Path) -> None:
         self.host, self.port = host, port
         self.commands = commands(host, port, venv)
+        self.bytecode = bytecode_command(venv)
         self.children: list[Child] = []
+        # Work that may end by itself (the bytecode compile), stopped with the rest if still going.
+        self.background: list[Child] = []
         self.received: list[int] = []
         self.watch = ParentWatch()
 
@@ -225,13 +257,18 @@ class DevRun:
                     or time.monotonic() - started_at > self.WORKER_AFTER_S
                 ):
                     self.start("lab worker")
+                    if self.bytecode:
+                        print("make run: compiling the packages' bytecode in the background, once")
+                        # Lowest priority: it must not slow the server or the worker down.
+                        self.background.append(Child("bytecode compile", self.bytecode, nice=19))
+                self.background = [c for c in self.background if c.process.poll() is None]
                 time.sleep(POLL_S)
         except OSError as exc:
             why = f"cannot start {exc.filename}: {exc.strerror}"
         finally:
             # Also on an unexpected error here: never leave a server or worker behind.
             print(f"\nmake run: stopping the web server and the lab worker ({why})", flush=True)
-            stop_all(self.children)
+            stop_all(self.children + self.background)
         print("make run: stopped")
         return code
 

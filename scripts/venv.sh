@@ -110,16 +110,8 @@ install() {
     else
       say "Updating $VENV from $LOCK with uv"
     fi
-    # Where Python writes no bytecode itself (PYTHONDONTWRITEBYTECODE, common in containers and
-    # set on this project's machines), every start would compile Django anew: compile it once here
-    # (pip always does; uv only when asked).
-    local compile=()
-    if [[ -n ${PYTHONDONTWRITEBYTECODE:-} ]]; then
-      compile=(--compile-bytecode)
-      say "PYTHONDONTWRITEBYTECODE is set: compiling the packages' bytecode once, now"
-    fi
     # uv lists every package it adds; its summary lines are enough.
-    if ! "$UV" pip install "${compile[@]}" --python "$VENV/bin/python" -r "$LOCK" -e . 2>&1 |
+    if ! "$UV" pip install --python "$VENV/bin/python" -r "$LOCK" -e . 2>&1 |
       { grep -Ev '^ [-+~] |^Using Python' || true; }; then
       exit 1
     fi

@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from config.devrun import parse_port, port_problem
+from config.devrun import bytecode_command, parse_port, port_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 PORTS = range(8170, 8180)
@@ -129,6 +130,26 @@ def test_it_finds_a_free_port_free():
 def test_it_rejects_a_port_out_of_range(raw):
     with pytest.raises(argparse.ArgumentTypeError, match="PORT must be .* from 1 to 65535"):
         parse_port(raw)
+
+
+def test_it_compiles_bytecode_once_where_python_writes_none(tmp_path, monkeypatch):
+    venv = tmp_path / "venv"
+    packages = venv / "lib" / "python3.11" / "site-packages"
+    packages.mkdir(parents=True)
+    (packages / "module.py").write_text("VALUE = 1\n")
+    (venv / ".installed").touch()
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    assert bytecode_command(venv) is None  # Python caches bytecode itself
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    command = bytecode_command(venv)
+    assert command is not None
+    subprocess.run([sys.executable, *command[1:]], check=True, timeout=120)
+    assert list((packages / "__pycache__").glob("module.*.pyc"))
+    assert bytecode_command(venv) is None  # done for this install
+
+    os.utime(venv / ".installed", (time.time() + 5, time.time() + 5))
+    assert bytecode_command(venv) is not None  # a later install compiles again
 
 
 def test_it_says_the_port_is_taken_when_make_run_runs_twice(tmp_path, listening):
