@@ -60,7 +60,7 @@ ensure_uv() {
   # Into a fresh folder, moved into place whole: two clones setting up at once do not clash.
   local staging="$UV_DIR.tmp.$$"
   if silently "$PYTHON" -m pip install --quiet --target "$staging" "uv==$UV_VERSION" &&
-    mkdir -p "$(dirname "$UV_DIR")" && { mv -T "$staging" "$UV_DIR" 2>/dev/null || true; } &&
+    mkdir -p "$(dirname "$UV_DIR")" && { [[ -e $UV_DIR ]] || mv "$staging" "$UV_DIR"; } &&
     uv_ok "$UV"; then
     rm -rf "$staging"
     return 0
