@@ -70,7 +70,7 @@ ensure_uv() {
   : >"$LOG"
   [[ -x $VENV/bin/python ]] || return 1
   UV="$VENV/bin/uv"
-  ensure_pip && quietly "$VENV/bin/python" -m pip install --quiet "uv==$UV_VERSION"
+  ensure_pip && silently "$VENV/bin/python" -m pip install --quiet "uv==$UV_VERSION"
 }
 
 direct_deps() {
@@ -117,8 +117,11 @@ install() {
     fi
   else
     if [[ $INSTALLER != pip ]]; then
-      echo "warning: uv $UV_VERSION could not be installed; installing with pip instead (slower, same" \
-        "pinned versions from $LOCK)" >&2
+      # pip's last error line says why (its full output lists every uv version ever released).
+      local why
+      why=$(grep -E '^ERROR' "$LOG" | tail -n 1 | cut -c 1-160 || true)
+      echo "warning: uv $UV_VERSION could not be installed${why:+ ($why)}; installing with pip" \
+        "instead (slower, same pinned versions from $LOCK)" >&2
     fi
     ensure_pip
     say "Installing $count pinned packages from $LOCK with pip; usually 45 s with pip's cache warm," \
