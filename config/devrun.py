@@ -258,7 +258,7 @@ class DevRun:
                 ):
                     self.start("lab worker")
                     if self.bytecode:
-                        print("make run: compiling the packages' bytecode in the background, once")
+                        print("make run: compiling bytecode in the background, once", flush=True)
                         # Lowest priority: it must not slow the server or the worker down.
                         self.background.append(Child("bytecode compile", self.bytecode, nice=19))
                 self.background = [c for c in self.background if c.process.poll() is None]
