@@ -56,6 +56,11 @@ def make_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def default_stop_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def descendants(root: int) -> dict[int, str]:
     """pid -> command line of `root` and every process below it."""
     children: dict[int, list[int]] = {}
@@ -189,6 +194,9 @@ def test_it_stops_server_and_worker_when_make_gets_a_signal(tmp_path, sig):
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            # Signals ignored here (under nohup, or in a shell's background job) would stay
+            # ignored in make, which then rightly keeps running: start it as a terminal would.
+            preexec_fn=default_stop_signals,
         )
     started: dict[int, str] = {}
     try:
