@@ -264,6 +264,33 @@ def dequant_overhead(cal: Calibration, hardware: Hardware, weight_dtype: str) ->
 # -- the model ------------------------------------------------------------------------------------
 
 
+def _maximum(a: Any, b: Any) -> Any:
+    """np.maximum for arrays, the builtin for two floats (the same value, 20x cheaper)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return max(a, b)
+
+
+def parts_total(parts: tuple[float, ...]) -> float:
+    """A step's seconds from its parts, added left to right as `np.sum` adds five of them (so a
+    tuple and an array of the same parts give the same float)."""
+    total = 0.0
+    for value in parts:
+        total += value
+    return total
+
+
+@dataclass(frozen=True)
+class _TokenTerms:
+    """What a step's price takes from its token count alone (computed once per count)."""
+
+    peak_compute_s: float  # 2 x active params x tokens at peak FLOP/s
+    knob_compute_s: float  # the same at the lab's compute efficiency
+    weight_bytes: float
+    linear_s: float  # realistic linear layers (GEMMs or weight reads, with dequantisation)
+    communication_s: float
+
+
 class EngineModel:
     """Prices steps from their composition on one profile.
 
@@ -296,42 +323,68 @@ class EngineModel:
         self._kv_bytes = kv_bytes_per_token(model, engine.kv_dtype) * kv_replication(
             model, engine.tp
         )
+        # NOTE: everything below depends only on (hardware, model, engine, calibration); a step
+        # is priced thousands of times per run, so these are worked out once here.
+        self._memory_rate = {
+            False: memory_rate(hardware, self._peak),
+            True: memory_rate(hardware, engine),
+        }
+        self._bandwidth = hardware.bandwidth_bytes_per_s * engine.tp
+        self._attention_rate = hardware.bf16_flops_per_s * engine.tp * self.cal.attention_efficiency
+        self._token_terms: dict[int, _TokenTerms] = {}
+
+    def _terms(self, num_tokens: int) -> _TokenTerms:
+        """The token-count terms of a step of `num_tokens` tokens (cached per count)."""
+        found = self._token_terms.get(num_tokens)
+        if found is not None:
+            return found
+        hw, model, engine, gpu, cal = self.hardware, self.model, self.engine, self.gpu, self.cal
+        weights = weight_bytes_read(model, engine.weight_dtype, int(num_tokens))
+        gemm = (
+            2
+            * model.active_params
+            * num_tokens
+            / (compute_rate(hw, self._peak) * gemm_efficiency(gpu, num_tokens))
+        )
+        reads = model.layers * cal.kernels_per_layer
+        weight_read = memory_read_s(
+            weights, self._bandwidth, gpu.bandwidth_efficiency, reads, cal.kernel_latency_s
+        )
+        linear = max(gemm, weight_read) * (1 + dequant_overhead(cal, hw, engine.weight_dtype))
+        terms = _TokenTerms(
+            peak_compute_s=2 * model.active_params * num_tokens / compute_rate(hw, self._peak),
+            knob_compute_s=2 * model.active_params * num_tokens / compute_rate(hw, engine),
+            weight_bytes=weights,
+            linear_s=float(linear),
+            communication_s=float(
+                tp_communication_s(cal, gpu, model, engine.tp, num_tokens)  # type: ignore[arg-type]
+            ),
+        )
+        self._token_terms[num_tokens] = terms
+        return terms
 
     # NOTE: every method below takes per-step arrays (kv, spec_kv) and treats the rest of `out`
     # as fixed, so that `steps_time_s(out, [out.kv_tokens_read], [out.spec_kv_tokens_read])[0]`
-    # is exactly `step_time_s(out)`.
+    # is exactly `step_time_s(out)`. They also take plain floats for kv (one step, priced from
+    # its totals by `composition_parts_s`), and give the same value either way.
 
-    def _roofline_s(
-        self, engine: EngineConfig, num_tokens: float, kv: np.ndarray, overhead: bool = True
-    ) -> np.ndarray:
-        """labs.predict.step_time_s, vectorised over the steps' KV reads."""
-        hw, model = self.hardware, self.model
-        compute = 2 * model.active_params * num_tokens / compute_rate(hw, engine)
-        weights = weight_bytes_read(model, engine.weight_dtype, int(num_tokens))
-        memory = (weights + kv * self._kv_bytes) / memory_rate(hw, engine)
-        return np.maximum(compute, memory) + (engine.step_overhead_s if overhead else 0.0)
+    def _roofline_s(self, knobs: bool, num_tokens: int, kv: Any, overhead: bool = True) -> Any:
+        """labs.predict.step_time_s, vectorised over the steps' KV reads: at peak with no
+        overhead (`knobs` False, the "ideal" part) or with the lab's efficiencies."""
+        terms = self._terms(num_tokens)
+        compute = terms.knob_compute_s if knobs else terms.peak_compute_s
+        memory = (terms.weight_bytes + kv * self._kv_bytes) / self._memory_rate[knobs]
+        extra = self.engine.step_overhead_s if knobs and overhead else 0.0
+        return _maximum(compute, memory) + extra
 
-    def _kernels_s(self, num_tokens: float, kv: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    def _kernels_s(self, num_tokens: int, kv: Any, pairs: Any) -> Any:
         """Realistic GPU time of the step's kernels: linear layers + attention."""
-        hw, model, engine, gpu, cal = self.hardware, self.model, self.engine, self.gpu, self.cal
-        tp = engine.tp
-        peak_flops = compute_rate(hw, self._peak)
-        bandwidth = hw.bandwidth_bytes_per_s * tp
-        gemm = (
-            2 * model.active_params * num_tokens / (peak_flops * gemm_efficiency(gpu, num_tokens))
-        )
-        weights = weight_bytes_read(model, engine.weight_dtype, int(num_tokens))
-        reads = model.layers * cal.kernels_per_layer
-        weight_read = memory_read_s(
-            weights, bandwidth, gpu.bandwidth_efficiency, reads, cal.kernel_latency_s
-        )
-        linear = max(gemm, weight_read) * (1 + dequant_overhead(cal, hw, engine.weight_dtype))
         # Attention math runs in 16 bits (BF16 tensor cores) whatever the weights are.
-        attn_flops = attention_flops(model, pairs) / (
-            hw.bf16_flops_per_s * tp * cal.attention_efficiency
+        attn_flops = attention_flops(self.model, pairs) / self._attention_rate
+        kv_read = memory_read_s(
+            kv * self._kv_bytes, self._bandwidth, self.gpu.kv_bandwidth_efficiency
         )
-        kv_read = memory_read_s(kv * self._kv_bytes, bandwidth, gpu.kv_bandwidth_efficiency)
-        return linear + np.maximum(attn_flops, kv_read)
+        return self._terms(num_tokens).linear_s + _maximum(attn_flops, kv_read)
 
     def _pairs(self, out: SchedulerOutput, kv: np.ndarray) -> np.ndarray:
         # Every scheduled token attends to its sequence's KV, so pairs grow with the KV read by
@@ -342,12 +395,12 @@ class EngineModel:
     def _decode_step_s(self, num_seqs: int, kv: np.ndarray) -> np.ndarray:
         """A plain decode step of `num_seqs` sequences (a draft pass is c times this)."""
         if self.profile == "ideal":
-            return self._roofline_s(self.engine, num_seqs, kv)
+            return self._roofline_s(True, num_seqs, kv)
         pairs = kv + num_seqs
         return (
             self._kernels_s(num_seqs, kv, pairs)
             + step_overhead_s(self.cal, True, num_seqs, self.gpu)
-            + tp_communication_s(self.cal, self.gpu, self.model, self.engine.tp, num_seqs)
+            + self._terms(num_seqs).communication_s
         )
 
     def steps_parts_s(
@@ -364,8 +417,8 @@ class EngineModel:
         n_tokens = out.total_num_scheduled_tokens
         drafts = int(out.num_draft_tokens.sum())
         parts = np.zeros((len(kv), len(PARTS)))
-        base_ideal = self._roofline_s(self._peak, n_tokens - drafts, kv)
-        full_ideal = self._roofline_s(self._peak, n_tokens, kv)
+        base_ideal = self._roofline_s(False, n_tokens - drafts, kv)
+        full_ideal = self._roofline_s(False, n_tokens, kv)
         parts[:, IDEAL] = base_ideal
         draft_s = np.zeros_like(kv)
         if out.max_num_draft_tokens and self.engine.draft_cost:
@@ -373,7 +426,7 @@ class EngineModel:
             draft_s = out.max_num_draft_tokens * self.engine.draft_cost * plain
         parts[:, SPECULATION] = np.maximum(full_ideal - base_ideal, 0) + draft_s
         if self.profile == "ideal":
-            with_knobs = self._roofline_s(self.engine, n_tokens, kv, overhead=False)
+            with_knobs = self._roofline_s(True, n_tokens, kv, overhead=False)
             parts[:, EFFICIENCY] = np.maximum(with_knobs - full_ideal, 0)
             parts[:, OVERHEAD] = self.engine.step_overhead_s
             return parts
@@ -383,10 +436,39 @@ class EngineModel:
         parts[:, OVERHEAD] = step_overhead_s(
             self.cal, out.num_prefill_tokens == 0, num_seqs, self.gpu
         )
-        parts[:, COMMUNICATION] = tp_communication_s(
-            self.cal, self.gpu, self.model, self.engine.tp, n_tokens
-        )
+        parts[:, COMMUNICATION] = self._terms(n_tokens).communication_s
         return parts
+
+    def composition_parts_s(
+        self, num_tokens: int, num_prefill_tokens: int, num_seqs: int, kv: int, pairs: int
+    ) -> tuple[float, float, float, float, float]:
+        """Parts (PARTS order) of one step without drafts, from its totals: tokens, prefill
+        tokens, sequences, KV read and attention pairs (`token_pairs`). The same floats as
+        `steps_parts_s` gives that step, in plain Python (a step's arrays are small, and numpy's
+        per-call cost would dominate)."""
+        kv_f, pairs_f = float(kv), float(pairs)
+        ideal = self._roofline_s(False, num_tokens, kv_f)
+        if self.profile == "ideal":
+            with_knobs = self._roofline_s(True, num_tokens, kv_f, overhead=False)
+            return (ideal, max(with_knobs - ideal, 0.0), self.engine.step_overhead_s, 0.0, 0.0)
+        kernels = self._kernels_s(num_tokens, kv_f, pairs_f)
+        return (
+            ideal,
+            max(kernels - ideal, 0.0),
+            step_overhead_s(self.cal, num_prefill_tokens == 0, num_seqs, self.gpu),
+            self._terms(num_tokens).communication_s,
+            0.0,
+        )
+
+    def composition_share_s(
+        self, step_s: float, num_decode_tokens: int, num_alone: int, kv_alone: int
+    ) -> float:
+        """`prefill_share_s` of a step without drafts that took `step_s`, from the totals of
+        its decoding sequences (each schedules one token): how many, and their KV read."""
+        alone = self.composition_parts_s(
+            num_decode_tokens, 0, num_alone, kv_alone, kv_alone + num_alone
+        )
+        return max(0.0, step_s - parts_total(alone))
 
     def steps_time_s(
         self, out: SchedulerOutput, kv_tokens_read: np.ndarray, spec_kv_tokens_read: np.ndarray
@@ -396,6 +478,15 @@ class EngineModel:
 
     def step_parts_s(self, out: SchedulerOutput) -> np.ndarray:
         """The parts of the one step `out`."""
+        if not out.max_num_draft_tokens and not out.num_draft_tokens.any():
+            parts = self.composition_parts_s(
+                out.total_num_scheduled_tokens,
+                out.num_prefill_tokens,
+                len(out.req_indices),
+                out.kv_tokens_read,
+                token_pairs(out),  # type: ignore[arg-type]
+            )
+            return np.array(parts)
         return self.steps_parts_s(out, [out.kv_tokens_read], [out.spec_kv_tokens_read])[0]
 
     def step_time_s(self, out: SchedulerOutput) -> float:
@@ -410,6 +501,14 @@ class EngineModel:
             return 0.0
         decoding = out.num_computed_before > 0
         decoding &= out.num_scheduled_tokens <= 1 + out.num_draft_tokens
+        if not out.max_num_draft_tokens and not out.num_draft_tokens.any():
+            # Each decoding sequence schedules exactly one token: its totals are enough.
+            return self.composition_share_s(
+                self.step_time_s(out),
+                out.num_decode_tokens,
+                int(decoding.sum()),
+                int(out.num_computed_before[decoding].sum()),
+            )
         alone = SchedulerOutput(
             req_indices=out.req_indices[decoding],
             num_scheduled_tokens=out.num_scheduled_tokens[decoding],
