@@ -364,11 +364,7 @@ class Simulator:
             self.on_progress(1.0)
         requests = self._request_records(chunks)
         arrival_start = float(np.nanmin(table.arrival_s))
-        # NOTE: steady steps do not feed the breakdown yet (labs/sim/steady.py), so a run that
-        # took any has none rather than a wrong one.
-        breakdown = (
-            self.breakdown.summary(requests, "simulated") if not self.num_steady_steps else None
-        )
+        breakdown = self.breakdown.summary(requests, "simulated")
         return RunRecord(
             backend="sim",
             where=WHERE,

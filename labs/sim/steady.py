@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from labs.sim.engine_model import PARTS, parts_total
 from labs.sim.entities import RequestStatus
 from labs.sim.scheduler import SchedulerOutput
 
@@ -45,6 +46,8 @@ _SKIP_AT_LEAST = 8
 # Steady steps taken before writing them back, so the logs and temporaries stay small.
 _MAX_STEPS = 4096
 _RUNNING = int(RequestStatus.RUNNING)
+# How a non-decoding request scheduled in a steady step is charged (+1: after its first token).
+_OWN, _RECOMPUTE, _DECODING = 0, 2, 4
 _FINISHED = int(RequestStatus.FINISHED)
 
 
@@ -76,14 +79,16 @@ class _Prefill:
 def steady_applies(sim: Simulator) -> bool:
     """Whether the run's settings allow steady steps at all (see the module docstring).
 
-    NOTE: steady steps know each step's totals (tokens, sequences, KV read), not the per-sequence
-    arrays a SchedulerOutput carries, so they need a cost model that prices from totals and says
-    so by having `compositions_time_s`; with any other, every step goes through the scheduler.
+    NOTE: steady steps know each step's totals (tokens, sequences, KV read, attention pairs), not
+    the per-sequence arrays a SchedulerOutput carries, so they need a cost model that prices from
+    totals: the engine model's `composition_parts_s` (parts for the breakdown too), or a
+    `compositions_time_s` (time only); with any other, every step goes through the scheduler.
     """
     cfg, kv = sim.config, sim.scheduler.kv
     if cfg.num_spec_tokens or cfg.kv_allocation != "paged":
         return False
-    if not hasattr(sim.cost_model, "compositions_time_s"):
+    cost = sim.cost_model
+    if not (hasattr(cost, "composition_parts_s") or hasattr(cost, "compositions_time_s")):
         return False
     return not (kv.caching and (kv.num_shared_blocks or kv.pool.has_cached_blocks))
 
@@ -152,6 +157,18 @@ def advance_steady(
     finished: list[tuple[int, int, int]] = []  # request, step, computed tokens at the end
     segments: list[tuple[int, int, int]] = []  # request, first step, last step of its tokens
     cost = sim.cost_model
+    # The time breakdown (labs/sim/breakdown.py), fed as BreakdownAccumulator.add_step would be:
+    # decoders get each step's parts x scale and its prefill share, summed over their span of
+    # steps at write-back as a difference of running sums (O(changes), not O(batch) per step);
+    # the few requests that are not decoding get their own steps' parts from a log.
+    parted = hasattr(cost, "composition_parts_s")
+    parts_log: list[tuple[float, ...]] = []  # per step: parts, then the prefill share
+    seconds_log: list[float] = []
+    charges: list[tuple[int, int, int]] = []  # request, step, how (_OWN_BEFORE ...)
+    admitted: list[tuple[int, int]] = []  # request, step it was first scheduled here
+    dec_first: dict[int, int] = {}  # first decoding step of those who start decoding here
+    dec_spans: list[tuple[int, int, int]] = []  # request, first and last step it decoded in
+    preempted = t.num_preemptions
     prompt_col, output_col, cached_col = (
         t.num_prompt_tokens,
         t.num_output_tokens,
@@ -212,6 +229,7 @@ def advance_steady(
                 cached_col[h] = 0
             status_col[h] = _RUNNING
             p = _Prefill(h, 0, tokens, out_h, target.item(h), 0)
+            admitted.append((h, s))
             prefills.append(p)
             scheduled.append((p, num_new))
             order.append(h)
@@ -220,15 +238,43 @@ def advance_steady(
 
         kv_read = base_sum + d * s
         num_prefill, num_decode = 0, d
+        # Attention pairs: a decoder's token attends to its KV and itself; a chunk of n after c
+        # computed tokens makes n c + n (n + 1) / 2 (engine_model.token_pairs, exact in ints).
+        pairs = kv_read + d
+        kv_alone, num_alone = kv_read, d  # the sequences prefill_share_s keeps
         for p, chunk in scheduled:
-            kv_read += p.computed
-            if p.tokens - p.computed == 1 and p.output > 0:
+            c = p.computed
+            kv_read += c
+            pairs += chunk * c + chunk * (chunk + 1) // 2
+            if chunk == 1 and c > 0:
+                kv_alone += c
+                num_alone += 1
+            if p.tokens - c == 1 and p.output > 0:
                 num_decode += chunk
+                charges.append((p.req, s, _DECODING))
             else:
                 num_prefill += chunk
+                after = 1 if p.output > 0 else 0
+                how = _RECOMPUTE if preempted.item(p.req) > 0 else _OWN
+                charges.append((p.req, s, how + after))
         num_seqs = d + len(scheduled)
-        if clocked:
-            loop.now += cost.step_time_s(_composition(num_seqs, num_prefill, num_decode, kv_read))
+        if parted:
+            parts = cost.composition_parts_s(
+                num_prefill + num_decode, num_prefill, num_seqs, kv_read, pairs
+            )
+            step_s = parts_total(parts)
+            share = 0.0
+            if num_prefill and num_decode:
+                share = cost.composition_share_s(step_s, num_decode, num_alone, kv_alone)
+            parts_log.append((*parts, share))
+            seconds_log.append(step_s)
+            if clocked:
+                loop.now += step_s
+                ends.append(loop.now)
+        elif clocked:
+            step_s = cost.step_time_s(_composition(num_seqs, num_prefill, num_decode, kv_read))
+            seconds_log.append(step_s)
+            loop.now += step_s
             ends.append(loop.now)  # (a totals-priced model: the filler arrays are not read)
         else:
             composition.append((num_prefill, num_decode, kv_read, num_seqs))
@@ -259,6 +305,7 @@ def advance_steady(
             base, obase = p.computed - (s + 1), p.output - (s + 1)
             dec_base[r] = (base, obase)
             seg_first[r] = s
+            dec_first[r] = s + 1
             fin = p.target - obase - 1
             finishing[fin].append(r)
             heapq.heappush(finish_heap, fin)
@@ -278,6 +325,7 @@ def advance_steady(
             free += -(-(base + s + 1) // bs)
             finished.append((r, s, base + s + 1))
             segments.append((r, seg_first.pop(r, 0), s))
+            dec_spans.append((r, dec_first.pop(r, 0), s))
             num_done += 1
         s += 1
         if num_done:
@@ -297,9 +345,21 @@ def advance_steady(
     if clocked:
         end_s = np.array(ends)
     else:
-        end_s = np.cumsum(np.concatenate([[now0], _price(cost, composition)]))[1:]
+        seconds = np.array(seconds_log) if parted else _price(cost, composition)
+        seconds_log = seconds.tolist()
+        end_s = np.cumsum(np.concatenate([[now0], seconds]))[1:]
         loop.now = float(end_s[-1])
     start_s = np.concatenate([[now0], end_s[:-1]])
+    if parted:
+        table = np.array(parts_log).reshape(-1, len(PARTS) + 1)
+    else:
+        # A time-only model: the whole step is its first part, as step_parts_s puts it.
+        table = np.zeros((s, len(PARTS) + 1))
+        table[:, 0] = seconds_log
+    for r, first in dec_first.items():
+        dec_spans.append((r, first, s - 1))
+    dec_spans.extend((r, 0, s - 1) for r in dec_base if r not in dec_first)
+    _feed_breakdown(sim, table, start_s, charges, admitted, dec_spans)
     if dec_base:
         still_decoding = np.fromiter(dec_base, dtype=np.int64, count=len(dec_base))
         bases = np.array(list(dec_base.values()), dtype=np.int64)
@@ -342,6 +402,55 @@ def advance_steady(
     sched.running = in_order[t.status[in_order] == _RUNNING]
     sim.num_steps += s
     return s
+
+
+def _feed_breakdown(
+    sim: Simulator,
+    table: np.ndarray,
+    start_s: np.ndarray,
+    charges: list[tuple[int, int, int]],
+    admitted: list[tuple[int, int]],
+    dec_spans: list[tuple[int, int, int]],
+) -> None:
+    """Charge the steady steps (rows of `table`: parts, then the prefill share) to their requests,
+    as `BreakdownAccumulator.add_step` charges single steps."""
+    acc = sim.breakdown
+    parts, share = table[:, : len(PARTS)], table[:, len(PARTS)]
+    step_s = parts.sum(axis=1)
+    share = np.minimum(share, step_s)
+    positive = step_s > 0
+    scale = np.zeros_like(step_s)
+    scale[positive] = (step_s[positive] - share[positive]) / step_s[positive]
+    # A decoder's parts over a span of steps: the difference of running sums over the steps.
+    decoding = np.empty((len(step_s) + 1, len(PARTS) + 1))
+    decoding[0] = 0.0
+    decoding[1:, : len(PARTS)] = parts * scale[:, None]
+    decoding[1:, len(PARTS)] = share
+    np.cumsum(decoding, axis=0, out=decoding)
+    if dec_spans:
+        spans = np.array(dec_spans, dtype=np.int64).reshape(-1, 3)
+        spans = spans[spans[:, 1] <= spans[:, 2]]
+        req, first, last = spans[:, 0], spans[:, 1], spans[:, 2]
+        summed = decoding[last + 1] - decoding[first]
+        acc.steps[1, req] += summed[:, : len(PARTS)]
+        acc.interference[1, req] += summed[:, len(PARTS)]
+    if admitted:
+        rows = np.array(admitted, dtype=np.int64).reshape(-1, 2)
+        fresh = np.isnan(acc.first_start_s[rows[:, 0]])
+        acc.first_start_s[rows[fresh, 0]] = start_s[rows[fresh, 1]]
+    if charges:
+        log = np.array(charges, dtype=np.int64).reshape(-1, 3)
+        req, step, how = log[:, 0], log[:, 1], log[:, 2]
+        for code, after in ((_OWN, 0), (_OWN + 1, 1)):
+            pick = how == code
+            np.add.at(acc.steps[after], req[pick], parts[step[pick]])
+        for code, after in ((_RECOMPUTE, 0), (_RECOMPUTE + 1, 1)):
+            pick = how == code
+            np.add.at(acc.preemption[after], req[pick], step_s[step[pick]])
+        pick = how == _DECODING
+        step = step[pick]
+        np.add.at(acc.steps[1], req[pick], parts[step] * scale[step, None])
+        np.add.at(acc.interference[1], req[pick], share[step])
 
 
 _DUMMY: dict[int, np.ndarray] = {}

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from labs.backends.base import RunRecord
 from labs.params import parse_lab_params
 from labs.predict import blocks_for_tokens
+from labs.sim.cost_model import build_cost_model
 from labs.sim.scheduler import SchedulerConfig
 from labs.sim.simulator import Simulator
 from tests.labs.sim.helpers import LinearCost, make_workload
@@ -57,11 +58,17 @@ def workloads(draw):
         shared_prefix_tokens=shared,
         max_concurrency=max_concurrency,
     )
-    cost = LinearCost(
-        draw(st.sampled_from([0.01, 0.013])),
-        draw(st.sampled_from([0.0, 1e-4])),
-        draw(st.sampled_from([0.0, 3e-6])),
-    )
+    pricing = draw(st.sampled_from(["linear", "linear", "realistic", "ideal"]))
+    if pricing == "linear":
+        cost = LinearCost(
+            draw(st.sampled_from([0.01, 0.013])),
+            draw(st.sampled_from([0.0, 1e-4])),
+            draw(st.sampled_from([0.0, 3e-6])),
+        )
+    else:
+        # The engine model prices from totals in steady steps and feeds the breakdown there.
+        params = parse_lab_params({"sim_profile": pricing, "tp": draw(st.sampled_from([1, 2]))})
+        cost = build_cost_model(params.hardware, params.model, params.engine)
     return workload, config, cost, draw(st.integers(0, 2**16))
 
 
@@ -101,6 +108,23 @@ def assert_same_record(fast: RunRecord, slow: RunRecord) -> None:
     assert fast.meta["steps"] == slow.meta["steps"]
 
 
+def assert_same_breakdown(
+    fast_sim: Simulator, fast: RunRecord, slow_sim: Simulator, slow: RunRecord
+):
+    """Every request's time breakdown (E2E and TPOT parts) agrees within 1e-9 relative, and its
+    E2E parts add up to its measured E2E."""
+    for a, b in zip(
+        fast_sim.breakdown.per_request(fast.requests),
+        slow_sim.breakdown.per_request(slow.requests),
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12, equal_nan=True)
+    e2e, _ = fast_sim.breakdown.per_request(fast.requests)
+    measured = np.array([r.finish_s - r.arrival_s for r in fast.requests])
+    np.testing.assert_allclose(e2e.sum(axis=1), measured, rtol=1e-9, atol=1e-12)
+    assert fast.meta["breakdown"] is not None
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_it_gives_the_step_by_step_record_on_random_workloads(scenario):
@@ -108,6 +132,7 @@ def test_it_gives_the_step_by_step_record_on_random_workloads(scenario):
     fast_sim, fast, slow_sim, slow = run_both(workload, config, cost, seed)
     assert slow_sim.num_skipped_steps == slow_sim.num_steady_steps == 0
     assert_same_record(fast, slow)
+    assert_same_breakdown(fast_sim, fast, slow_sim, slow)
     # Both end with every block back in the pool.
     assert fast_sim.scheduler.pool.num_used_blocks == slow_sim.scheduler.pool.num_used_blocks == 0
 
@@ -194,3 +219,37 @@ def test_it_draws_speculation_for_many_steps_from_the_same_stream():
     assert_same_record(fast, slow)
     assert fast_sim.num_skipped_steps > 0.5 * fast_sim.num_steps
     assert 0 < fast.counters.spec_accepted_tokens < fast.counters.spec_draft_tokens
+
+
+@pytest.mark.parametrize("profile", ["realistic", "ideal"])
+def test_steady_steps_feed_the_breakdown_as_single_steps_do(profile):
+    # A small copy of the benchmark case on the engine model: most steps are steady (a prompt
+    # beside the decodes), and their parts reach every request as the single steps' do.
+    params = parse_lab_params(
+        {
+            "num_prompts": 120,
+            "prompt_tokens": 1024,
+            "output_tokens": 64,
+            "max_num_seqs": 32,
+            "sim_profile": profile,
+        }
+    )
+    from labs.backends.sim import build_simulator
+
+    sims, records = [], []
+    for step_by_step in (False, True):
+        sim = build_simulator(params)
+        sim.step_by_step = step_by_step
+        sims.append(sim)
+        records.append(sim.run())
+    fast, slow = records
+    assert fast.meta["steady_steps"] > 0.25 * fast.meta["steps"]
+    assert_same_record(fast, slow)
+    assert_same_breakdown(sims[0], fast, sims[1], slow)
+    for key in ("e2e_s", "tpot_s"):
+        got, want = fast.meta["breakdown"][key], slow.meta["breakdown"][key]
+        assert got["total"] == pytest.approx(want["total"], rel=1e-9)
+        for name, value in want["parts"].items():
+            assert got["parts"][name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
+    # Prompts share steps with decodes here, so the interference part is exercised.
+    assert fast.meta["breakdown"]["e2e_s"]["parts"]["prefill_interference"] > 0
