@@ -117,29 +117,41 @@ class BreakdownAccumulator:
         e2e = np.full((n, len(BREAKDOWN_PARTS)), np.nan)
         tpot = np.full((n, len(BREAKDOWN_PARTS)), np.nan)
         col = {name: i for i, name in enumerate(BREAKDOWN_PARTS)}
-        for i, r in enumerate(requests):
-            first = r.first_token_s
-            if r.finish_s is None or first is None or np.isnan(self.first_start_s[i]):
-                continue
-            queue = self.first_start_s[i] - r.arrival_s
-            spans = (first - r.arrival_s - queue, r.finish_s - first)
-            rows = []
-            for k in (0, 1):
-                row = np.zeros(len(BREAKDOWN_PARTS))
-                for name, j in _STEP.items():
-                    row[col[name]] = self.steps[k, i, j]
-                row[col["prefill_interference"]] = self.interference[k, i]
-                row[col["preemption"]] = self.preemption[k, i]
-                # Time in the engine when no step scheduled it (budget went to others, or it
-                # waited again after a preemption).
-                unscheduled = spans[k] - row.sum()
-                waited = "preemption" if r.preemptions else "prefill_interference"
-                row[col[waited]] += unscheduled
-                rows.append(np.maximum(row, 0.0))
-            e2e[i] = rows[0] + rows[1]
-            e2e[i, col["queueing"]] = max(queue, 0.0)
-            if r.output_tokens > 1:
-                tpot[i] = rows[1] / (r.output_tokens - 1)
+        nan = float("nan")
+        arrival = np.array([r.arrival_s for r in requests], dtype=np.float64)
+        first = np.array(
+            [nan if (f := r.first_token_s) is None else f for r in requests], dtype=np.float64
+        )
+        finish = np.array(
+            [nan if r.finish_s is None else r.finish_s for r in requests], dtype=np.float64
+        )
+        outputs = np.array([r.output_tokens for r in requests], dtype=np.int64)
+        preempted = np.array([bool(r.preemptions) for r in requests], dtype=bool)
+        start = self.first_start_s[:n]
+        done = ~(np.isnan(finish) | np.isnan(first) | np.isnan(start))
+        # NOTE: whole columns at once, each operation the one a per-request loop would do, so
+        # every value is the same float (an (n, 8) row sum adds like a row's own sum).
+        queue = start[done] - arrival[done]
+        spans = (first[done] - arrival[done] - queue, finish[done] - first[done])
+        rows = []
+        for k in (0, 1):
+            row = np.zeros((int(done.sum()), len(BREAKDOWN_PARTS)))
+            for name, j in _STEP.items():
+                row[:, col[name]] = self.steps[k, :n, j][done]
+            row[:, col["prefill_interference"]] = self.interference[k, :n][done]
+            row[:, col["preemption"]] = self.preemption[k, :n][done]
+            # Time in the engine when no step scheduled it (budget went to others, or it
+            # waited again after a preemption).
+            unscheduled = spans[k] - row.sum(axis=1)
+            waited = np.where(preempted[done], col["preemption"], col["prefill_interference"])
+            row[np.arange(len(row)), waited] += unscheduled
+            rows.append(np.maximum(row, 0.0))
+        both = rows[0] + rows[1]
+        both[:, col["queueing"]] = np.maximum(queue, 0.0)
+        e2e[done] = both
+        many = outputs[done] > 1
+        tpot_rows = np.flatnonzero(done)[many]
+        tpot[tpot_rows] = rows[1][many] / (outputs[done][many] - 1)[:, None]
         return e2e, tpot
 
     def summary(self, requests: Sequence[RequestRecord], source: str) -> dict[str, Any]:
