@@ -7,8 +7,16 @@ sequences are a sum instead: each reads one more KV token per step, needs a new 
 block_size steps (counted per phase, `by_phase`), and finishes at a step known when it starts
 decoding (`finishing`). A step then costs a few operations per request that changes (the
 prefilling ones, admissions, finishes), not per request in the batch; token times are written
-per request as one slice of step end times when it stops decoding, and the steps are priced in
-one vectorised call when nothing needs the clock in between (no arrival or client slot pending).
+per request as one slice of step end times when it stops decoding. The engine model prices each
+step from its totals in plain floats (`EngineModel.composition_parts_s`, the same floats as a
+single step); a time-only cost model prices the steps in one vectorised call when nothing needs
+the clock in between (no arrival or client slot pending).
+
+The time breakdown (labs/sim/breakdown.py) is fed as single steps feed it: each step's parts and
+prefill share are logged, a decoder gets the difference of their running sums between its first
+and last decoding step (so O(changes) work per step, not O(batch)), and the few requests that are
+prefilling get their own steps' parts at write-back. The per-request breakdown matches
+step-by-step mode within 1e-9 relative (the sums are added in another order).
 
 It holds while (checked on entry, and left before a step that would break it):
 

@@ -13,7 +13,9 @@ long run costs in time and memory.
 
 Not part of the default run (pytest collects test_*.py only). Run it with
     .venv/bin/pytest tests/benchmarks/bench_sim.py -s
-or  .venv/bin/python -m tests.benchmarks.bench_sim
+or  .venv/bin/python -m tests.benchmarks.bench_sim [--profile realistic|ideal]
+The engine model's profile is `realistic` (the labs' default) unless --profile or the
+SIM_BENCH_PROFILE environment variable says otherwise.
 """
 
 from __future__ import annotations
@@ -29,7 +31,13 @@ import time
 from labs.backends.sim import SimBackend, build_simulator
 from labs.params import parse_lab_params
 
-BENCH_CASE = {"prompt_tokens": 1024, "output_tokens": 256, "max_num_seqs": 256}
+PROFILE = os.environ.get("SIM_BENCH_PROFILE", "realistic")
+BENCH_CASE = {
+    "prompt_tokens": 1024,
+    "output_tokens": 256,
+    "max_num_seqs": 256,
+    "sim_profile": PROFILE,
+}
 REPEATS = {1000: 9, 4000: 5}
 LONG_RUN = {**BENCH_CASE, "num_prompts": 100_000, "request_rate": 30}
 
@@ -98,7 +106,10 @@ def long_run_in_child() -> dict[str, float]:
 
 def report() -> tuple[dict[tuple[int, str], tuple[float, float, float]], dict[str, float]]:
     results = measure()
-    print("\n1,000 requests x (1,024 in, 256 out), max_num_seqs 256, llama-3-8b on h100-sxm")
+    print(
+        "\n1,000 requests x (1,024 in, 256 out), max_num_seqs 256, llama-3-8b on h100-sxm, "
+        f"profile {PROFILE}"
+    )
     print(f"  (medians; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
     for mode in ("fast", "step-by-step"):
         wall_1k, cpu_1k, sim_1k = results[(1000, mode)]
@@ -113,7 +124,8 @@ def report() -> tuple[dict[tuple[int, str], tuple[float, float, float]], dict[st
     print(f"  fast path vs step-by-step at 1,000: {slow[0] / fast[0]:.1f}x less wall")
     big = long_run_in_child()
     print(
-        f"\n100,000 requests, Poisson at 30/s (1,024 in, 256 out): {big['wall_s']:.1f} s wall, "
+        f"\n100,000 requests, Poisson at 30/s (1,024 in, 256 out, {PROFILE}): "
+        f"{big['wall_s']:.1f} s wall, "
         f"{big['cpu_s']:.1f} s CPU, simulated {big['simulated_s']:,.0f} s in {big['steps']:,} "
         f"steps, peak RSS {big['peak_rss_mb']:.0f} MB, {big['completed']:,} completed"
     )
@@ -127,4 +139,10 @@ def test_simulated_seconds_per_wall_second():
 
 
 if __name__ == "__main__":
+    if "--profile" in sys.argv:
+        # The child process of the long run reads the profile from the environment too.
+        os.environ["SIM_BENCH_PROFILE"] = sys.argv[sys.argv.index("--profile") + 1]
+        PROFILE = BENCH_CASE["sim_profile"] = LONG_RUN["sim_profile"] = os.environ[
+            "SIM_BENCH_PROFILE"
+        ]
     report()
