@@ -214,3 +214,54 @@ def test_every_simulated_result_says_which_hardware_it_ran_on():
     assert where_label(A100, "ideal").startswith(
         "simulated on CPU as A100 80GB SXM, ideal hardware"
     )
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(
+    chunks=st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 8000)), max_size=4),
+    decodes=st.integers(0, 200),
+    context=st.integers(1, 20000),
+    gpu=st.sampled_from(sorted(GPUS)),
+    model=st.sampled_from(["llama-3-8b", "mixtral-8x7b"]),
+    tp=st.sampled_from([1, 2]),
+    profile=st.sampled_from(["realistic", "ideal"]),
+)
+def test_a_step_priced_from_its_totals_is_the_step_priced_from_its_arrays(
+    chunks, decodes, context, gpu, model, tp, profile
+):
+    # Single and steady steps are priced in plain floats from totals (composition_parts_s);
+    # the vectorised path prices from the SchedulerOutput's arrays. Same floats, to the bit.
+    if not chunks and not decodes:
+        decodes = 1
+    n = len(chunks) + decodes
+    new = np.array([1] * decodes + [c for c, _ in chunks], dtype=np.int64)
+    before = np.array([context] * decodes + [b for _, b in chunks], dtype=np.int64)
+    out = SchedulerOutput(
+        req_indices=np.arange(n),
+        num_scheduled_tokens=new,
+        num_draft_tokens=np.zeros(n, dtype=np.int64),
+        num_computed_before=before,
+        num_prefill_tokens=int(new[decodes:].sum()),
+        num_decode_tokens=decodes,
+        kv_tokens_read=int(before.sum()),
+    )
+    engine = EngineConfig(tp=tp, sim_profile=profile)
+    cost = build_cost_model(GPUS[gpu], MODELS[model], engine)
+    from_arrays = cost.steps_parts_s(out, [out.kv_tokens_read], [0])[0]
+    assert cost.step_parts_s(out).tolist() == from_arrays.tolist()
+    # The prefill share from totals equals the share from the decode-only sub-step's arrays.
+    decoding = (before > 0) & (new == 1)
+    alone = SchedulerOutput(
+        req_indices=out.req_indices[decoding],
+        num_scheduled_tokens=new[decoding],
+        num_draft_tokens=np.zeros(int(decoding.sum()), dtype=np.int64),
+        num_computed_before=before[decoding],
+        num_prefill_tokens=0,
+        num_decode_tokens=decodes,
+        kv_tokens_read=int(before[decoding].sum()),
+    )
+    want = 0.0
+    if out.num_prefill_tokens and decodes:
+        alone_s = cost.steps_parts_s(alone, [alone.kv_tokens_read], [0])[0].sum()
+        want = max(0.0, float(from_arrays.sum()) - float(alone_s))
+    assert cost.prefill_share_s(out) == want
