@@ -13,7 +13,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup lock run port-free test bench lint browsers worker clean
+.PHONY: setup lock run port-free test bench lint browsers worker clean loadtest
 
 # Reinstall only when the dependency list or the lock changes; the script says what it installs.
 $(STAMP): pyproject.toml $(LOCK)
@@ -61,6 +61,13 @@ test: setup browsers lint
 # suite must pass on a machine busy with other work. Run these on a quiet one.
 bench: setup
 	$(VENV)/bin/pytest tests/benchmarks -p no:cacheprovider -o python_files='bench_*.py' -s $(PYTEST_ARGS)
+
+# Not part of `make test`: gunicorn + PostgreSQL + Redis + a sim worker on loopback under locust
+# (tests/load/run.py; a few minutes). LOAD_DATABASE_URL, LOAD_REDIS_URL, LOAD_PORT, LOAD_STEPS,
+# LOAD_STEP_S choose where and how long; results in var/load/results.md.
+loadtest: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,load]'
+	$(PY) tests/load/run.py
 
 clean:
 	rm -rf var .venv

@@ -12,6 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import dj_database_url
+from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_int, env_list, env_str, load_env_file
@@ -66,6 +67,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "config.middleware.HtmxLoginRedirectMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "config.middleware.PrivacyHeadersMiddleware",
 ]
 
 if not DEBUG:
@@ -92,8 +95,15 @@ TEMPLATES = [
 
 # --- Database ---------------------------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}")
+# A new PostgreSQL connection per request costs several ms of server CPU: keep them (seconds),
+# and check one is alive before reusing it so a database restart costs one reconnect, not a 500.
+_IS_SQLITE = DATABASE_URL.startswith("sqlite")
 try:
-    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0))
+    _db = dj_database_url.parse(
+        DATABASE_URL,
+        conn_max_age=env_int("DB_CONN_MAX_AGE", 0 if _IS_SQLITE else 300),
+        conn_health_checks=env_bool("DB_CONN_HEALTH_CHECKS", True),
+    )
 except ValueError as exc:
     raise ImproperlyConfigured(
         f"DATABASE_URL is not a database URL ({exc}): {DATABASE_URL!r}"
@@ -122,6 +132,35 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Log-in and sign-up throttles (config/throttle.py): failures per client address and per account
+# in a window, sign-ups per address; password hashes at once per process.
+LOGIN_FAILURES_PER_IP = env_int("LOGIN_FAILURES_PER_IP", 20)
+LOGIN_FAILURES_PER_ACCOUNT = env_int("LOGIN_FAILURES_PER_ACCOUNT", 5)
+LOGIN_THROTTLE_WINDOW_S = env_int("LOGIN_THROTTLE_WINDOW_S", 900)
+SIGNUPS_PER_IP = env_int("SIGNUPS_PER_IP", 5)
+SIGNUP_THROTTLE_WINDOW_S = env_int("SIGNUP_THROTTLE_WINDOW_S", 3600)
+LOGIN_HASH_CONCURRENCY = env_int("LOGIN_HASH_CONCURRENCY", 1)
+LOGIN_HASH_WAIT_S = float(env_int("LOGIN_HASH_WAIT_MS", 500)) / 1000
+# Behind a proxy: the header holding the client's address (e.g. HTTP_X_REAL_IP); unset, REMOTE_ADDR.
+CLIENT_IP_HEADER = env_str("CLIENT_IP_HEADER", "")
+
+# --- Cache (throttle counts) --------------------------------------------------------------------
+# Redis shares the counts between gunicorn workers; unset, each process counts for itself.
+CACHE_URL = env_str("CACHE_URL", "")
+if CACHE_URL:
+    if urlsplit(CACHE_URL).scheme not in {"redis", "rediss"}:
+        raise ImproperlyConfigured(f"CACHE_URL must be redis://host:port/db, got {CACHE_URL!r}")
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": CACHE_URL,
+            # A down Redis must cost little: the throttle lets requests through when it fails.
+            "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "quiz:today"
 LOGOUT_REDIRECT_URL = "login"
@@ -146,9 +185,31 @@ if not DEBUG:
     SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
     SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
-    SESSION_COOKIE_SECURE = True
-    CSRF_COOKIE_SECURE = True
+    # Off only for a plain-HTTP run on loopback (the load test); always on behind TLS.
+    SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", True)
+    CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", True)
 X_FRAME_OPTIONS = "DENY"
+# Only the site's own scripts, styles and images: no inline script, style or handler anywhere
+# (htmx's indicator style is turned off in base.html; chart data travels as JSON blocks).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
+# Features no page uses are off for every page (config.middleware.PrivacyHeadersMiddleware).
+PERMISSIONS_POLICY = (
+    "accelerometer=(), camera=(), geolocation=(), gyroscope=(), magnetometer=(), "
+    "microphone=(), payment=(), usb=()"
+)
 
 # --- Celery -----------------------------------------------------------------------------------
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", f"filesystem://{VAR_DIR / 'broker'}")
@@ -204,6 +265,11 @@ LOGGING = {
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
 
+# --- Quiz -------------------------------------------------------------------------------------
+# Seconds each process keeps a card it has read (quiz.selectors.card_for_quiz); edits made through
+# the ORM clear it at once in that process. Off while DEBUG, so a local edit shows immediately.
+QUIZ_CARD_CACHE_S = env_int("QUIZ_CARD_CACHE_S", 0 if DEBUG else 30)
+
 # --- Labs -------------------------------------------------------------------------------------
 # Each lab backend has its own queue; a worker serves a backend by consuming its queue
 # (`celery -A config worker -Q labs.sim`, a GPU worker `-Q labs.gpu`). A GPU worker also consumes
@@ -226,3 +292,14 @@ LABS_SWEEP_MAX_VALUES = env_int("LABS_SWEEP_MAX_VALUES", 12)
 # Soft time limits (prefork pool); both below the Redis visibility timeout above.
 LABS_SIM_TIME_LIMIT_S = env_int("LABS_SIM_TIME_LIMIT_S", 900)
 LABS_GPU_TIME_LIMIT_S = env_int("LABS_GPU_TIME_LIMIT_S", 3600)
+# Memory one simulated run may use (estimated in O(1) at submit, checked again in the worker,
+# which also caps its own growth while the run lasts). Each field's limit follows from it.
+LABS_SIM_MAX_RUN_MB = env_int("LABS_SIM_MAX_RUN_MB", 1024)
+# Runs queued or running on the simulator, all learners together (a sweep counts each value).
+LABS_SIM_QUEUE_CAP = env_int("LABS_SIM_QUEUE_CAP", 200)
+# A queued run whose backend has had an idle worker online for this long was lost on the way
+# (a broker restart, a failed send): the reaper fails it so it does not hold the learner's quota.
+LABS_QUEUED_LOST_S = env_int("LABS_QUEUED_LOST_S", 60)
+# A running lab's final write retries this long through a database outage (a restart); its
+# heartbeat and progress writes keep trying meanwhile, so it is not reaped as dead.
+LABS_DB_RETRY_S = env_int("LABS_DB_RETRY_S", 60)

@@ -10,11 +10,7 @@ urlpatterns = [
     # Pages name the icon in <head>; this answers tools that ask for /favicon.ico without looking.
     path("favicon.ico", views.favicon, name="favicon"),
     path("accounts/signup/", views.signup, name="signup"),
-    path(
-        "accounts/login/",
-        auth_views.LoginView.as_view(redirect_authenticated_user=True),
-        name="login",
-    ),
+    path("accounts/login/", views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path(
         "accounts/password/",

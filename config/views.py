@@ -2,13 +2,80 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django import forms
 from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.forms import UserCreationForm
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.templatetags.static import static
 from django.views.decorators.http import require_GET, require_http_methods
+
+from config import throttle
+
+# One answer for a name that is taken and one that is reserved, so the message alone does not
+# say an account exists (and sign-ups are throttled per address, so names cannot be listed).
+UNAVAILABLE = "That username is not available. Choose another."
+RESERVED_USERNAMES = frozenset({"admin", "administrator", "root", "staff", "support", "system"})
+
+
+class SignupForm(UserCreationForm):
+    class Meta(UserCreationForm.Meta):
+        error_messages = {"username": {"unique": UNAVAILABLE}}
+
+    def clean_username(self) -> str:
+        username = self.cleaned_data.get("username") or ""
+        taken = self._meta.model.objects.filter(username__iexact=username).exists()
+        if username.lower() in RESERVED_USERNAMES or taken:
+            raise forms.ValidationError(UNAVAILABLE, code="unavailable")
+        return username
+
+
+class LoginView(auth_views.LoginView):
+    """Django's login, throttled per client address and per account before any password is
+    hashed; hashes wait for one of LOGIN_HASH_CONCURRENCY slots per process."""
+
+    redirect_authenticated_user = True
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        ip_limit, account_limit = throttle.login_limits()
+        username = str(request.POST.get("username", ""))[:150]
+        try:
+            throttle.check(
+                ip_limit,
+                throttle.client_ip(request),
+                "Too many failed log-ins from your address. Try again in {minutes} min.",
+            )
+            if username:
+                throttle.check(
+                    account_limit,
+                    username,
+                    "Too many failed log-ins for this account. Try again in {minutes} min.",
+                )
+        except throttle.Throttled as exc:
+            return self._refuse(exc, 429, exc.retry_after_s)
+        try:
+            with throttle.hash_slot():
+                return super().post(request, *args, **kwargs)
+        except throttle.Busy as exc:
+            return self._refuse(exc, 503, 2)
+
+    def _refuse(self, reason: Exception, status: int, retry_after_s: int) -> HttpResponse:
+        context = self.get_context_data(form=self.get_form_class()(self.request), throttled=reason)
+        response = self.render_to_response(context, status=status)
+        response["Retry-After"] = str(retry_after_s)
+        return response
+
+    def form_invalid(self, form: forms.Form) -> HttpResponse:
+        ip_limit, account_limit = throttle.login_limits()
+        throttle.hit(ip_limit, throttle.client_ip(self.request))
+        username = str(self.request.POST.get("username", ""))[:150]
+        if username:
+            throttle.hit(account_limit, username)
+        return super().form_invalid(form)
 
 
 @require_GET
@@ -22,9 +89,29 @@ def home(request: HttpRequest) -> HttpResponse:
 def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
         return redirect("quiz:today")
-    form = UserCreationForm(request.POST or None)
+    if request.method == "POST":
+        # Every sign-up costs a password hash: count them all, and refuse before the form runs.
+        limit, ip = throttle.signup_limit(), throttle.client_ip(request)
+        try:
+            throttle.check(
+                limit, ip, "Too many sign-ups from your address. Try again in {minutes} min."
+            )
+        except throttle.Throttled as exc:
+            context = {"form": SignupForm(), "throttled": exc}
+            response = render(request, "registration/signup.html", context, status=429)
+            response["Retry-After"] = str(exc.retry_after_s)
+            return response
+        throttle.hit(limit, ip)
+    form = SignupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        user = form.save()
+        try:
+            with throttle.hash_slot():
+                user = form.save()
+        except throttle.Busy as exc:
+            context = {"form": form, "throttled": exc}
+            response = render(request, "registration/signup.html", context, status=503)
+            response["Retry-After"] = "2"
+            return response
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
         return redirect("quiz:today")
     status = 400 if request.method == "POST" else 200

@@ -813,6 +813,15 @@ def parse_lab_params(data: Mapping[str, object], *, ignore_unknown: bool = False
     v: dict[str, Any] = {f.name: given.get(f.name, f.default) for f in PARAM_FIELDS}
     if v["context_tokens"] is None:
         v["context_tokens"] = v["prompt_tokens"] + v["output_tokens"]
+        context = FIELDS_BY_NAME["context_tokens"]
+        if not _in_range(context, v["context_tokens"]):
+            # Derived, it must still be a value the field accepts, or the saved run would not
+            # parse again in the worker.
+            errors["context_tokens"] = (
+                f"context_tokens (unset: prompt_tokens + output_tokens = "
+                f"{v['context_tokens']:,}) must be at most {_fmt(context.maximum)}; lower "
+                "prompt_tokens or output_tokens, or set context_tokens"
+            )
     if model is not None:
         v["model"] = model.name
         if model.name == CUSTOM:

@@ -7,26 +7,31 @@ not overwritten by a late result, and the reaper never fails a run that just fin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from celery import group
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import connections, transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.params import FIELDS_BY_NAME, LabParams, ParamError, parse_lab_params
+from labs.sizing import RunTooLarge, sim_precheck
 from labs.tasks import run_execute_task
 from labs.workers import start_command
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # on_progress writes at most this often; the backend may call it far more.
 _PROGRESS_EVERY_S = 0.25
@@ -35,8 +40,8 @@ _PROGRESS_EVERY_S = 0.25
 class RunRefused(Exception):
     """The run is valid but cannot be queued now. Nothing is saved.
 
-    `kind` is "no-worker", "quota" or "gpu-cap". `operator_hint` is for staff only (the command
-    that starts a worker): a learner cannot act on it."""
+    `kind` is "no-worker", "quota", "gpu-cap", "sim-cap" or "queue-down". `operator_hint` is
+    for staff only (the command that starts a worker): a learner cannot act on it."""
 
     def __init__(self, reason: str, *, kind: str, operator_hint: str = "") -> None:
         self.reason = reason
@@ -69,13 +74,12 @@ def _predicted(params: LabParams) -> dict[str, object]:
 
 
 def _precheck(backend: str, params: LabParams) -> None:
-    """Refuse at submit what the backend would refuse at once: the simulator needs a KV pool
-    that holds the longest request (it raises ParamError naming kv_capacity_tokens); vLLM
-    cannot run some settings (contiguous KV, small blocks), each refused by field."""
+    """Refuse at submit what the backend would refuse at once, in O(1) whatever the numbers
+    (nothing is built here): the simulator needs a KV pool that holds the longest request and a
+    run that fits LABS_SIM_MAX_RUN_MB (ParamError naming the field); vLLM cannot run some
+    settings (contiguous KV, small blocks), each refused by field."""
     if backend == "sim":
-        from labs.backends.sim import build_simulator
-
-        build_simulator(params)
+        sim_precheck(params, max_run_mb=settings.LABS_SIM_MAX_RUN_MB)
     elif backend == "vllm":
         from labs.backends.vllm.server import check_supported
 
@@ -144,6 +148,17 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
                 "Try the simulator, or run again in a few minutes.",
                 kind="gpu-cap",
             )
+    elif backend == "sim":
+        # Every learner's sim runs share the CPU workers: a global cap bounds the backlog.
+        cap = settings.LABS_SIM_QUEUE_CAP
+        busy = LabRun.objects.active().filter(backend="sim").count()
+        if busy + new_runs > cap:
+            raise RunRefused(
+                f"The simulator queue is full ({busy} of {cap} runs queued or running"
+                f"{f', this sweep needs {new_runs}' if new_runs > 1 else ''}). "
+                "Run again in a few minutes.",
+                kind="sim-cap",
+            )
 
 
 def _lock_owner(owner: object) -> None:
@@ -151,8 +166,16 @@ def _lock_owner(owner: object) -> None:
     get_user_model().objects.select_for_update().filter(pk=owner.pk).first()  # type: ignore[attr-defined]
 
 
+class QueueUnavailable(Exception):
+    """The broker refused or could not take the message."""
+
+
 def _enqueue(run_ids: Sequence[int], backend: str, queues: Sequence[str] | None = None) -> None:
-    """Send each run to its queue (`queues`, one per run; else the backend's)."""
+    """Send each run to its queue (`queues`, one per run; else the backend's).
+
+    Raises:
+        QueueUnavailable: the broker did not take them (down, refused, timed out).
+    """
     queues = list(queues or [backend_queue(backend)] * len(run_ids))
     soft = (
         settings.LABS_GPU_TIME_LIMIT_S
@@ -164,13 +187,52 @@ def _enqueue(run_ids: Sequence[int], backend: str, queues: Sequence[str] | None 
     def options(queue: str) -> dict[str, object]:
         return {"queue": queue, "soft_time_limit": soft, "time_limit": soft + 60}
 
-    if len(run_ids) == 1:
-        run_execute_task.apply_async(args=[run_ids[0]], **options(queues[0]))
-    else:
-        group(
-            run_execute_task.si(run_id).set(**options(queue))
-            for run_id, queue in zip(run_ids, queues, strict=True)
-        ).apply_async()
+    try:
+        if len(run_ids) == 1:
+            run_execute_task.apply_async(args=[run_ids[0]], **options(queues[0]))
+        else:
+            group(
+                run_execute_task.si(run_id).set(**options(queue))
+                for run_id, queue in zip(run_ids, queues, strict=True)
+            ).apply_async()
+    except Exception as exc:
+        # Any failure to hand over the message (connection refused, timeout, auth) would leave a
+        # queued row no worker will ever see.
+        logger.warning("could not send lab runs %s to %s: %r", list(run_ids), queues, exc)
+        raise QueueUnavailable(str(exc)) from exc
+
+
+def _save_and_enqueue(
+    create: Callable[[], tuple[list[int], list[str]]], owner: object, backend: str, new_runs: int
+) -> None:
+    """Check and save in one transaction, send only after it commits; if the broker fails, take
+    back the rows it did not take and refuse (nothing is left behind to fill the quota).
+    `create` saves the runs and returns their ids and queues."""
+    ids: list[int] = []
+    try:
+        with transaction.atomic():
+            _lock_owner(owner)
+            _check_can_queue(owner=owner, backend=backend, new_runs=new_runs)
+            ids, queues = create()
+            transaction.on_commit(lambda: _enqueue(ids, backend, queues))
+    except QueueUnavailable:
+        sweeps = set(LabRun.objects.filter(pk__in=ids).values_list("sweep", flat=True))
+        LabRun.objects.filter(pk__in=ids, state=RunState.QUEUED).delete()
+        Sweep.objects.filter(pk__in=sweeps - {None}, runs=None).delete()
+        raise RunRefused(
+            "The lab queue is unavailable right now, so nothing was queued. Try again in a minute.",
+            kind="queue-down",
+        ) from None
+
+
+def _check_preset(preset: str) -> None:
+    """A run remembers the preset it came from only if that is a real preset's slug; anything
+    else (a path, a NUL byte) is refused before it reaches the database."""
+    from labs.presets import load_presets
+
+    if preset and preset not in load_presets():
+        shown = preset[:30].encode("unicode_escape").decode("ascii")
+        raise ParamError({"preset": f"preset must be the slug of a lab preset, got {shown}"})
 
 
 def run_request(
@@ -184,21 +246,25 @@ def run_request(
     """
     backend_queue(backend)
     params = parse_lab_params(data, ignore_unknown=True)
+    _check_preset(preset)
     _precheck(backend, params)
-    with transaction.atomic():
-        _lock_owner(owner)
-        _check_can_queue(owner=owner, backend=backend, new_runs=1)
-        run = LabRun.objects.create(
-            owner=owner,
-            lab=lab,
-            preset=preset[:80],
-            backend=backend,
-            params=params.as_dict(),
-            predicted=_predicted(params),
+    created: list[LabRun] = []
+
+    def create() -> tuple[list[int], list[str]]:
+        created.append(
+            LabRun.objects.create(
+                owner=owner,
+                lab=lab,
+                preset=preset,
+                backend=backend,
+                params=params.as_dict(),
+                predicted=_predicted(params),
+            )
         )
-        queue = run_queue(backend, params)
-        transaction.on_commit(lambda: _enqueue([run.pk], backend, [queue]))
-    return run
+        return [created[0].pk], [run_queue(backend, params)]
+
+    _save_and_enqueue(create, owner, backend, 1)
+    return created[0]
 
 
 def sweep_values_parse(field: str, raw: str) -> list[str]:
@@ -230,6 +296,8 @@ def sweep_request(
         RunRefused: as for `run_request`.
     """
     backend_queue(backend)
+    # Refuse a learner over quota before any work on the points (checked again under the lock).
+    _check_can_queue(owner=owner, backend=backend, new_runs=1)
     items = sweep_values_parse(field, raw_values)
     points: list[LabParams] = []
     errors: dict[str, str] = {}
@@ -249,12 +317,13 @@ def sweep_request(
     values = [p.as_dict()[field] for p in points]
     if len(set(map(str, values))) != len(values):
         raise ParamError({"sweep_values": "sweep_values must not repeat a value"})
-    with transaction.atomic():
-        _lock_owner(owner)
-        _check_can_queue(owner=owner, backend=backend, new_runs=len(points))
+    made: list[Sweep] = []
+
+    def create() -> tuple[list[int], list[str]]:
         sweep = Sweep.objects.create(
             owner=owner, lab=lab, backend=backend, field=field, values=values
         )
+        made.append(sweep)
         runs = LabRun.objects.bulk_create(
             LabRun(
                 owner=owner,
@@ -267,10 +336,10 @@ def sweep_request(
             )
             for i, p in enumerate(points)
         )
-        ids = [r.pk for r in runs]
-        queues = [run_queue(backend, p) for p in points]
-        transaction.on_commit(lambda: _enqueue(ids, backend, queues))
-    return sweep
+        return [r.pk for r in runs], [run_queue(backend, p) for p in points]
+
+    _save_and_enqueue(create, owner, backend, len(points))
+    return made[0]
 
 
 # -- cancel --------------------------------------------------------------------------------------
@@ -322,9 +391,16 @@ class _RunHeartbeat:
     def _loop(self) -> None:
         try:
             while not self._stop.wait(self.interval_s):
-                alive = LabRun.objects.filter(pk=self.run_id, state=RunState.RUNNING).update(
-                    heartbeat_at=timezone.now()
-                )
+                try:
+                    alive = _beat(self.run_id)
+                except DB_ERRORS:
+                    # The database restarted or blinked: keep beating, the next one reconnects.
+                    # Stopping here would let the reaper call a healthy run's worker dead.
+                    logger.warning(
+                        "heartbeat of run %s: database unavailable, retrying", self.run_id
+                    )
+                    _drop_connection()
+                    continue
                 if not alive:
                     self.lost.set()
                     return
@@ -333,6 +409,44 @@ class _RunHeartbeat:
         finally:
             # Django connections are per thread; this one would otherwise leak.
             connections.close_all()
+
+
+DB_ERRORS = (OperationalError, InterfaceError)
+
+
+def _drop_connection() -> None:
+    """Forget this thread's broken connection so the next query opens a new one."""
+    with contextlib.suppress(Exception):
+        connections["default"].close()
+
+
+def _beat(run_id: int) -> int:
+    return LabRun.objects.filter(pk=run_id, state=RunState.RUNNING).update(
+        heartbeat_at=timezone.now()
+    )
+
+
+def _write_progress(run_id: int, value: float) -> int:
+    return LabRun.objects.filter(pk=run_id, state=RunState.RUNNING).update(
+        progress=value, heartbeat_at=timezone.now()
+    )
+
+
+def _with_retries(write: Callable[[], T], *, within_s: float, what: str) -> T:
+    """Run a database write, retrying through a short outage (a PostgreSQL restart) for up to
+    `within_s` seconds with growing pauses; then let the error through."""
+    deadline = time.monotonic() + within_s
+    pause = 0.2
+    while True:
+        try:
+            return write()
+        except DB_ERRORS:
+            _drop_connection()
+            if time.monotonic() + pause > deadline:
+                raise
+            logger.warning("%s: database unavailable, retrying in %.1f s", what, pause)
+            time.sleep(pause)
+            pause = min(2 * pause, 5.0)
 
 
 def _progress_reporter(run_id: int, beat: _RunHeartbeat) -> Callable[[float], None]:
@@ -347,9 +461,14 @@ def _progress_reporter(run_id: int, beat: _RunHeartbeat) -> Callable[[float], No
             return
         last = now
         value = min(1.0, max(0.0, float(fraction)))
-        alive = LabRun.objects.filter(pk=run_id, state=RunState.RUNNING).update(
-            progress=value, heartbeat_at=timezone.now()
-        )
+        try:
+            alive = _write_progress(run_id, value)
+        except DB_ERRORS:
+            # Progress is only shown; skip this one and let the run go on (the next call, or
+            # the final write with its retries, reaches the database once it is back).
+            logger.warning("progress of run %s: database unavailable, skipped", run_id)
+            _drop_connection()
+            return
         if not alive:
             raise RunStopped
 
@@ -368,7 +487,8 @@ def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     from labs.metrics import summarize
 
     params = parse_lab_params(run.params)
-    backend = get_backend(run.backend)
+    options = {"max_run_mb": settings.LABS_SIM_MAX_RUN_MB} if run.backend == "sim" else {}
+    backend = get_backend(run.backend, **options)
     record = backend.run(params, _progress_reporter(run.pk, beat))
     summary = summarize(record)
     summary["meta"] = _json_safe(getattr(record, "meta", {}) or {})
@@ -405,19 +525,35 @@ def run_execute(*, run_id: int, hostname: str) -> str:
     except SoftTimeLimitExceeded:
         run_fail(run_id=run_id, error="The run took longer than the worker's time limit.")
         return RunState.FAILED
+    except RunTooLarge as exc:
+        run_fail(run_id=run_id, error=f"Too large for one simulated run: {exc}")
+        return RunState.FAILED
+    except MemoryError:
+        # The address-space cap of the sim backend stopped it; the worker lives on.
+        logger.warning("run %s ran out of its memory allowance", run_id)
+        run_fail(
+            run_id=run_id,
+            error="Too large: the run needed more memory than a simulated run may use "
+            f"({settings.LABS_SIM_MAX_RUN_MB} MB). Lower num_prompts or output_tokens.",
+        )
+        return RunState.FAILED
     except Exception as exc:
         logger.exception("run %s failed", run_id)
         run_fail(run_id=run_id, error=f"{type(exc).__name__}: {exc}")
         return RunState.FAILED
     done = timezone.now()
-    finished = LabRun.objects.filter(pk=run_id, state=RunState.RUNNING).update(
-        state=RunState.DONE,
-        progress=1.0,
-        finished_at=done,
-        heartbeat_at=done,
-        result=outcome.result,
-        where=outcome.where[:200],
-        error="",
+    finished = _with_retries(
+        lambda: LabRun.objects.filter(pk=run_id, state=RunState.RUNNING).update(
+            state=RunState.DONE,
+            progress=1.0,
+            finished_at=done,
+            heartbeat_at=done,
+            result=outcome.result,
+            where=outcome.where[:200],
+            error="",
+        ),
+        within_s=settings.LABS_DB_RETRY_S,
+        what=f"result of run {run_id}",
     )
     if not finished:
         logger.warning("run %s finished but was no longer running; result dropped", run_id)
@@ -467,14 +603,43 @@ def run_reap_stale(*, now: datetime | None = None, run_ids: Sequence[int] | None
     old_queued = runs.filter(state=RunState.QUEUED, created_at__lt=queued_cutoff)
     online = set(WorkerHeartbeat.objects.online(now).values_list("backend", flat=True))
     for backend in set(old_queued.values_list("backend", flat=True)) - online:
-        reaped += old_queued.filter(backend=backend).update(
-            state=RunState.FAILED,
-            finished_at=now,
-            error=(
-                f"No {backend} worker took this run within "
-                f"{settings.LABS_QUEUED_STALE_S // 60} minutes and none is online."
-            ),
+        reaped += _fail_all(
+            old_queued.filter(backend=backend),
+            now,
+            f"No {backend} worker took this run within "
+            f"{settings.LABS_QUEUED_STALE_S // 60} minutes and none is online.",
         )
+    reaped += _reap_lost_queued(runs, now, online)
     if reaped:
         logger.warning("reaper marked %d lab run(s) failed", reaped)
     return reaped
+
+
+def _reap_lost_queued(runs: QuerySet[LabRun], now: datetime, online: set[str]) -> int:
+    """Fail queued runs whose message never reached a worker: their backend has a worker online
+    that has been idle (nothing running, nothing started or finished) for LABS_QUEUED_LOST_S.
+    A worker with prefetch 1 takes a waiting message within seconds, so such a run is lost."""
+    lost_s = settings.LABS_QUEUED_LOST_S
+    cutoff = now - timedelta(seconds=lost_s)
+    reaped = 0
+    waiting = runs.filter(state=RunState.QUEUED, created_at__lt=cutoff)
+    for backend in set(waiting.values_list("backend", flat=True)) & online:
+        of_backend = LabRun.objects.filter(backend=backend)
+        busy = (
+            of_backend.filter(state=RunState.RUNNING).exists()
+            or of_backend.filter(finished_at__gte=cutoff).exists()
+            or of_backend.filter(started_at__gte=cutoff).exists()
+        )
+        if busy:
+            continue
+        reaped += _fail_all(
+            waiting.filter(backend=backend),
+            now,
+            f"This run never reached a {backend} worker (the lab queue lost it): a worker "
+            f"was online and idle for {lost_s} s. Run it again.",
+        )
+    return reaped
+
+
+def _fail_all(runs: QuerySet[LabRun], now: datetime, error: str) -> int:
+    return runs.update(state=RunState.FAILED, finished_at=now, error=error)

@@ -22,8 +22,14 @@ from labs.predict import predict
 from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
 from labs.workers import gpu_offer
 
-# A refusal is not the learner's mistake: no worker is the service being unavailable.
-REFUSAL_STATUS = {"no-worker": 503, "quota": 429, "gpu-cap": 429}
+# A refusal is not the learner's mistake: no worker or no queue is the service being unavailable.
+REFUSAL_STATUS = {
+    "no-worker": 503,
+    "queue-down": 503,
+    "quota": 429,
+    "gpu-cap": 429,
+    "sim-cap": 429,
+}
 
 
 def _lab_or_404(slug: str) -> Lab:
@@ -201,6 +207,8 @@ def _run_context(run: Any) -> dict[str, Any]:
     return {
         "run": run,
         "lab": lab,
+        # A row written before presets were checked may hold anything: link only real ones.
+        "preset": run.preset if run.preset in load_presets() else "",
         "where": selectors.where_label(run),
         "rows": rows,
         "headline": results.headline(rows, breakdown),

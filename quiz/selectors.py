@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db.models import Count, Exists, F, Min, OuterRef, Prefetch, Q
 
@@ -71,6 +73,8 @@ class TodayQueue:
     next_card_id: int | None
     # When nothing is left now but a learning card comes due later today.
     next_learning_due: dt.datetime | None
+    # Reviews logged this study day, any kind (there is something to undo when > 0).
+    reviewed_today: int = 0
 
     @property
     def total_left(self) -> int:
@@ -99,18 +103,27 @@ def _visible_to(user: AbstractBaseUser) -> Q:
     return Q(owner__isnull=True) | Q(owner=user)
 
 
-def queue_today(*, user: AbstractBaseUser, now: dt.datetime) -> TodayQueue:
-    """What is left today and which card comes next (five queries).
+def queue_today(
+    *,
+    user: AbstractBaseUser,
+    now: dt.datetime,
+    settings: LearnerSettings | None = None,
+    pick_next: bool = True,
+) -> TodayQueue:
+    """What is left today and which card comes next: five queries at most (one fewer when
+    `settings` are given, and none to pick a card when `pick_next` is False, e.g. while a card
+    is on screen).
 
     Order, as in Anki: learning cards already due, then reviews due before the day ends, then new
     cards; learning cards due within the learn-ahead limit only when nothing else is left. New
     cards stop when the review limit is reached (Anki's default).
     """
-    settings = learner_settings_get(user=user)
+    settings = settings or learner_settings_get(user=user)
     day = study_day_for(settings, now)
     done = ReviewLog.objects.filter(user=user, study_date=day.date).aggregate(
         new=Count("id", filter=Q(kind=ReviewLog.Kind.NEW)),
         review=Count("id", filter=Q(kind=ReviewLog.Kind.REVIEW)),
+        total=Count("id"),
     )
     ahead = now + scheduling.LEARN_AHEAD
     intraday = Q(state__in=INTRADAY, last_review__isnull=False)
@@ -129,16 +142,21 @@ def queue_today(*, user: AbstractBaseUser, now: dt.datetime) -> TodayQueue:
     next_id: int | None = None
     learning_left = counts["learning_now"]
     if counts["learning_now"]:
-        next_id = _first_state_card(live.filter(intraday, due__lte=now))
+        if pick_next:
+            next_id = _first_state_card(live.filter(intraday, due__lte=now))
     elif review_left:
-        next_id = _first_state_card(live.filter(state=FsrsState.REVIEW, due__lt=day.end))
+        if pick_next:
+            next_id = _first_state_card(live.filter(state=FsrsState.REVIEW, due__lt=day.end))
     elif new_left:
-        # A card the learner just made from a run comes before the deck's unseen cards.
-        first = _new_cards(user).order_by(F("owner").asc(nulls_last=True), "id")
-        next_id = first.values_list("id", flat=True).first()
+        if pick_next:
+            # A card the learner just made from a run comes before the deck's unseen cards.
+            first = _new_cards(user).order_by(F("owner").asc(nulls_last=True), "id")
+            next_id = first.values_list("id", flat=True).first()
     elif counts["learning_ahead"]:
         learning_left = counts["learning_ahead"]
-        next_id = _first_state_card(live.filter(intraday, due__lte=ahead))
+        if pick_next:
+            next_id = _first_state_card(live.filter(intraday, due__lte=ahead))
+    nothing_now = next_id is None and not (learning_left or review_left or new_left)
     return TodayQueue(
         settings=settings,
         day=day,
@@ -146,7 +164,8 @@ def queue_today(*, user: AbstractBaseUser, now: dt.datetime) -> TodayQueue:
         learning_left=learning_left,
         review_left=review_left,
         next_card_id=next_id,
-        next_learning_due=counts["learning_next"] if next_id is None else None,
+        next_learning_due=counts["learning_next"] if nothing_now else None,
+        reviewed_today=done["total"],
     )
 
 
@@ -161,9 +180,26 @@ def _active_relations() -> Prefetch:
     )
 
 
+# Cards change only when staff edit them, and every learner reads the same few dozen: each process
+# keeps a card with its options, tags and related cards for QUIZ_CARD_CACHE_S seconds (0: off).
+# Saving or deleting a card or one of its parts clears this process's copy at once
+# (card_cache_clear, connected in quiz.apps); other processes see an edit within that time.
+_card_cache: dict[int, tuple[float, Card]] = {}
+
+
+def card_cache_clear(**_: object) -> None:
+    _card_cache.clear()
+
+
 def card_for_quiz(*, card_id: int) -> Card:
-    """A card with what both sides show: options, tags and active related cards (4 queries)."""
-    return (
+    """A card with what both sides show: options, tags and active related cards (4 queries, or
+    none while the process's copy is fresh). Read-only: the same instance serves many requests."""
+    ttl = settings.QUIZ_CARD_CACHE_S
+    if ttl:
+        hit = _card_cache.get(card_id)
+        if hit is not None and time.monotonic() - hit[0] < ttl:
+            return hit[1]
+    card = (
         Card.objects.select_related("deck")
         .prefetch_related(
             Prefetch("options", queryset=ChoiceOption.objects.order_by("position", "id")),
@@ -172,6 +208,9 @@ def card_for_quiz(*, card_id: int) -> Card:
         )
         .get(pk=card_id)
     )
+    if ttl:
+        _card_cache[card_id] = (time.monotonic(), card)
+    return card
 
 
 def card_detail_get(*, slug: str, user: AbstractBaseUser) -> tuple[Card, ReviewState | None]:
@@ -310,11 +349,7 @@ def stats_for(*, user: AbstractBaseUser, now: dt.datetime, days: int = 30) -> St
     stats.total_reviews, stats.cards_seen = totals["n"], totals["cards"]
 
     # Streak: consecutive study days with a review, ending today (or yesterday, before studying).
-    studied = set(
-        ReviewLog.objects.filter(user=user, study_date__gte=day.date - dt.timedelta(days=400))
-        .values_list("study_date", flat=True)
-        .distinct()
-    )
+    studied = set(studied_dates(user=user, since=day.date - dt.timedelta(days=400)))
     cursor = day.date if day.date in studied else day.date - dt.timedelta(days=1)
     while cursor in studied:
         stats.streak += 1
@@ -338,6 +373,18 @@ def stats_for(*, user: AbstractBaseUser, now: dt.datetime, days: int = 30) -> St
     )
     stats.weak_tags = _weak_tags(firsts.values())
     return stats
+
+
+def studied_dates(*, user: AbstractBaseUser, since: dt.date) -> list[dt.date]:
+    """The distinct study days with a review since `since`: one row per day. The explicit
+    order_by() matters: ReviewLog's default ordering would add reviewed_at and id to the
+    DISTINCT and return every log row."""
+    return list(
+        ReviewLog.objects.filter(user=user, study_date__gte=since)
+        .order_by()
+        .values_list("study_date", flat=True)
+        .distinct()
+    )
 
 
 def _weak_tags(firsts) -> list[TagStat]:

@@ -39,6 +39,7 @@ from quiz.models import (
 )
 from quiz.scheduling import CardState
 from quiz.selectors import (
+    card_cache_clear,
     edited_cards,
     last_review_day,
     learner_settings_get,
@@ -165,7 +166,13 @@ def _compute_outcomes(
 
 
 def showing_reveal(
-    *, user: AbstractBaseUser, token: str, answer: Answer, now: dt.datetime, refresh: bool = False
+    *,
+    user: AbstractBaseUser,
+    token: str,
+    answer: Answer,
+    now: dt.datetime,
+    refresh: bool = False,
+    settings: LearnerSettings | None = None,
 ) -> Showing:
     """Record the learner's answer and compute the four outcomes with the real scheduler.
 
@@ -186,7 +193,7 @@ def showing_reveal(
         if showing.revealed_at is None:
             card = Card.objects.prefetch_related("options").get(pk=showing.card_id)
             showing.answer, showing.correct = _judge(card, showing, answer)
-        settings = learner_settings_get(user=user)
+        settings = settings or learner_settings_get(user=user)
         showing.outcomes = _compute_outcomes(showing, state, settings, now)
         showing.revealed_at = now
         showing.save(update_fields=["answer", "correct", "outcomes", "revealed_at"])
@@ -224,7 +231,12 @@ def _log_kind(state: ReviewState) -> int:
 
 
 def review_grade(
-    *, user: AbstractBaseUser, token: str, rating: int, now: dt.datetime
+    *,
+    user: AbstractBaseUser,
+    token: str,
+    rating: int,
+    now: dt.datetime,
+    settings: LearnerSettings | None = None,
 ) -> GradeResult:
     """Apply the stored outcome for `rating` to the learner's card and log the review.
 
@@ -249,7 +261,7 @@ def review_grade(
         if state.version != showing.state_version:
             raise QuizConflict("This card was already graded in another tab.")
 
-        settings = learner_settings_get(user=user)
+        settings = settings or learner_settings_get(user=user)
         # One instant for the state and the log: the one the outcomes were computed at (the
         # reveal), so the log replays through fsrs to exactly this state.
         reviewed_at = showing.revealed_at
@@ -532,4 +544,6 @@ def content_load(*, tree: ContentTree, force: bool = False) -> LoadReport:
             card.is_active = False
             card.save(update_fields=["is_active", "updated_at"])
             report.retired.append(slug)
+    # Bulk writes above send no signals: drop this process's cached cards explicitly.
+    transaction.on_commit(card_cache_clear)
     return report

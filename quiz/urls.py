@@ -1,12 +1,28 @@
-from django.urls import path
+from django.urls import path, register_converter
 
 from quiz import views
+
+
+class TokenConverter:
+    """A showing's token (secrets.token_urlsafe): anything else, a NUL byte included, is a 404
+    before it can reach the database."""
+
+    regex = r"[A-Za-z0-9_-]{1,64}"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(TokenConverter, "token")
 
 app_name = "quiz"
 urlpatterns = [
     path("", views.today, name="today"),
-    path("answer/<str:token>/", views.answer_submit, name="answer-submit"),
-    path("grade/<str:token>/", views.review_grade, name="review-grade"),
+    path("answer/<token:token>/", views.answer_submit, name="answer-submit"),
+    path("grade/<token:token>/", views.review_grade, name="review-grade"),
     path("undo/", views.review_undo, name="review-undo"),
     path("cards/<slug:slug>/", views.card_detail, name="card-detail"),
     path("cards/<slug:slug>/unsuspend/", views.card_unsuspend, name="card-unsuspend"),

@@ -23,7 +23,7 @@ from labs.models import LabRun
 from quiz import personal, scheduling, selectors, services
 from quiz.anki import deck_apkg
 from quiz.forms import AnswerForm, GradeForm, LearnerSettingsForm
-from quiz.models import Card, Showing
+from quiz.models import Card, LearnerSettings, Showing
 
 RATING_NAMES = {1: "Again", 2: "Hard", 3: "Good", 4: "Easy"}
 TODAY = "quiz/today.html"
@@ -89,15 +89,25 @@ def _panel(
     showing: Showing | None = None,
     errors: list[str] | None = None,
     status: int = 200,
+    settings: LearnerSettings | None = None,
 ) -> HttpResponse:
     """Today's panel: the counts and the next card (or `card_id`, or `showing` as it stands)."""
     now = _now()
-    queue = selectors.queue_today(user=request.user, now=now)
+    # One queue per request, and no next card to pick when the card to show is already known.
+    queue = selectors.queue_today(
+        user=request.user,
+        now=now,
+        settings=settings,
+        pick_next=showing is None and card_id is None,
+    )
     context: dict[str, Any] = {
         "queue": queue,
         "notice": notice,
         "errors": errors or [],
-        "undo": selectors.undo_available(user=request.user, day=queue.day, now=now),
+        # Reviews logged today answer "can undo" without a query; else one from before the
+        # rollover may still be in its grace period.
+        "undo": queue.reviewed_today > 0
+        or selectors.undo_available(user=request.user, day=queue.day, now=now),
         "side": "done",
     }
     if showing is None:
@@ -135,9 +145,10 @@ def answer_submit(request: HtmxHttpRequest, token: str) -> HttpResponse:
         showing = _own_showing(request, token)
         errors = [e for field_errors in form.errors.values() for e in field_errors]
         return _panel(request, showing=showing, errors=errors, status=400)
+    settings = selectors.learner_settings_get(user=request.user)
     try:
         showing = services.showing_reveal(
-            user=request.user, token=token, answer=form.answer(), now=_now()
+            user=request.user, token=token, answer=form.answer(), now=_now(), settings=settings
         )
     except Showing.DoesNotExist:
         raise Http404("No such card showing for you.") from None
@@ -146,7 +157,7 @@ def answer_submit(request: HtmxHttpRequest, token: str) -> HttpResponse:
         return _panel(request, showing=showing, errors=exc.messages, status=400)
     except services.QuizConflict as exc:
         return _panel(request, notice=str(exc), status=409)
-    return _panel(request, showing=showing)
+    return _panel(request, showing=showing, settings=settings)
 
 
 @require_POST
@@ -156,9 +167,14 @@ def review_grade(request: HtmxHttpRequest, token: str) -> HttpResponse:
     if not form.is_valid():
         showing = _own_showing(request, token)
         return _panel(request, showing=showing, errors=form.errors["rating"], status=400)
+    settings = selectors.learner_settings_get(user=request.user)
     try:
         result = services.review_grade(
-            user=request.user, token=token, rating=form.cleaned_data["rating"], now=_now()
+            user=request.user,
+            token=token,
+            rating=form.cleaned_data["rating"],
+            now=_now(),
+            settings=settings,
         )
     except Showing.DoesNotExist:
         raise Http404("No such card showing for you.") from None
@@ -179,7 +195,7 @@ def review_grade(request: HtmxHttpRequest, token: str) -> HttpResponse:
         if notice:
             messages.warning(request, notice)
         return redirect("quiz:today")  # POST-redirect-GET: a refresh cannot grade again
-    return _panel(request, notice=notice)
+    return _panel(request, notice=notice, settings=settings)
 
 
 @require_POST

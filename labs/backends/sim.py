@@ -24,6 +24,11 @@ from labs.sim.engine_model import where_label
 from labs.sim.scheduler import SchedulerConfig
 from labs.sim.simulator import SimConfigError, Simulator, StepInfo
 from labs.sim.workload import lab_workload
+from labs.sizing import MB, address_space_limit, sim_precheck
+
+# Address space beyond the run's budget: thread stacks and malloc arenas reserve far more than
+# they touch, and numpy's temporaries come and go.
+_HEADROOM_BYTES = 256 * MB
 
 
 def build_simulator(
@@ -76,11 +81,28 @@ def build_simulator(
 
 
 class SimBackend:
-    """Runs a lab on the simulator, on the CPU, in virtual time."""
+    """Runs a lab on the simulator, on the CPU, in virtual time.
+
+    Args:
+        max_run_mb: memory one run may use (the worker passes LABS_SIM_MAX_RUN_MB). A run whose
+            estimate is larger is refused before anything is built (RunTooLarge), and the process
+            may grow by at most twice that while the run lasts, so a wrong estimate ends in a
+            MemoryError for this run, never in the OOM killer taking the worker. None: no limit.
+    """
 
     name = "sim"
 
+    def __init__(self, max_run_mb: int | None = None) -> None:
+        self.max_run_mb = max_run_mb
+
     def run(self, params: LabParams, on_progress: ProgressCallback | None = None) -> RunRecord:
+        if self.max_run_mb is None:
+            return self._run(params, on_progress)
+        sim_precheck(params, max_run_mb=self.max_run_mb)
+        with address_space_limit(2 * self.max_run_mb * MB + _HEADROOM_BYTES):
+            return self._run(params, on_progress)
+
+    def _run(self, params: LabParams, on_progress: ProgressCallback | None) -> RunRecord:
         simulator = build_simulator(params, on_progress=on_progress)
         record = simulator.run()
         config = simulator.config

@@ -17,12 +17,21 @@ _EXTENSIONS = ["fenced_code", "tables", "sane_lists"]
 _ONE_PARAGRAPH = re.compile(r"^<p>(.*)</p>$", re.DOTALL)
 
 
+def _own_images_only(tag: str, attribute: str, value: str) -> str | None:
+    """Keep an image's source only when it is on this site (a path such as /static/...): a
+    third-party image would tell another server who reads which card, and the CSP refuses it."""
+    if tag == "img" and attribute in ("src", "srcset"):
+        return value if value.startswith("/") and not value.startswith("//") else None
+    return value
+
+
 @lru_cache(maxsize=4096)
 def render_markdown(text: str) -> str:
     """Markdown to HTML, then nh3 (ammonia) keeps only safe tags and attributes: no script, style,
-    event handlers or javascript: URLs survive, whatever the content says."""
+    event handlers or javascript: URLs survive, whatever the content says, and images only from
+    this site."""
     html = markdown.markdown(text or "", extensions=_EXTENSIONS, output_format="html")
-    return nh3.clean(html)
+    return nh3.clean(html, attribute_filter=_own_images_only)
 
 
 @register.filter

@@ -2,6 +2,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 
+from tests.conftest import make_user
+
 pytestmark = pytest.mark.django_db
 
 
@@ -83,3 +85,101 @@ def test_an_htmx_request_after_logout_sends_the_whole_page_to_login(client):
     assert response["HX-Redirect"].startswith(reverse("login"))
     # A normal request still gets the plain redirect.
     assert client.get(reverse("quiz:today"))["Location"].startswith(reverse("login"))
+
+
+# --- Throttles ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_throttle(settings):
+    from django.core.cache import cache
+
+    settings.LOGIN_FAILURES_PER_IP = 20
+    settings.LOGIN_FAILURES_PER_ACCOUNT = 3
+    settings.SIGNUPS_PER_IP = 2
+    cache.clear()
+    yield settings
+    cache.clear()
+
+
+def _login(client, username, password, ip="10.0.0.1"):
+    return client.post(
+        reverse("login"), {"username": username, "password": password}, REMOTE_ADDR=ip
+    )
+
+
+def test_failed_logins_for_one_account_are_throttled_before_hashing(client, alice, fresh_throttle):
+    from unittest import mock
+
+    for _ in range(3):
+        assert _login(client, "alice", "wrong").status_code == 200
+    with mock.patch("django.contrib.auth.hashers.PBKDF2PasswordHasher.encode") as encode:
+        # From another address too: the limit is the account's. Even the right password waits.
+        response = _login(client, "alice", "a-long-passphrase-1", ip="10.0.0.2")
+    assert response.status_code == 429
+    assert "Too many failed log-ins for this account" in response.content.decode()
+    assert int(response["Retry-After"]) > 0
+    encode.assert_not_called()
+    # Another account from the same address is not affected.
+    make_user("bob")
+    assert _login(client, "bob", "a-long-passphrase-1").status_code == 302
+
+
+def test_failed_logins_from_one_address_are_throttled(client, fresh_throttle):
+    fresh_throttle.LOGIN_FAILURES_PER_IP = 4
+    for i in range(4):
+        assert _login(client, f"nobody{i}", "wrong").status_code == 200
+    response = _login(client, "nobody-else", "wrong")
+    assert response.status_code == 429
+    assert "Too many failed log-ins from your address" in response.content.decode()
+    assert _login(client, "nobody-else", "wrong", ip="10.9.9.9").status_code == 200
+
+
+def test_signups_are_throttled_per_address(client, fresh_throttle):
+    for i in range(2):
+        data = {"username": f"new{i}", "password1": "x", "password2": "y"}
+        assert client.post(reverse("signup"), data, REMOTE_ADDR="10.0.0.7").status_code == 400
+    data = {
+        "username": "new9",
+        "password1": "a-long-passphrase-1",
+        "password2": "a-long-passphrase-1",
+    }
+    response = client.post(reverse("signup"), data, REMOTE_ADDR="10.0.0.7")
+    assert response.status_code == 429 and "Too many sign-ups" in response.content.decode()
+    assert not get_user_model().objects.filter(username="new9").exists()
+
+
+def test_signup_does_not_say_that_an_account_exists(client, alice, fresh_throttle):
+    taken = {
+        "username": "Alice",
+        "password1": "a-long-passphrase-9",
+        "password2": "a-long-passphrase-9",
+    }
+    reserved = {**taken, "username": "admin"}
+    for data in (taken, reserved):
+        html = client.post(reverse("signup"), data).content.decode()
+        assert "That username is not available" in html
+        assert "already exists" not in html
+
+
+def test_a_down_cache_lets_logins_through(client, alice, fresh_throttle):
+    from unittest import mock
+
+    with mock.patch("config.throttle.cache") as cache:
+        cache.get.side_effect = ConnectionError("redis down")
+        cache.add.side_effect = ConnectionError("redis down")
+        assert _login(client, "alice", "wrong").status_code == 200
+        assert _login(client, "alice", "a-long-passphrase-1").status_code == 302
+
+
+def test_a_login_that_finds_every_hash_slot_taken_is_told_to_retry_at_once(
+    client, alice, fresh_throttle
+):
+    from config import throttle
+
+    fresh_throttle.LOGIN_HASH_WAIT_S = 0.01
+    with throttle._hash_slots:  # another thread is hashing
+        response = _login(client, "alice", "a-long-passphrase-1")
+    assert response.status_code == 503 and response["Retry-After"] == "2"
+    assert "Many people are logging in right now" in response.content.decode()
+    assert _login(client, "alice", "a-long-passphrase-1").status_code == 302

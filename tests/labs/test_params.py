@@ -384,3 +384,22 @@ def test_aligning_the_batch_leaves_bad_values_for_the_parser_to_name():
     with pytest.raises(ParamError) as info:
         parse_lab_params(align_run_batch({"max_concurrency": "many"}))
     assert set(info.value.errors) == {"max_concurrency"}
+
+
+def test_a_derived_context_tokens_above_its_maximum_is_refused_naming_it():
+    custom = {"layers": 32, "kv_heads": 8, "head_dim": 128, "params_b": 8}
+    data = {
+        **custom,
+        "prompt_tokens": 9_000_000,
+        "output_tokens": 2_000_000,
+        "max_tokens": 2_000_000,
+    }
+    with pytest.raises(ParamError) as info:
+        parse_lab_params(data)
+    assert (
+        "context_tokens (unset: prompt_tokens + output_tokens = 11,000,000)"
+        in (info.value.errors["context_tokens"])
+    )
+    # At the maximum it is accepted, and what is saved parses again (as the worker does).
+    ok = parse_lab_params({**data, "prompt_tokens": 8_000_000})
+    assert parse_lab_params(ok.as_dict()) == ok

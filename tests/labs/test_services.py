@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from unittest import mock
 
@@ -10,7 +11,7 @@ from django.utils import timezone
 
 from labs import services
 from labs.models import LabRun, RunState, Sweep
-from labs.params import ParamError
+from labs.params import ParamError, parse_lab_params
 from labs.services import RunRefused, RunStopped
 from tests.labs.factories import SMALL, make_heartbeat, make_run
 
@@ -255,6 +256,8 @@ def test_the_reaper_fails_old_queued_runs_only_when_no_worker_can_take_them(alic
     sim_run = make_run(alice, backend="sim", created_at=old)
     gpu_run = make_run(alice, backend="vllm", created_at=old)
     make_heartbeat("sim")
+    now = timezone.now()
+    make_run(alice, backend="sim", state=RunState.RUNNING, started_at=old, heartbeat_at=now)
     assert services.run_reap_stale() == 1
     sim_run.refresh_from_db()
     gpu_run.refresh_from_db()
@@ -330,3 +333,128 @@ def test_what_no_online_worker_can_start_is_refused_at_submit_by_field(
     for word in words:
         assert word in info.value.errors[field]
     assert not LabRun.objects.exists() and sent == []
+
+
+def test_the_reaper_fails_a_queued_run_an_idle_online_worker_never_took(alice, settings):
+    settings.LABS_QUEUED_LOST_S = 60
+    now = timezone.now()
+    lost = make_run(alice, backend="sim", created_at=now - timedelta(seconds=61))
+    recent = make_run(alice, backend="sim", created_at=now - timedelta(seconds=30))
+    make_heartbeat("sim")
+    assert services.run_reap_stale(now=now) == 1
+    lost.refresh_from_db()
+    recent.refresh_from_db()
+    assert lost.state == RunState.FAILED and "never reached a sim worker" in lost.error
+    assert recent.state == RunState.QUEUED
+
+
+def test_a_queued_run_behind_a_busy_or_just_finished_worker_is_not_lost(alice, bob, settings):
+    settings.LABS_QUEUED_LOST_S = 60
+    now = timezone.now()
+    waiting = make_run(alice, backend="sim", created_at=now - timedelta(seconds=600))
+    make_heartbeat("sim")
+    # The worker finished bob's run a moment ago and is about to take alice's.
+    make_run(bob, backend="sim", state=RunState.DONE, finished_at=now - timedelta(seconds=5))
+    assert services.run_reap_stale(now=now) == 0
+    waiting.refresh_from_db()
+    assert waiting.state == RunState.QUEUED
+
+
+def test_over_quota_sweep_is_refused_before_its_points_are_checked(alice, sent, settings):
+    settings.LABS_MAX_ACTIVE_PER_LEARNER = 1
+    make_heartbeat("sim")
+    make_run(alice, state=RunState.QUEUED)
+    with (
+        mock.patch.object(services, "parse_lab_params") as parse,
+        mock.patch.object(services, "_precheck") as precheck,
+        pytest.raises(RunRefused, match="already have 1 runs"),
+    ):
+        services.sweep_request(
+            owner=alice,
+            lab="batching",
+            backend="sim",
+            data=SMALL,
+            field="max_num_seqs",
+            raw_values=",".join(str(2**i) for i in range(12)),
+        )
+    parse.assert_not_called()
+    precheck.assert_not_called()
+    assert Sweep.objects.count() == 0
+
+
+def test_the_sim_queue_has_a_global_cap(alice, bob, sent, settings):
+    settings.LABS_SIM_QUEUE_CAP = 3
+    make_heartbeat("sim")
+    make_run(bob, state=RunState.QUEUED)
+    make_run(bob, state=RunState.RUNNING)
+    with pytest.raises(RunRefused, match=r"simulator queue is full \(2 of 3.*needs 3") as info:
+        services.sweep_request(
+            owner=alice,
+            lab="batching",
+            backend="sim",
+            data=SMALL,
+            field="max_num_seqs",
+            raw_values="1, 2, 4",
+        )
+    assert info.value.kind == "sim-cap"
+    services.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
+    with pytest.raises(RunRefused, match="simulator queue is full"):
+        services.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
+
+
+# -- a database restart while a run is running ---------------------------------------------
+
+
+def _failing_first(real, times: int):
+    """`real`, except that its first `times` calls raise OperationalError (a restart)."""
+    from django.db import OperationalError
+
+    calls = {"n": 0}
+
+    def call(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] <= times:
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(*args, **kwargs)
+
+    return call, calls
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_run_heartbeat_beats_on_through_a_database_outage(alice):
+    old = timezone.now() - timedelta(hours=1)
+    run = make_run(alice, state=RunState.RUNNING, heartbeat_at=old)
+    beat, calls = _failing_first(services._beat, 3)
+    with (
+        mock.patch.object(services, "_beat", side_effect=beat),
+        services._RunHeartbeat(run.pk, 0.01) as heartbeat,
+    ):
+        deadline = timezone.now() + timedelta(seconds=30)
+        while calls["n"] < 5 and timezone.now() < deadline:
+            time.sleep(0.02)
+        assert heartbeat._thread.is_alive()
+    run.refresh_from_db()
+    assert run.heartbeat_at > old and not heartbeat.lost.is_set()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_finishes_when_its_progress_writes_fail_for_a_while(alice):
+    from django.db import OperationalError
+
+    run = make_run(alice, params=parse_lab_params({**SMALL, "num_prompts": 200}).as_dict())
+    with mock.patch.object(services, "_write_progress", side_effect=OperationalError("down")):
+        assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
+    run.refresh_from_db()
+    assert run.state == RunState.DONE and run.result
+
+
+def test_the_final_write_retries_through_a_short_outage_then_gives_up(settings):
+    from django.db import OperationalError
+
+    write, calls = _failing_first(lambda: 1, 2)
+    with mock.patch.object(services.time, "sleep"):
+        assert services._with_retries(write, within_s=10, what="test") == 1
+        assert calls["n"] == 3
+        always, _ = _failing_first(lambda: 1, 10**6)
+        with pytest.raises(OperationalError):
+            services._with_retries(always, within_s=0, what="test")

@@ -262,3 +262,17 @@ def test_the_prefork_pool_runs_labs_and_a_killed_child_is_reaped(workers, alice_
 def _children(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as fh:
         return [int(p) for p in fh.read().split()]
+
+
+def test_a_million_prompt_run_fails_cleanly_and_the_worker_lives_on(celery_worker, alice):
+    # A row that skipped the submit check (written by hand): the worker checks the size itself.
+    huge = make_run(alice, params=parse_lab_params({"num_prompts": 1_000_000}).as_dict())
+    run_execute_task.apply_async(args=[huge.pk], queue="labs.sim")
+    wait_for(lambda: state_of(huge.pk) == RunState.FAILED, 60)
+    huge.refresh_from_db()
+    assert huge.error.startswith("Too large for one simulated run: num_prompts")
+    assert celery_worker.alive()
+    small = make_run(alice, params=parse_lab_params({"num_prompts": 4}).as_dict())
+    run_execute_task.apply_async(args=[small.pk], queue="labs.sim")
+    wait_for(lambda: state_of(small.pk) == RunState.DONE, 60)
+    assert celery_worker.alive()

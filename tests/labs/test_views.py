@@ -399,3 +399,47 @@ def test_the_live_prediction_reacts_to_concurrency(alice_client):
         texts.append(response.content.decode())
     assert "under this load" in texts[0]
     assert texts[0] != texts[1]
+@pytest.fixture
+def broker_down(monkeypatch):
+    """CELERY_BROKER_URL pointing at a port nothing listens on, as when Redis is down."""
+    import socket
+
+    from config.celery import app
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again when the block ends
+    url = f"redis://127.0.0.1:{port}/0"
+    keys = ("broker_url", "CELERY_BROKER_URL", "broker_transport_options", "broker_transport")
+    saved = {key: app.conf.get(key) for key in keys}
+    # Celery reads the variable and the namespaced key before its own setting: point all at it.
+    monkeypatch.setenv("CELERY_BROKER_URL", url)
+    app.conf.update(
+        broker_url=url,
+        CELERY_BROKER_URL=url,
+        broker_transport_options={},
+        broker_transport=None,
+    )
+    app._pool = None
+    app.amqp._producer_pool = None
+    yield
+    app.conf.update(saved)
+    app._pool = None
+    app.amqp._producer_pool = None
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", ["run", "sweep"])
+def test_a_submit_while_the_broker_is_down_is_503_and_leaves_nothing(client, broker_down, kind):
+    user = make_user("carol")
+    client.force_login(user)
+    make_heartbeat("sim")
+    data = {**SMALL, "backend": "sim"}
+    if kind == "sweep":
+        data.update(sweep_field="max_num_seqs", sweep_values="1, 2, 4")
+    url = reverse(f"labs:{kind}-create", args=["batching"])
+    response = client.post(url, data)
+    assert response.status_code == 503
+    assert "The lab queue is unavailable" in response.content.decode()
+    assert not LabRun.objects.exists()
+    assert not Sweep.objects.exists()

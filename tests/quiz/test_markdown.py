@@ -47,3 +47,15 @@ def test_it_links_to_a_lab_preset_only_once_the_labs_serve_it():
         expected = ""
     assert lab_preset_url("p-1") == expected
     assert lab_preset_url("") == ""
+
+
+def test_it_drops_third_party_images_and_keeps_the_sites_own():
+    from quiz.templatetags.quiz_tags import render_markdown
+
+    html = render_markdown(
+        "![a](https://tracker.example/p.png) ![b](//tracker.example/q.png) "
+        '![c](/static/img/ok.png) <img src="http://x.example/y" srcset="http://x.example/z 2x">'
+    )
+    assert "tracker.example" not in html and "x.example" not in html
+    assert 'src="/static/img/ok.png"' in html
+    assert 'alt="a"' in html  # the image's text stays

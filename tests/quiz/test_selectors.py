@@ -132,3 +132,41 @@ def test_it_counts_a_streak_of_consecutive_study_days(alice):
     assert selectors.stats_for(user=alice, now=NOW).streak == 3
     # Before today's first review the streak still counts up to yesterday.
     assert selectors.stats_for(user=alice, now=NOW + dt.timedelta(days=1)).streak == 3
+
+
+def test_the_streak_query_returns_one_row_per_study_day_in_one_query(alice):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    cards = [make_card() for _ in range(3)]
+    for days_ago in (0, 1, 3):
+        for card in cards:  # three reviews on each of those days
+            review(alice, card, 1, NOW - dt.timedelta(days=days_ago, minutes=card.pk))
+    since = NOW.date() - dt.timedelta(days=400)
+    with CaptureQueriesContext(connection) as ctx:
+        days = selectors.studied_dates(user=alice, since=since)
+    assert len(ctx) == 1
+    # Nine log rows, three days: distinct over the day alone, not the log's default ordering.
+    assert sorted(days) == sorted(set(days)) and len(days) == 3
+    assert "reviewed_at" not in ctx.captured_queries[0]["sql"].split("FROM")[0]
+
+
+def test_a_card_is_read_once_per_process_until_it_is_edited(alice, settings):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    settings.QUIZ_CARD_CACHE_S = 60
+    selectors.card_cache_clear()
+    card = make_card("choice")
+    first = selectors.card_for_quiz(card_id=card.pk)
+    with CaptureQueriesContext(connection) as ctx:
+        again = selectors.card_for_quiz(card_id=card.pk)
+    assert len(ctx) == 0 and again is first
+    option = first.options.all()[0]
+    option.text = "Edited in the admin"
+    option.save()  # the signal drops the copy
+    edited = selectors.card_for_quiz(card_id=card.pk)
+    assert edited is not first
+    assert "Edited in the admin" in [o.text for o in edited.options.all()]
+    settings.QUIZ_CARD_CACHE_S = 0
+    selectors.card_cache_clear()

@@ -1,0 +1,312 @@
+"""`make loadtest`: gunicorn + PostgreSQL + Redis + a sim worker on loopback, driven by locust.
+
+1. Prepares the database named by LOAD_DATABASE_URL (migrate, the deck, LOAD_LEARNERS accounts
+   with a high new-card limit) and starts gunicorn (gunicorn.conf.py, production settings) on
+   127.0.0.1:LOAD_PORT and one sim worker, both on this machine only.
+2. CPU per request: one client, one request at a time, 300 x /healthz then 100 quiz loops (fetch,
+   answer, grade); the CPU time the gunicorn workers and their PostgreSQL backends used, read
+   from /proc before and after, divided by the requests.
+3. Locust at 10, 50 and 200 users (LOAD_STEPS), LOAD_STEP_S seconds each: p50/p95/p99 and errors
+   per request type, /healthz beside them in the same run.
+Results: var/load/results.md (and printed). Everything it started is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+PORT = int(os.environ.get("LOAD_PORT", "8160"))
+HOST = f"http://127.0.0.1:{PORT}"
+DB = os.environ.get("LOAD_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/ss_hardening")
+REDIS = os.environ.get("LOAD_REDIS_URL", "redis://127.0.0.1:6379/6")
+STEPS = [int(n) for n in os.environ.get("LOAD_STEPS", "10,50,200").split(",")]
+STEP_S = int(os.environ.get("LOAD_STEP_S", "60"))
+# Learners arrive at this many per second (the audit's ramp was 2 log-ins/s); the statistics
+# are reset once all have arrived, so the table is the steady state with everyone logged in.
+SPAWN_RATE = float(os.environ.get("LOAD_SPAWN_RATE", "2"))
+LEARNERS = int(os.environ.get("LOAD_LEARNERS", str(max(STEPS) + 20)))
+PASSWORD = "load-test-passphrase-1"  # noqa: S105 - throwaway accounts on loopback
+OUT = ROOT / "var" / "load"
+TICK = os.sysconf("SC_CLK_TCK")
+
+ENV = {
+    **os.environ,
+    "DEBUG": "0",
+    "SECRET_KEY": "load-test-only-" + "x" * 40,
+    "ALLOWED_HOSTS": "127.0.0.1,localhost",
+    "SECURE_SSL_REDIRECT": "0",
+    "SECURE_HSTS_SECONDS": "0",
+    "SESSION_COOKIE_SECURE": "0",
+    "CSRF_COOKIE_SECURE": "0",
+    "DATABASE_URL": DB,
+    "CELERY_BROKER_URL": REDIS,
+    "CACHE_URL": REDIS,
+    "VAR_DIR": str(OUT / "var"),
+    "GUNICORN_BIND": f"127.0.0.1:{PORT}",
+    "LOAD_PASSWORD": PASSWORD,
+    "LOG_LEVEL": "WARNING",
+}
+
+SETUP = f"""
+from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import make_password
+from labs.models import LabRun
+from quiz.models import LearnerSettings, ReviewLog, ReviewState, Showing
+User = get_user_model()
+names = [f"learner{{i}}" for i in range({LEARNERS})]
+User.objects.filter(username__in=names).delete()
+hashed = make_password({PASSWORD!r})
+users = User.objects.bulk_create(User(username=n, password=hashed) for n in names)
+LearnerSettings.objects.bulk_create(LearnerSettings(user=u, new_per_day=999) for u in users)
+print("learners", len(users))
+"""
+
+
+def manage(*args: str, stdin: str | None = None) -> None:
+    subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=ENV,
+        input=stdin,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+
+
+def start(cmd: list[str], log: str) -> subprocess.Popen:
+    handle = (OUT / log).open("w")
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=ENV, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def pg_backends() -> list[int]:
+    name = DB.rsplit("/", 1)[1]
+    # The name comes from this script's own LOAD_DATABASE_URL, not from outside.
+    sql = f"select pid from pg_stat_activity where datname = '{name}'"  # noqa: S608
+    host = re.search(r"@([^:/]+)", DB).group(1)
+    out = subprocess.run(
+        ["psql", "-h", host, "-U", "postgres", "-d", name, "-Atc", sql],
+        capture_output=True,
+        text=True,
+    ).stdout
+    return [int(p) for p in out.split()]
+
+
+def cpu_s(pids: list[int]) -> dict[int, float]:
+    """utime + stime of each process, in seconds (a process that is gone counts nothing)."""
+    seconds = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seconds[pid] = (int(fields[11]) + int(fields[12])) / TICK
+    return seconds
+
+
+def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    return sum(value - before.get(pid, 0.0) for pid, value in after.items())
+
+
+def login(client: httpx.Client, username: str) -> None:
+    client.get("/accounts/login/")
+    token = client.cookies.get("csrftoken")
+    response = client.post(
+        "/accounts/login/",
+        data={"username": username, "password": PASSWORD, "csrfmiddlewaretoken": token},
+    )
+    assert response.status_code == 302, response.text[:300]
+
+
+def quiz_loop(client: httpx.Client) -> int:
+    """Fetch, answer, grade one card, as the browser's htmx does. Returns requests sent."""
+    headers = {"HX-Request": "true", "X-CSRFToken": client.cookies.get("csrftoken", "")}
+    panel = client.get("/quiz/", headers=headers).text
+    token = re.search(r"/quiz/answer/([\w-]+)/", panel)
+    if token is None:
+        return 1
+    option = re.search(r'name="option" value="(\d+)"', panel)
+    data = {"option": option.group(1)} if option else {"value": "1"}
+    answer = client.post(f"/quiz/answer/{token.group(1)}/", data=data, headers=headers)
+    grade = re.search(r"/quiz/grade/([\w-]+)/", answer.text)
+    if grade is None:
+        return 2
+    client.post(f"/quiz/grade/{grade.group(1)}/", data={"rating": "3"}, headers=headers)
+    return 3
+
+
+def measure_cpu(master: int) -> dict[str, float]:
+    """CPU per request (web workers, and their PostgreSQL backends), one request at a time."""
+    with httpx.Client(base_url=HOST, timeout=30) as client:
+        for _ in range(50):
+            client.get("/healthz")
+        login(client, f"learner{LEARNERS - 1}")
+        for _ in range(5):
+            quiz_loop(client)
+        results = {}
+        for label in ("healthz", "quiz"):
+            web, pg = children(master), pg_backends()
+            web0, pg0 = cpu_s(web), cpu_s(pg)
+            sent = 0
+            if label == "healthz":
+                for _ in range(300):
+                    client.get("/healthz")
+                    sent += 1
+            else:
+                while sent < 300:
+                    sent += quiz_loop(client)
+            web1, pg1 = cpu_s(children(master)), cpu_s(pg_backends())
+            results[f"{label}_web_ms"] = 1000 * cpu_delta(web0, web1) / sent
+            results[f"{label}_pg_ms"] = 1000 * cpu_delta(pg0, pg1) / sent
+            results[f"{label}_n"] = sent
+    return results
+
+
+def run_step(users: int, master: int) -> list[dict[str, str]]:
+    prefix = OUT / f"step{users}"
+    ramp_s = int(users / SPAWN_RATE) + 5
+    web0 = cpu_s(children(master))
+    started = time.monotonic()
+    subprocess.run(
+        [
+            str(BIN / "locust"),
+            "-f",
+            "tests/load/locustfile.py",
+            "--headless",
+            "--only-summary",
+            "-u",
+            str(users),
+            "-r",
+            str(SPAWN_RATE),
+            "-t",
+            f"{ramp_s + STEP_S}s",
+            "--reset-stats",
+            "--host",
+            HOST,
+            "--csv",
+            str(prefix),
+            "--stop-timeout",
+            "10",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        check=False,
+        timeout=ramp_s + STEP_S + 120,
+        stdout=(OUT / f"step{users}.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    wall = time.monotonic() - started
+    busy = cpu_delta(web0, cpu_s(children(master)))
+    with open(f"{prefix}_stats.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    for row in rows:
+        row["web_cpu_cores"] = f"{busy / wall:.2f}"
+    return rows
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "var").mkdir(exist_ok=True)
+    manage("migrate", "--noinput", "-v", "0")
+    manage("load_content")
+    manage("collectstatic", "--noinput", "-v", "0")
+    manage("shell", stdin=SETUP)
+    subprocess.run(["redis-cli", "-u", REDIS, "flushdb"], check=False, capture_output=True)
+    web = start([str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "config.wsgi"], "gunicorn.log")
+    worker = start(
+        [
+            str(BIN / "celery"),
+            "-A",
+            "config",
+            "worker",
+            "-Q",
+            "labs.sim",
+            "--concurrency=1",
+            "--hostname=load-sim@%h",
+            "--loglevel=WARNING",
+        ],
+        "worker.log",
+    )
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{HOST}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        time.sleep(5)  # the worker's first heartbeat
+        load_before = load_average()
+        cpu = measure_cpu(web.pid)
+        lines += [
+            f"Load average before: {load_before} (2 cores, shared with other work).",
+            "",
+            "CPU per request, one request at a time"
+            " (gunicorn workers + their PostgreSQL backends):",
+            "",
+            "| request | n | web CPU ms | PostgreSQL CPU ms | total ms |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for label in ("healthz", "quiz"):
+            w, p = cpu[f"{label}_web_ms"], cpu[f"{label}_pg_ms"]
+            lines.append(f"| {label} | {cpu[f'{label}_n']} | {w:.1f} | {p:.1f} | {w + p:.1f} |")
+        ratio = (cpu["quiz_web_ms"] + cpu["quiz_pg_ms"]) / (
+            cpu["healthz_web_ms"] + cpu["healthz_pg_ms"]
+        )
+        lines += ["", f"Quiz request / healthz CPU: {ratio:.1f}x", ""]
+        lines += [
+            "| users | request | n | errors | p50 ms | p95 ms | p99 ms | req/s | web CPU (cores) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for users in STEPS:
+            for row in run_step(users, web.pid):
+                if row["Name"] in ("login page", "Aggregated"):
+                    continue
+                lines.append(
+                    f"| {users} | {row['Name']} | {row['Request Count']} | {row['Failure Count']} "
+                    f"| {row['50%']} | {row['95%']} | {row['99%']} "
+                    f"| {float(row['Requests/s']):.1f} | {row['web_cpu_cores']} |"
+                )
+        lines += ["", f"Load average after: {load_average()}."]
+    finally:
+        stop(worker)
+        stop(web)
+    text = "\n".join(lines) + "\n"
+    (OUT / "results.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
