@@ -23,6 +23,15 @@ def pytest_sessionfinish(session, exitstatus):
             Path(name + suffix).unlink(missing_ok=True)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    """Each test starts with an empty cache: the log-in and sign-up throttles count in it, and
+    the browser tests all sign up from 127.0.0.1."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
 def make_user(username: str = "alice", *, password: str = "a-long-passphrase-1", **extra):
     return get_user_model().objects.create_user(username=username, password=password, **extra)
 

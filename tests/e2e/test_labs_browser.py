@@ -37,7 +37,8 @@ def _shoot(page, name: str) -> None:
         page.evaluate("window.scrollTo(0, 0)")  # else the sticky nav lands mid-page
         # Charts resize on a later frame (sooner or later, by how busy the machine is): wait
         # until the page fits, then check it.
-        page.wait_for_function("document.documentElement.scrollWidth <= window.innerWidth")
+        # An arrow function: a bare expression would be eval()ed, which the CSP refuses.
+        page.wait_for_function("() => document.documentElement.scrollWidth <= window.innerWidth")
         _no_sideways_scroll(page)
         page.screenshot(path=str(SHOTS / f"{name}-{label}.png"), full_page=True)
         if label == "phone":  # a tall phone page, also cut into screens a person can read

@@ -109,7 +109,9 @@ def test_space_and_u_do_what_the_page_says_in_the_number_box(page):
 
     # The box has the focus (the page says so by putting the caret there): u still undoes.
     wait_for(page, "question", "numeric")
-    page.wait_for_function("document.activeElement && document.activeElement.id === 'answer-value'")
+    page.wait_for_function(
+        "() => document.activeElement && document.activeElement.id === 'answer-value'"
+    )
     assert "<kbd>u</kbd>" in page.inner_html(f"{PANEL} [data-undo]")
     page.keyboard.press("u")
     wait_for(page, "question", "recall")
@@ -158,7 +160,7 @@ def test_the_stats_charts_follow_the_window_down_to_a_phone(page):
     )
     page.set_viewport_size(PHONE)
     # Charts resize on a later frame; wait until the page fits, then check every chart's width.
-    page.wait_for_function("document.documentElement.scrollWidth <= window.innerWidth")
+    page.wait_for_function("() => document.documentElement.scrollWidth <= window.innerWidth")
     overflowing = page.evaluate(
         """() => [...document.querySelectorAll('.chart-box canvas')].filter(c =>
             c.getBoundingClientRect().right
