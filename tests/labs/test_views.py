@@ -399,6 +399,8 @@ def test_the_live_prediction_reacts_to_concurrency(alice_client):
         texts.append(response.content.decode())
     assert "under this load" in texts[0]
     assert texts[0] != texts[1]
+
+
 @pytest.fixture
 def broker_down(monkeypatch):
     """CELERY_BROKER_URL pointing at a port nothing listens on, as when Redis is down."""
