@@ -143,7 +143,16 @@
     });
   }
 
+  // The CSP refuses style="" attributes; a part's width travels as data-width and is set here
+  // through the DOM, which the CSP allows.
+  function barWidths(root) {
+    (root.querySelectorAll ? root : document).querySelectorAll(".stacked-bar .part[data-width]").forEach(function (part) {
+      part.style.width = parseFloat(part.dataset.width) + "%";
+    });
+  }
+
   function init(root) {
+    barWidths(root);
     if (!window.Chart) return;
     runCharts(root);
     sweepCharts(root);

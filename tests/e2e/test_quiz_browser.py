@@ -91,7 +91,8 @@ def test_the_review_screen_fits_a_phone_on_both_sides(page):
     assert width <= PHONE["width"], f"the answer side scrolls sideways on a phone: {width}px"
     # A long prompt does not push the verdict below the fold after revealing.
     page.wait_for_function(
-        "document.querySelector('[data-verdict]').getBoundingClientRect().top < innerHeight / 2"
+        "() => document.querySelector('[data-verdict]').getBoundingClientRect().top"
+        " < innerHeight / 2"
     )
     # The grade buttons stay on screen while the worked answer scrolls.
     box = page.locator(f"{PANEL} .grade-buttons").bounding_box()
@@ -156,7 +157,7 @@ def test_the_stats_charts_follow_the_window_down_to_a_phone(page):
     sign_up(page, "chartwatcher")
     page.goto("/quiz/stats/")
     page.wait_for_function(
-        "!!(window.Chart && Chart.getChart(document.getElementById('chart-reviews')))"
+        "() => !!(window.Chart && Chart.getChart(document.getElementById('chart-reviews')))"
     )
     page.set_viewport_size(PHONE)
     # Charts resize on a later frame; wait until the page fits, then check every chart's width.
