@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 PORT = int(os.environ.get("LOAD_PORT", "8160"))
 HOST = f"http://127.0.0.1:{PORT}"
-DB = os.environ.get("LOAD_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/ss_hardening")
+DB = os.environ.get("LOAD_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/serving_school_load")
 REDIS = os.environ.get("LOAD_REDIS_URL", "redis://127.0.0.1:6379/6")
 STEPS = [int(n) for n in os.environ.get("LOAD_STEPS", "10,50,200").split(",")]
 STEP_S = int(os.environ.get("LOAD_STEP_S", "60"))
@@ -235,7 +235,21 @@ def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def ensure_database() -> None:
+    """Create the load test's own database on first use (a fresh machine has none)."""
+    import psycopg
+    from psycopg import sql
+
+    url = httpx.URL(DB)
+    name = url.path.lstrip("/")
+    admin = str(url.copy_with(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
 def main() -> None:
+    ensure_database()
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "var").mkdir(exist_ok=True)
     manage("migrate", "--noinput", "-v", "0")
