@@ -41,11 +41,14 @@ class Throttled(Exception):
 
 def client_ip(request: HttpRequest) -> str:
     """The client's address: REMOTE_ADDR, or the header the proxy sets (CLIENT_IP_HEADER, such
-    as X-Real-IP) when the site is behind one; only the first address of a list counts."""
+    as X-Real-IP or HTTP_X_REAL_IP) when the site is behind one. Of a list (X-Forwarded-For) the
+    last address counts: it is the one our proxy appended, the earlier ones the client wrote."""
     header = settings.CLIENT_IP_HEADER
+    if header and not header.startswith("HTTP_"):
+        header = "HTTP_" + header.upper().replace("-", "_")  # as Django names request headers
     raw = request.META.get(header, "") if header else ""
     raw = raw or request.META.get("REMOTE_ADDR", "") or "unknown"
-    return raw.split(",")[0].strip()[:64]
+    return raw.split(",")[-1].strip()[:64]
 
 
 def _key(limit: Limit, who: str) -> tuple[str, int]:

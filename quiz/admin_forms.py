@@ -17,7 +17,7 @@ from django.forms.models import BaseInlineFormSet
 from django.utils.html import format_html, format_html_join
 
 from quiz.content import PRESET_RE, SLUG_RE, ContentError, parse_check
-from quiz.models import Card, ChoiceOption, Deck
+from quiz.models import PERSONAL_DECK, Card, ChoiceOption, Deck
 
 MAX_OPTIONS = 6  # the quiz letters options A to F
 EMPTY_STEP_ROWS = 2
@@ -189,6 +189,13 @@ class CardAdminForm(ExactTextMixin, forms.ModelForm):
             "lab_preset",
             "check_json",
         ]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The learners' own-runs deck is not for shared cards: export and the Anki package
+        # leave that deck out, so a shared card moved there would break them.
+        if "deck" in self.fields and self.instance.owner_id is None:
+            self.fields["deck"].queryset = Deck.objects.exclude(slug=PERSONAL_DECK)
 
     def clean_slug(self) -> str:
         slug = self.cleaned_data["slug"]

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.utils.text import slugify
 
+from quiz.admin_forms import MAX_OPTIONS
 from quiz.models import Card, CardRelation, ChoiceOption, Deck
 
 MAX_BYTES = 1_000_000
@@ -117,6 +118,10 @@ class _Parser:
             return
         if self.stem is not None and (match := _OPTION.match(text)):
             letter, option = match.groups()
+            if len(self.stem.options) >= MAX_OPTIONS:
+                raise DocumentError(
+                    number, f"option {letter}: a question has at most {MAX_OPTIONS} options (A-F)"
+                )
             expected = "ABCDEFGH"[len(self.stem.options)]
             if letter != expected:
                 raise DocumentError(number, f"option {letter} where option {expected} was due")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.base_user import AbstractBaseUser
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from labs import results
 from labs.models import LabRun, RunState, Sweep
@@ -139,6 +139,8 @@ def _sweep_answer(run: LabRun, key: str) -> tuple[Any, _Answer | None]:
     """The neighbouring point of the learner's own sweep, and its measurement if it has one."""
     sweep = run.sweep
     assert sweep is not None and run.sweep_index is not None
+    if len(sweep.values) < 2:
+        raise CardRefused("A sweep of one value has no neighbouring setting to ask about.")
     index = run.sweep_index + 1 if run.sweep_index + 1 < len(sweep.values) else run.sweep_index - 1
     value = sweep.values[index]
     point = sweep.runs.filter(sweep_index=index, state=RunState.DONE).first()
@@ -257,24 +259,29 @@ def card_from_run(*, user: AbstractBaseUser, run: LabRun) -> Card:
         f"Predict the {_phrase(figure.label)} at {field} {neighbour}."
     )
     value = answer.value * figure.scale
-    return Card.objects.create(
-        owner=user,
-        deck=deck,
-        slug=slug,
-        kind=Card.Kind.NUMERIC,
-        prompt=prompt,
-        answer=f"≈ {_fmt(value)} {figure.unit} at {field} {neighbour} ({answer.origin}).",
-        steps=_steps(run, field, neighbour, figure, float(measured), answer),
-        explanation=(
-            f"Answers within ± {_fmt(_round_tolerance(tolerance))} {figure.unit} count: the "
-            f"metric's spread over {NOISE_SEEDS} other simulator seeds (x2), at least "
-            f"{MIN_RELATIVE_TOLERANCE:.0%}."
-        ),
-        numeric_value=float(f"{value:.4g}"),  # as a person would write it: 8,051 tok/s
-        numeric_unit=figure.unit,
-        numeric_tolerance=_round_tolerance(tolerance),
-        source=f"lab run {run.pk}",
-    )
+    try:
+        # A second press of the button can race this one to the unique slug.
+        with transaction.atomic():
+            return Card.objects.create(
+                owner=user,
+                deck=deck,
+                slug=slug,
+                kind=Card.Kind.NUMERIC,
+                prompt=prompt,
+                answer=f"≈ {_fmt(value)} {figure.unit} at {field} {neighbour} ({answer.origin}).",
+                steps=_steps(run, field, neighbour, figure, float(measured), answer),
+                explanation=(
+                    f"Answers within ± {_fmt(_round_tolerance(tolerance))} {figure.unit} "
+                    f"count: the metric's spread over {NOISE_SEEDS} other simulator seeds "
+                    f"(x2), at least {MIN_RELATIVE_TOLERANCE:.0%}."
+                ),
+                numeric_value=float(f"{value:.4g}"),  # as a person would write it: 8,051 tok/s
+                numeric_unit=figure.unit,
+                numeric_tolerance=_round_tolerance(tolerance),
+                source=f"lab run {run.pk}",
+            )
+    except IntegrityError:
+        return Card.objects.get(slug=slug, owner=user)
 
 
 def sweep_card_run(sweep: Sweep) -> LabRun:

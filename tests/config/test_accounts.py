@@ -183,3 +183,26 @@ def test_a_login_that_finds_every_hash_slot_taken_is_told_to_retry_at_once(
     assert response.status_code == 503 and response["Retry-After"] == "2"
     assert "Many people are logging in right now" in response.content.decode()
     assert _login(client, "alice", "a-long-passphrase-1").status_code == 302
+
+
+@pytest.mark.parametrize(
+    ("header", "meta", "expected"),
+    [
+        ("", {"REMOTE_ADDR": "10.0.0.9", "HTTP_X_REAL_IP": "1.2.3.4"}, "10.0.0.9"),
+        ("X-Real-IP", {"REMOTE_ADDR": "10.0.0.9", "HTTP_X_REAL_IP": "1.2.3.4"}, "1.2.3.4"),
+        ("HTTP_X_REAL_IP", {"REMOTE_ADDR": "10.0.0.9", "HTTP_X_REAL_IP": "1.2.3.4"}, "1.2.3.4"),
+        # The client writes the first entries of X-Forwarded-For; the proxy appends the last.
+        (
+            "X-Forwarded-For",
+            {"REMOTE_ADDR": "10.0.0.9", "HTTP_X_FORWARDED_FOR": "6.6.6.6, 1.2.3.4"},
+            "1.2.3.4",
+        ),
+    ],
+)
+def test_it_reads_the_client_address_from_the_header_as_configured(
+    settings, rf, header, meta, expected
+):
+    from config.throttle import client_ip
+
+    settings.CLIENT_IP_HEADER = header
+    assert client_ip(rf.get("/", **meta)) == expected

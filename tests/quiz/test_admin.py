@@ -273,3 +273,16 @@ def test_it_leaves_drafts_and_personal_cards_out_of_the_conflicts(staff_client, 
     assert "conflict" not in output
     draft.refresh_from_db()
     assert draft.answer == "Edited." and not draft.is_active
+
+
+def test_it_does_not_offer_the_learners_own_runs_deck_for_a_shared_card(staff_client, content):
+    from quiz.models import PERSONAL_DECK, Deck
+
+    load(content)
+    personal = Deck.objects.create(slug=PERSONAL_DECK, title="Your runs")
+    slug = "kv-bytes"
+    assert _admin_edit(staff_client, slug, answer="Edited.").status_code == 302  # the form works
+    response = _admin_edit(staff_client, slug, deck=str(personal.pk))
+    assert response.status_code == 200  # the form is shown again with the error
+    assert "Select a valid choice" in response.content.decode()
+    assert Card.objects.get(slug=slug).deck.slug != PERSONAL_DECK

@@ -104,6 +104,11 @@ def test_it_builds_the_multiple_choice_card_and_links_its_related_questions(impo
         ("Which one?\n- A yes\n- B no\nAnswer: D. never\n", 4, "one of the options' letters (AB)"),
         ("3 questions from 1 page\n\nOne?\n\nTwo?\n", 1, "promises 3 questions, found 2"),
         ("Just a title\n", 1, "no questions"),
+        (
+            "Which one?\n" + "".join(f"- {c} x\n" for c in "ABCDEFGHA") + "Answer: A\n",
+            8,
+            "at most 6 options (A-F)",
+        ),
     ],
 )
 def test_it_names_the_line_of_a_malformed_document(text, line, words):
