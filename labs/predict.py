@@ -197,6 +197,20 @@ def draft_time_s(
     return engine.spec_tokens * engine.draft_cost * plain
 
 
+def token_time_s(
+    hardware: Hardware, model: ModelSpec, engine: EngineConfig, batch: int, context_tokens: int
+) -> float:
+    """Time per output token of each of `batch` decoding sequences: one decode step, or with
+    k drafts the verifying step plus the drafts, over the tokens a step yields on average."""
+    k, alpha = engine.spec_tokens, engine.acceptance
+    if not k:
+        return decode_step_time(hardware, model, engine, batch, context_tokens)
+    kv_read = batch * context_tokens
+    verify = step_time_s(hardware, model, engine, 0, batch * (k + 1), kv_read)
+    drafts = draft_time_s(hardware, model, engine, batch, kv_read)
+    return (verify + drafts) / spec_tokens_per_step(k, alpha)
+
+
 def prefill_time_s(
     hardware: Hardware,
     model: ModelSpec,
@@ -285,14 +299,44 @@ def wave_service_s(
     cached_tokens: int = 0,
 ) -> tuple[float, float]:
     """(mean time to first token, time to finish) of a wave of `batch` equal requests admitted
-    together: the wave's prefill, then (output - 1) decode steps at the mean context
-    prompt + output / 2. A request's first token comes, on average, halfway through the wave's
-    prefill (all of it for a batch of one)."""
+    together: the wave's prefill, then (output - 1) tokens at the mean context
+    prompt + output / 2 (with speculation, at its tokens per step). A request's first token
+    comes, on average, halfway through the wave's prefill (all of it for a batch of one)."""
     prefill = wave_prefill_s(hardware, model, engine, batch, workload.prompt_tokens, cached_tokens)
     first = prefill * (batch + 1) / (2 * batch)
     context = workload.prompt_tokens + workload.output_tokens // 2
-    decode = decode_step_time(hardware, model, engine, batch, context)
-    return first, prefill + decode * (workload.output_tokens - 1)
+    per_token = token_time_s(hardware, model, engine, batch, context)
+    return first, prefill + per_token * (workload.output_tokens - 1)
+
+
+def open_loop_batch(
+    hardware: Hardware,
+    model: ModelSpec,
+    engine: EngineConfig,
+    batch: int,
+    workload: Workload,
+    rate: float,
+    cached_tokens: int = 0,
+) -> tuple[int, float, float]:
+    """(sequences decoding together, TTFT, E2E) of Poisson arrivals at `rate` below capacity.
+    Requests come one at a time, so each is prefilled alone and decodes beside the others in
+    flight: about rate x E2E of them (Little's law), at most `batch`; found by iterating that
+    fixed point from one sequence."""
+    first = prefill_time_s(hardware, model, engine, workload.prompt_tokens, cached_tokens)
+    context = workload.prompt_tokens + workload.output_tokens // 2
+    running = 1
+    for _ in range(16):
+        e2e = first + token_time_s(hardware, model, engine, running, context) * (
+            workload.output_tokens - 1
+        )
+        settled = max(1, min(batch, math.ceil(rate * e2e)))
+        if settled == running:
+            break
+        running = settled
+    e2e = first + token_time_s(hardware, model, engine, running, context) * (
+        workload.output_tokens - 1
+    )
+    return running, first, e2e
 
 
 def closed_loop_waits_s(
@@ -345,6 +389,19 @@ def predict_load(params: LabParams, batch: int, cached_tokens: int = 0) -> LoadP
     batch = max(1, min(batch, in_flight))
     first, service = wave_service_s(hw, model, engine, batch, work, cached_tokens)
     capacity = batch / service if service > 0 else math.inf
+    if work.request_rate is not None and work.request_rate <= capacity:
+        running, first, e2e = open_loop_batch(
+            hw, model, engine, batch, work, work.request_rate, cached_tokens
+        )
+        return LoadPrediction(
+            batch=running,
+            capacity_requests_per_s=capacity,
+            queue_wait_s=0.0,
+            queue_wait_p50_s=0.0,
+            ttft_s=first,
+            ttft_p50_s=first,
+            e2e_s=e2e,
+        )
     if work.request_rate is None:
         waits = closed_loop_waits_s(work.num_prompts, in_flight, batch, service)
         mean_wait, p50_wait = float(waits.mean()), float(np.median(waits))
@@ -442,13 +499,8 @@ def predict(params: LabParams) -> Prediction:
 
     cached = prefix_cached_tokens(engine, work)
     decode_s = decode_step_time(hw, model, engine, batch, work.context_tokens)
-    tpot = decode_s
+    tpot = token_time_s(hw, model, engine, batch, work.context_tokens)
     k, alpha = engine.spec_tokens, engine.acceptance
-    if k:
-        kv_read = batch * work.context_tokens
-        verify = step_time_s(hw, model, engine, 0, batch * (k + 1), kv_read)
-        drafts = draft_time_s(hw, model, engine, batch, kv_read)
-        tpot = (verify + drafts) / spec_tokens_per_step(k, alpha)
     ttft = prefill_time_s(hw, model, engine, work.prompt_tokens, cached)
     single = decode_step_time(hw, model, engine, 1, work.context_tokens)
     replicas = math.ceil(work.concurrency / per_replica) if fits else None
