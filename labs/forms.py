@@ -158,6 +158,13 @@ class LabParamsForm(forms.Form):
     def shown_fields(self) -> list[forms.BoundField]:
         return [self[name] for name in self.lab.fields]
 
+    def unshown_errors(self) -> list[str]:
+        """Errors of no field, or of a setting this lab carries hidden (gpu and tp on most
+        labs, refused when no vLLM worker can run them): the run panel shows them, or such a
+        refusal would come back with nothing to read."""
+        shown = {*self.lab.fields, "backend", "sim_profile", "sweep_field", "sweep_values"}
+        return [e for name, errs in self.errors.items() if name not in shown for e in errs]
+
     def carried_fields(self) -> list[tuple[str, str]]:
         """Values of the settings this lab does not show, sent along as hidden inputs."""
         shown = {*self.lab.fields, *RUN_BAR_FIELDS}

@@ -445,3 +445,19 @@ def test_a_submit_while_the_broker_is_down_is_503_and_leaves_nothing(client, bro
     assert "The lab queue is unavailable" in response.content.decode()
     assert not LabRun.objects.exists()
     assert not Sweep.objects.exists()
+
+
+def test_a_vllm_refusal_of_a_setting_the_lab_keeps_hidden_is_shown(alice_client, no_broker):
+    """paged-kv carries gpu and tp as hidden inputs; a refusal of them must still be read."""
+    make_heartbeat("sim")
+    make_heartbeat("vllm", hostname="l4@box", gpus={"kind": "l4", "count": 1, "name": "NVIDIA L4"})
+    response = alice_client.post(
+        reverse("labs:run-create", args=["paged-kv"]), {"backend": "vllm", "gpu": "h100-sxm"}
+    )
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert "gpu" in errors and "gpu" not in LABS["paged-kv"].fields
+    run_panel = response.content.decode().split('class="card run-panel"', 1)[1]
+    assert errors["gpu"][0] in run_panel.replace("&#x27;", "'").replace("&quot;", '"')
+    assert not LabRun.objects.exists()
+    no_broker.assert_not_called()
