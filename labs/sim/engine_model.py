@@ -75,6 +75,9 @@ class GpuConstants:
     # Fixed CPU time of a decode-only step where this GPU's measurements pin it down (its
     # engine version's scheduler); None = the global constant.
     decode_step_overhead_s: float | None = None
+    # False where no published vLLM run of this GPU was found and its efficiencies are
+    # borrowed from a calibrated part (their source says "not calibrated").
+    calibrated: bool = True
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,10 @@ def parse_calibration(data: dict[str, Any]) -> Calibration:
     gpus = {}
     for name, entry in data["gpus"].items():
         c = {k: _value(v) for k, v in entry.items()}
+        source = entry["bandwidth_efficiency"]
+        borrowed = name == "custom" or (
+            isinstance(source, dict) and "not calibrated" in str(source.get("source", ""))
+        )
         gpus[name] = GpuConstants(
             name=name,
             display=str(c["display"]),
@@ -133,6 +140,7 @@ def parse_calibration(data: dict[str, Any]) -> Calibration:
                 if "decode_step_overhead_ms" in c
                 else None
             ),
+            calibrated=not borrowed,
         )
     if "custom" not in gpus:
         raise ValueError("calibration.yaml needs a `custom` GPU entry")
@@ -171,8 +179,16 @@ def where_label(hardware: Hardware, profile: str) -> str:
     name = gpu_display_name(hardware)
     if profile == "ideal":
         return f"simulated on CPU as {name}, ideal hardware (roofline, no overheads)"
-    runs = load_calibration().num_runs
-    return f"simulated on CPU as {name} (calibrated to {runs} published vLLM runs)"
+    calibration = load_calibration()
+    if not calibration.gpu(hardware).calibrated:
+        return (
+            f"simulated on CPU as {name} (not calibrated: no published vLLM run of this GPU;"
+            " efficiencies borrowed from a calibrated GPU)"
+        )
+    return (
+        f"simulated on CPU as {name} (calibrated to {calibration.num_fitted} published vLLM runs,"
+        f" checked against {calibration.num_held_out} more)"
+    )
 
 
 # -- the terms, one function each -----------------------------------------------------------------

@@ -207,10 +207,12 @@ def test_every_constant_names_its_source():
 
 
 def test_every_simulated_result_says_which_hardware_it_ran_on():
-    runs = load_calibration().num_runs
+    cal = load_calibration()
     assert where_label(H100, "realistic") == (
-        f"simulated on CPU as H100 SXM (calibrated to {runs} published vLLM runs)"
+        f"simulated on CPU as H100 SXM (calibrated to {cal.num_fitted} published vLLM runs,"
+        f" checked against {cal.num_held_out} more)"
     )
+    assert "not calibrated" in where_label(GPUS["l4"], "realistic")
     assert where_label(A100, "ideal").startswith(
         "simulated on CPU as A100 80GB SXM, ideal hardware"
     )
