@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from tests.e2e.conftest import LAPTOP, PHONE, sign_up
 
@@ -27,7 +28,15 @@ def _prediction(page, key: str):
 def _no_sideways_scroll(page) -> None:
     width = page.evaluate("document.documentElement.scrollWidth")
     viewport = page.viewport_size["width"]
-    assert width <= viewport, f"the page scrolls sideways: {width}px in {viewport}px"
+    wide = page.evaluate(
+        """(limit) => [...document.querySelectorAll('body *')]
+            .filter((e) => e.getBoundingClientRect().right > limit + 1)
+            .slice(0, 5)
+            .map((e) => `${e.tagName.toLowerCase()}.${e.className}: ${Math.round(
+                e.getBoundingClientRect().right)}px`)""",
+        viewport,
+    )
+    assert width <= viewport, f"the page scrolls sideways: {width}px in {viewport}px: {wide}"
 
 
 def _shoot(page, name: str) -> None:
@@ -38,7 +47,12 @@ def _shoot(page, name: str) -> None:
         # Charts resize on a later frame (sooner or later, by how busy the machine is): wait
         # until the page fits, then check it.
         # An arrow function: a bare expression would be eval()ed, which the CSP refuses.
-        page.wait_for_function("() => document.documentElement.scrollWidth <= window.innerWidth")
+        try:
+            page.wait_for_function(
+                "() => document.documentElement.scrollWidth <= window.innerWidth"
+            )
+        except PlaywrightTimeoutError:
+            pass  # the assertion below names what sticks out
         _no_sideways_scroll(page)
         page.screenshot(path=str(SHOTS / f"{name}-{label}.png"), full_page=True)
         if label == "phone":  # a tall phone page, also cut into screens a person can read
