@@ -15,7 +15,6 @@ that kind has); labs.workers.gpu_offer() reads the offer from the heartbeat rows
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -162,8 +161,3 @@ def requirement(params: LabParams) -> str:
     used = need.weights + need.kv + need.reserve
     gpus = f"{tp}\u00d7 {gpu}" if tp > 1 else f"a {gpu}"
     return f"needs a vLLM worker with {gpus} (at least {_gb(used)} of its {_gb(need.have)})"
-
-
-def tp_choices(max_gpus: int) -> list[int]:
-    """The tp values a worker with `max_gpus` GPUs can run: powers of two up to it."""
-    return [2**i for i in range(int(math.log2(max(1, max_gpus))) + 1)]
