@@ -67,7 +67,7 @@ bench: setup
 # LOAD_STEP_S choose where and how long; results in var/load/results.md.
 # The load extra (locust) is not in the lock; a uv-made virtualenv has no pip until ensurepip.
 loadtest: $(STAMP)
-	@$(PY) -m pip --version >/dev/null 2>&1 || $(PY) -m ensurepip --quiet
+	@$(PY) -m pip --version >/dev/null 2>&1 || $(PY) -m ensurepip >/dev/null
 	$(PY) -m pip install --quiet -e '.[dev,load]'
 	$(PY) tests/load/run.py
 
