@@ -161,6 +161,12 @@ if CACHE_URL:
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
+# Sessions: every logged-in request reads one. With Redis they are read from it and written
+# through to the database (config/sessions.py falls back to the database when Redis is down);
+# without it, each process's memory cache cannot see another's log-out, so the database alone.
+SESSION_CACHE_S = env_int("SESSION_CACHE_S", 300)
+SESSION_ENGINE = "config.sessions" if CACHE_URL else "django.contrib.sessions.backends.db"
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "quiz:today"
 LOGOUT_REDIRECT_URL = "login"

@@ -40,6 +40,7 @@ from quiz.models import (
 from quiz.scheduling import CardState
 from quiz.selectors import (
     card_cache_clear,
+    card_for_quiz,
     edited_cards,
     last_review_day,
     learner_settings_get,
@@ -86,22 +87,25 @@ def showing_open(*, user: AbstractBaseUser, card: Card, now: dt.datetime) -> Sho
     """Present `card`: reuse the learner's open showing of it (a reload keeps its token, option
     order and revealed answer), or issue a new token. The first showing creates the (new) state."""
     fresh = scheduling.new_card_state(now)
-    state, _ = ReviewState.objects.get_or_create(
+    state, created = ReviewState.objects.get_or_create(
         user=user,
         card=card,
         defaults={"state": fresh.state, "step": fresh.step, "due": fresh.due},
     )
-    showing = (
-        Showing.objects.filter(
-            user=user,
-            card=card,
-            used_at__isnull=True,
-            state_version=state.version,
-            created_at__gte=now - SHOWING_REUSE,
+    if created:
+        showing = None  # a state made just now has no showing yet to reuse
+    else:
+        showing = (
+            Showing.objects.filter(
+                user=user,
+                card=card,
+                used_at__isnull=True,
+                state_version=state.version,
+                created_at__gte=now - SHOWING_REUSE,
+            )
+            .order_by("-created_at")
+            .first()
         )
-        .order_by("-created_at")
-        .first()
-    )
     if showing is not None:
         return showing
     option_ids = [option.pk for option in card.options.all()]
@@ -191,7 +195,7 @@ def showing_reveal(
         if state.version != showing.state_version:
             raise QuizConflict("This card was answered in another tab.")
         if showing.revealed_at is None:
-            card = Card.objects.prefetch_related("options").get(pk=showing.card_id)
+            card = card_for_quiz(card_id=showing.card_id)
             showing.answer, showing.correct = _judge(card, showing, answer)
         settings = settings or learner_settings_get(user=user)
         showing.outcomes = _compute_outcomes(showing, state, settings, now)
