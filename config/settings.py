@@ -239,8 +239,19 @@ if _broker.scheme == "filesystem":
 elif _broker.scheme in {"redis", "rediss"}:
     # Redis redelivers an unacked message after the visibility timeout; it must exceed the longest
     # task's hard time limit or a slow lab would run twice.
+    # A hung Redis (accepts, never answers) must not hold a web thread in apply_async: each
+    # socket call gives up after a few seconds and the submit is refused as "queue unavailable".
+    # A worker's BRPOP waits 1 s for a message (kombu), so the timeout must be longer than that.
+    _broker_socket_timeout_s = env_int("CELERY_BROKER_SOCKET_TIMEOUT_S", 2)
+    if _broker_socket_timeout_s < 2:
+        raise ImproperlyConfigured(
+            "CELERY_BROKER_SOCKET_TIMEOUT_S must be at least 2 (seconds), "
+            f"got {_broker_socket_timeout_s}"
+        )
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 2 * 3600),
+        "socket_connect_timeout": _broker_socket_timeout_s,
+        "socket_timeout": _broker_socket_timeout_s,
     }
     CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", CELERY_BROKER_URL)
     BROKER_DIR = None
@@ -251,6 +262,14 @@ else:
     )
 CELERY_BROKER_DISPLAY = env_str("CELERY_BROKER_URL", f"filesystem://{VAR_DIR / 'broker'}")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# One quick retry of a publish (a broker restart), not Celery's default three: a web request
+# waits for it, and a broker still down after that is reported to the learner.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 1,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.2,
+}
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]

@@ -72,3 +72,13 @@ def test_a_bad_boolean_names_the_variable(value):
     result = run(["manage.py", "check"], DEBUG=value)
     assert result.returncode == 2
     assert "DEBUG must be one of" in result.stderr
+
+
+def test_a_broker_socket_timeout_a_worker_could_not_wait_with_is_refused():
+    result = run(
+        ["manage.py", "check"],
+        CELERY_BROKER_URL="redis://127.0.0.1:6379/0",
+        CELERY_BROKER_SOCKET_TIMEOUT_S="1",
+    )
+    assert result.returncode == 2
+    assert "CELERY_BROKER_SOCKET_TIMEOUT_S must be at least 2 (seconds), got 1" in result.stderr

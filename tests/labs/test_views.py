@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from datetime import timedelta
 from unittest import mock
@@ -401,17 +402,9 @@ def test_the_live_prediction_reacts_to_concurrency(alice_client):
     assert texts[0] != texts[1]
 
 
-@pytest.fixture
-def broker_down(monkeypatch):
-    """CELERY_BROKER_URL pointing at a port nothing listens on, as when Redis is down."""
-    import socket
-
+def _point_broker_at(monkeypatch, url: str, transport_options: dict):
     from config.celery import app
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # closed again when the block ends
-    url = f"redis://127.0.0.1:{port}/0"
     keys = ("broker_url", "CELERY_BROKER_URL", "broker_transport_options", "broker_transport")
     saved = {key: app.conf.get(key) for key in keys}
     # Celery reads the variable and the namespaced key before its own setting: point all at it.
@@ -419,7 +412,7 @@ def broker_down(monkeypatch):
     app.conf.update(
         broker_url=url,
         CELERY_BROKER_URL=url,
-        broker_transport_options={},
+        broker_transport_options=transport_options,
         broker_transport=None,
     )
     app._pool = None
@@ -428,6 +421,44 @@ def broker_down(monkeypatch):
     app.conf.update(saved)
     app._pool = None
     app.amqp._producer_pool = None
+
+
+@pytest.fixture
+def broker_down(monkeypatch):
+    """CELERY_BROKER_URL pointing at a port nothing listens on, as when Redis is down."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again when the block ends
+    yield from _point_broker_at(monkeypatch, f"redis://127.0.0.1:{port}/0", {})
+
+
+@pytest.fixture
+def broker_hung(monkeypatch):
+    """CELERY_BROKER_URL pointing at a server that accepts connections and never answers (a hung
+    Redis), with the transport options config/settings.py gives a Redis broker."""
+    import ast
+    import socket
+    import threading
+
+    from tests.config.test_env_file import settings_of
+
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the server closed at teardown
+            while True:
+                held.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    url = f"redis://127.0.0.1:{server.getsockname()[1]}/0"
+    options = settings_of("", CELERY_BROKER_URL=url)["settings"]["CELERY_BROKER_TRANSPORT_OPTIONS"]
+    yield from _point_broker_at(monkeypatch, url, ast.literal_eval(options))
+    server.close()
+    for conn in held:
+        conn.close()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -445,6 +476,20 @@ def test_a_submit_while_the_broker_is_down_is_503_and_leaves_nothing(client, bro
     assert "The lab queue is unavailable" in response.content.decode()
     assert not LabRun.objects.exists()
     assert not Sweep.objects.exists()
+
+
+# Without socket timeouts the publish waits forever; the marker turns that into a failure.
+@pytest.mark.timeout(120)
+@pytest.mark.django_db(transaction=True)
+def test_a_submit_while_the_broker_hangs_is_503_and_leaves_nothing(client, broker_hung):
+    client.force_login(make_user("carol"))
+    make_heartbeat("sim")
+    response = client.post(
+        reverse("labs:run-create", args=["batching"]), {**SMALL, "backend": "sim"}
+    )
+    assert response.status_code == 503
+    assert "The lab queue is unavailable" in response.content.decode()
+    assert not LabRun.objects.exists()
 
 
 def test_a_vllm_refusal_of_a_setting_the_lab_keeps_hidden_is_shown(alice_client, no_broker):
