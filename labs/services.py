@@ -11,6 +11,7 @@ import contextlib
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -166,6 +167,19 @@ def _lock_owner(owner: object) -> None:
     get_user_model().objects.select_for_update().filter(pk=owner.pk).first()  # type: ignore[attr-defined]
 
 
+def _lock_queue_cap(backend: str) -> None:
+    """Serialise submissions to one backend queue (labs.sim, labs.gpu) until this transaction
+    ends, so two learners cannot both count the same free places under its global cap. A
+    PostgreSQL advisory lock, as there is no row to lock: the cap counts rows not yet written.
+    SQLite needs none: its IMMEDIATE transactions already take one write lock at BEGIN."""
+    connection = transaction.get_connection()
+    if connection.vendor != "postgresql":
+        return
+    key = zlib.crc32(f"labs.queue-cap:{backend_queue(backend)}".encode())
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+
+
 class QueueUnavailable(Exception):
     """The broker refused or could not take the message."""
 
@@ -211,7 +225,8 @@ def _save_and_enqueue(
     ids: list[int] = []
     try:
         with transaction.atomic():
-            _lock_owner(owner)
+            _lock_owner(owner)  # then the queue: one order everywhere, so no deadlock
+            _lock_queue_cap(backend)
             _check_can_queue(owner=owner, backend=backend, new_runs=new_runs)
             ids, queues = create()
             transaction.on_commit(lambda: _enqueue(ids, backend, queues))

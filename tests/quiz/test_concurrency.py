@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from functools import partial
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 
 from quiz import services
 from quiz.models import ReviewLog, ReviewState, Showing
 from tests.quiz.factories import at, make_card, show
+from tests.threads import race
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 NOW = at(2026, 6, 1, 9)
@@ -25,28 +25,6 @@ def _needs_postgres():
 
 def grader(user, token: str, rating: int) -> Callable[[], object]:
     return partial(services.review_grade, user=user, token=token, rating=rating, now=NOW)
-
-
-def race(*calls: Callable[[], object]) -> list[object]:
-    """Run each call in its own thread (so its own connection), released together."""
-    barrier = threading.Barrier(len(calls))
-    results: list[object] = [None] * len(calls)
-
-    def run(i: int, call: Callable[[], object]) -> None:
-        try:
-            barrier.wait()
-            results[i] = call()
-        except Exception as exc:  # noqa: BLE001 - the outcome is what the test checks
-            results[i] = exc
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()  # no deadline: a hang is pytest-timeout's to report
-    return results
 
 
 def test_it_grades_once_when_two_requests_carry_the_same_token(alice):

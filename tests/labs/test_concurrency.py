@@ -1,0 +1,71 @@
+"""Two learners submit at the same moment, on two real database connections: the global queue
+caps hold."""
+
+from __future__ import annotations
+
+import threading
+from functools import partial
+from unittest import mock
+
+import pytest
+from django.db import connection
+
+from labs import services
+from labs.models import LabRun
+from tests.conftest import make_user
+from tests.labs.factories import SMALL, make_heartbeat
+from tests.threads import race
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def _needs_postgres():
+    if connection.vendor != "postgresql":
+        pytest.skip("the queue-cap lock is exercised on PostgreSQL (SQLite serialises writers)")
+
+
+@pytest.fixture
+def checks_meet():
+    """Each submit, once it passed the checks, waits (a while) for the other to pass them too:
+    without a lock both would, and both would insert."""
+    meet = threading.Barrier(2)
+    check = services._check_can_queue
+
+    def check_then_meet(**kwargs):
+        check(**kwargs)
+        try:
+            meet.wait(timeout=3)
+        except threading.BrokenBarrierError:
+            pass  # the other submit is waiting for the lock (or was refused): go on alone
+
+    with (
+        mock.patch.object(services, "_check_can_queue", side_effect=check_then_meet),
+        mock.patch.object(services, "_enqueue"),
+    ):
+        yield
+
+
+@pytest.mark.parametrize(
+    ("backend", "cap_setting", "data", "kind"),
+    [
+        ("sim", "LABS_SIM_QUEUE_CAP", SMALL, "sim-cap"),
+        ("vllm", "LABS_GPU_QUEUE_CAP", {**SMALL, "gpu": "l4"}, "gpu-cap"),
+    ],
+)
+def test_two_learners_submitting_at_once_do_not_pass_the_global_cap(
+    settings, checks_meet, backend, cap_setting, data, kind
+):
+    setattr(settings, cap_setting, 1)
+    make_heartbeat("sim")
+    make_heartbeat("vllm", gpus={"kind": "l4", "count": 1, "name": "NVIDIA L4"})
+    submits = [
+        partial(
+            services.run_request, owner=make_user(name), lab="sandbox", backend=backend, data=data
+        )
+        for name in ("alice", "bob")
+    ]
+    results = race(*submits)
+    assert LabRun.objects.filter(backend=backend).count() == 1, results
+    [refused] = [r for r in results if isinstance(r, services.RunRefused)]
+    assert refused.kind == kind
