@@ -60,6 +60,9 @@ class LabRun(models.Model):
     lab = models.SlugField(max_length=40)
     preset = models.SlugField(max_length=80, blank=True)
     backend = models.CharField(max_length=20)
+    # Where the run was sent (labs.sim, labs.gpu or labs.gpu.<kind>): the reaper asks whether a
+    # worker consumes it. Blank on runs made before it was recorded: the backend's queue.
+    queue = models.CharField(max_length=60, blank=True)
     params = models.JSONField(help_text="validated parameters: LabParams.as_dict()")
     predicted = models.JSONField(default=dict, help_text="predict(params).as_dict() at submit")
     state = models.CharField(max_length=12, choices=RunState.choices, default=RunState.QUEUED)

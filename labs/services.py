@@ -272,11 +272,12 @@ def run_request(
                 lab=lab,
                 preset=preset,
                 backend=backend,
+                queue=run_queue(backend, params),
                 params=params.as_dict(),
                 predicted=_predicted(params),
             )
         )
-        return [created[0].pk], [run_queue(backend, params)]
+        return [created[0].pk], [created[0].queue]
 
     _save_and_enqueue(create, owner, backend, 1)
     return created[0]
@@ -344,6 +345,7 @@ def sweep_request(
                 owner=owner,
                 lab=lab,
                 backend=backend,
+                queue=run_queue(backend, p),
                 params=p.as_dict(),
                 predicted=_predicted(p),
                 sweep=sweep,
@@ -351,7 +353,7 @@ def sweep_request(
             )
             for i, p in enumerate(points)
         )
-        return [r.pk for r in runs], [run_queue(backend, p) for p in points]
+        return [r.pk for r in runs], [r.queue for r in runs]
 
     _save_and_enqueue(create, owner, backend, len(points))
     return made[0]
@@ -596,7 +598,8 @@ def run_reap_stale(*, now: datetime | None = None, run_ids: Sequence[int] | None
     """Fail runs a dead worker left behind. Returns how many were failed.
 
     - running, and no heartbeat for LABS_RUN_STALE_S: the worker was killed or lost;
-    - queued for LABS_QUEUED_STALE_S while no worker for its backend is online.
+    - queued for LABS_QUEUED_STALE_S while no online worker consumes the queue it was sent to
+      (a run for an H100 waits for an H100 worker, whatever other GPU workers are up).
     `run_ids` limits the check to those runs (a page watching one run).
     """
     now = now or timezone.now()
@@ -616,29 +619,49 @@ def run_reap_stale(*, now: datetime | None = None, run_ids: Sequence[int] | None
         ).update(state=RunState.FAILED, finished_at=now, error=error)
     queued_cutoff = now - timedelta(seconds=settings.LABS_QUEUED_STALE_S)
     old_queued = runs.filter(state=RunState.QUEUED, created_at__lt=queued_cutoff)
-    online = set(WorkerHeartbeat.objects.online(now).values_list("backend", flat=True))
-    for backend in set(old_queued.values_list("backend", flat=True)) - online:
+    served = _served_queues(now)
+    for backend, queue in set(old_queued.values_list("backend", "queue")):
+        sent_to = _sent_to(backend, queue)
+        if sent_to in served:
+            continue
         reaped += _fail_all(
-            old_queued.filter(backend=backend),
+            old_queued.filter(backend=backend, queue=queue),
             now,
-            f"No {backend} worker took this run within "
-            f"{settings.LABS_QUEUED_STALE_S // 60} minutes and none is online.",
+            f"No {backend} worker took this run within {settings.LABS_QUEUED_STALE_S // 60} "
+            f"minutes and none that consumes its queue ({sent_to}) is online.",
         )
-    reaped += _reap_lost_queued(runs, now, online)
+    reaped += _reap_lost_queued(runs, now, served)
     if reaped:
         logger.warning("reaper marked %d lab run(s) failed", reaped)
     return reaped
 
 
-def _reap_lost_queued(runs: QuerySet[LabRun], now: datetime, online: set[str]) -> int:
-    """Fail queued runs whose message never reached a worker: their backend has a worker online
-    that has been idle (nothing running, nothing started or finished) for LABS_QUEUED_LOST_S.
-    A worker with prefetch 1 takes a waiting message within seconds, so such a run is lost."""
+def _sent_to(backend: str, queue: str) -> str:
+    """The queue a run was sent to; a run saved before that was recorded went to its backend's."""
+    return queue or settings.LABS_BACKEND_QUEUES.get(backend, "")
+
+
+def _served_queues(now: datetime) -> set[str]:
+    """The queues online workers consume: the one each announced (`labs.gpu.<kind>` for a GPU
+    worker) and its backend's queue, which every worker of the backend consumes too."""
+    served: set[str] = set()
+    for backend, queue in WorkerHeartbeat.objects.online(now).values_list("backend", "queue"):
+        served |= {queue, settings.LABS_BACKEND_QUEUES.get(backend, queue)}
+    return served
+
+
+def _reap_lost_queued(runs: QuerySet[LabRun], now: datetime, served: set[str]) -> int:
+    """Fail queued runs whose message never reached a worker: a worker consuming their queue is
+    online and their backend has been idle (nothing running, nothing started or finished) for
+    LABS_QUEUED_LOST_S. A worker with prefetch 1 takes a waiting message within seconds, so
+    such a run is lost."""
     lost_s = settings.LABS_QUEUED_LOST_S
     cutoff = now - timedelta(seconds=lost_s)
     reaped = 0
     waiting = runs.filter(state=RunState.QUEUED, created_at__lt=cutoff)
-    for backend in set(waiting.values_list("backend", flat=True)) & online:
+    for backend, queue in set(waiting.values_list("backend", "queue")):
+        if _sent_to(backend, queue) not in served:
+            continue  # nobody could have taken it: the stale check above deals with it
         of_backend = LabRun.objects.filter(backend=backend)
         busy = (
             of_backend.filter(state=RunState.RUNNING).exists()
@@ -648,7 +671,7 @@ def _reap_lost_queued(runs: QuerySet[LabRun], now: datetime, online: set[str]) -
         if busy:
             continue
         reaped += _fail_all(
-            waiting.filter(backend=backend),
+            waiting.filter(backend=backend, queue=queue),
             now,
             f"This run never reached a {backend} worker (the lab queue lost it): a worker "
             f"was online and idle for {lost_s} s. Run it again.",

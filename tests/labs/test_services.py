@@ -58,7 +58,7 @@ def test_it_queues_a_run_and_enqueues_its_id_after_commit(
     assert run.predicted["kv_bytes_per_token"] == 131072  # llama-3-8b, 16-bit KV
     [(ids, options)] = sent
     assert ids == [run.pk]
-    assert options["queue"] == "labs.sim"
+    assert options["queue"] == run.queue == "labs.sim"
     assert options["soft_time_limit"] < options["time_limit"]
 
 
@@ -292,6 +292,11 @@ def test_a_vllm_run_goes_to_the_queue_of_the_gpu_it_was_priced_for(alice, sent):
             owner=alice, lab="sandbox", backend="vllm", data={**SMALL, "gpu": "h100-sxm", "tp": 2}
         )
     assert [options["queue"] for _, options in sent] == ["labs.gpu.l4", "labs.gpu.h100-sxm"]
+    # The run remembers where it went, for the reaper.
+    assert list(LabRun.objects.order_by("pk").values_list("queue", flat=True)) == [
+        "labs.gpu.l4",
+        "labs.gpu.h100-sxm",
+    ]
 
 
 def test_a_sweep_over_gpus_sends_each_point_to_its_own_kind(alice):
@@ -309,6 +314,43 @@ def test_a_sweep_over_gpus_sends_each_point_to_its_own_kind(alice):
         list(group.call_args.args[0])  # the group's signatures, each .set() with its queue
     queues = [c.kwargs["queue"] for c in si.return_value.set.call_args_list]
     assert queues == ["labs.gpu.l4", "labs.gpu.h100-sxm"]
+    sent_to = LabRun.objects.order_by("sweep_index").values_list("queue", flat=True)
+    assert list(sent_to) == queues
+
+
+def test_a_queued_run_is_reaped_when_no_worker_consumes_its_gpu_kind_queue(alice, settings):
+    settings.LABS_QUEUED_STALE_S = 600
+    old = timezone.now() - timedelta(seconds=601)
+    gpu_worker("l4", 1, "l4@box")
+    # The L4 worker is busy, so none of these looks lost; only the stale check applies.
+    make_run(alice, backend="vllm", queue="labs.gpu.l4", state=RunState.RUNNING)
+    h100 = make_run(alice, backend="vllm", queue="labs.gpu.h100-sxm", created_at=old)
+    l4 = make_run(alice, backend="vllm", queue="labs.gpu.l4", created_at=old)
+    any_gpu = make_run(alice, backend="vllm", queue="labs.gpu", created_at=old)
+    assert services.run_reap_stale() == 1
+    for run in (h100, l4, any_gpu):
+        run.refresh_from_db()
+    assert h100.state == RunState.FAILED
+    assert "none that consumes its queue (labs.gpu.h100-sxm) is online" in h100.error
+    # The L4 worker consumes its kind's queue and the GPU queue every GPU worker shares.
+    assert l4.state == any_gpu.state == RunState.QUEUED
+    gpu_worker("h100-sxm", 1, "h100@box")
+    h100.state, h100.error = RunState.QUEUED, ""
+    h100.save()
+    assert services.run_reap_stale() == 0
+
+
+def test_a_run_for_a_gpu_no_worker_has_is_not_called_lost_by_an_idle_other_gpu(alice, settings):
+    settings.LABS_QUEUED_LOST_S = 60
+    settings.LABS_QUEUED_STALE_S = 600
+    now = timezone.now()
+    gpu_worker("l4", 1, "l4@box")  # online and idle, but it does not consume the H100 queue
+    waiting = make_run(
+        alice, backend="vllm", queue="labs.gpu.h100-sxm", created_at=now - timedelta(seconds=120)
+    )
+    assert services.run_reap_stale(now=now) == 0
+    waiting.refresh_from_db()
+    assert waiting.state == RunState.QUEUED
 
 
 @pytest.mark.parametrize(
