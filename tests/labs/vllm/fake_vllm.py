@@ -24,9 +24,14 @@ error event, as vLLM sends), `preemptions`, and its own schedule (`ttft_ms`, `it
 Strict as vLLM 0.33 at the door: every `POST /v1/completions` first goes through a FastAPI app
 (the version range vLLM 0.33 requires) whose route is declared as vLLM declares it: a pydantic
 `CompletionRequest` body (extra fields allowed and ignored, as vLLM's OpenAIBaseModel does),
-vLLM's `validate_json_request` dependency, and FastAPI's own strict content-type check. A body
-posted without `Content-Type: application/json` is refused with 422 there, before anything
-streams. The streaming itself stays on the raw socket below, for its exact timing truth.
+vLLM's `validate_json_request` dependency, and FastAPI's own strict content-type check. Whatever
+fails there (a body posted without `Content-Type: application/json` too) is refused before anything
+streams with 400 and vLLM's error JSON, `{"error": {"message", "type": "Bad Request", "param",
+"code": 400}}`: vLLM's app turns every RequestValidationError into that, never FastAPI's 422
+(vllm/entrypoints/serve/utils/server_utils.py, validation_exception_handler). What vLLM refuses
+later, while serving, gets its `create_error_response` JSON: type "BadRequestError" (400) or
+"NotFoundError" (404, an unknown model). The streaming itself stays on the raw socket below, for
+its exact timing truth.
 
 `server_style: "llamacpp"` answers as llama.cpp's `llama-server` does: text on every chunk, no
 token ids, no running usage, and the usage only on the last text chunk.
@@ -52,13 +57,14 @@ import socket
 import struct
 import sys
 import time
+from http import HTTPStatus
 from typing import Annotated, Any
 
 import numpy as np
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SO_TIMESTAMPNS = 35  # Linux; not exported by the socket module
 
@@ -515,6 +521,10 @@ class Conn:
         arrived = self.arrived
         asyncio.ensure_future(self._complete(xid, headers, raw, arrived))
 
+    def refuse(self, xid: str, arrived: float, status: int, answer: bytes) -> None:
+        self.engine.log[xid] = {"recv_s": arrived, "sends": [], "status": status}
+        self.reply(f"{status} {HTTPStatus(status).phrase}", answer)
+
     async def _complete(
         self, xid: str, headers: dict[str, str], raw: bytes, arrived: float
     ) -> None:
@@ -523,19 +533,17 @@ class Conn:
         behaviour = dict(engine.config["requests"].get(suffix, {}))
         status, answer, request = await validate(headers, raw)
         if request is None:
-            engine.log[xid] = {"recv_s": arrived, "sends": [], "status": status}
-            self.reply(f"{status} Unprocessable Entity", answer)
+            self.refuse(xid, arrived, status, answer)
             return
         body = request.model_dump()
-        bad = _check_body(body, engine.config["model"])
+        refusal = _refusal(body, engine.config)
+        if refusal is not None:
+            self.refuse(xid, arrived, *refusal)
+            return
         status = int(behaviour.get("status", 200))
-        if bad or status != 200:
-            engine.log[xid] = {"recv_s": arrived, "sends": [], "status": status or 400}
-            if bad:
-                self.reply("400 Bad Request", json.dumps({"error": {"message": bad}}).encode())
-            else:
-                message = {"error": {"message": "fake internal error", "code": status}}
-                self.reply(f"{status} Internal Server Error", json.dumps(message).encode())
+        if status != 200:
+            message = {"error": {"message": "fake internal error", "code": status}}
+            self.refuse(xid, arrived, status, json.dumps(message).encode())
             return
         self.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
@@ -548,6 +556,27 @@ class Conn:
 
 
 # -- the door: vLLM 0.33's request model and route, in FastAPI ------------------------------------
+
+
+class RequestError(ValueError):
+    """A refusal that names the request field it is about, as vLLM's VLLMValidationError does:
+    its text ends with "(parameter=..., value=...)" and the error JSON's `param` is the field."""
+
+    def __init__(self, message: str, *, parameter: str, value: Any = None) -> None:
+        super().__init__(message)
+        self.parameter, self.value = parameter, value
+
+    def __str__(self) -> str:
+        extras = [f"parameter={self.parameter}"]
+        if self.value is not None:
+            extras.append(f"value={self.value}")
+        return f"{super().__str__()} ({', '.join(extras)})"
+
+
+def error_json(message: str, err_type: str, code: int, param: str | None = None) -> bytes:
+    """vLLM's ErrorResponse body."""
+    error = {"message": message, "type": err_type, "param": param, "code": code}
+    return json.dumps({"error": error}).encode()
 
 
 class _VLLMModel(BaseModel):
@@ -565,7 +594,7 @@ TokenId = Annotated[int, Field(ge=0)]
 
 class CompletionRequest(_VLLMModel):
     """The fields of vLLM 0.33's CompletionRequest (entrypoints/openai/completion/protocol.py)
-    that a lab request can touch, with vLLM's types and bounds."""
+    that a lab request can touch, with vLLM's types, bounds and before-validators."""
 
     model: str | None = None
     prompt: list[TokenId] | list[list[TokenId]] | str | list[str] | None = None
@@ -584,6 +613,16 @@ class CompletionRequest(_VLLMModel):
     return_token_ids: bool | None = None
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _stream_options_need_stream(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
+            raise RequestError(
+                "Stream options can only be defined when `stream=True`.",
+                parameter="stream_options",
+            )
+        return data
+
 
 async def validate_json_request(raw_request: Request) -> None:
     """vLLM's own dependency on the route (entrypoints/serve/utils/api_utils.py)."""
@@ -597,12 +636,33 @@ async def validate_json_request(raw_request: Request) -> None:
 DOOR = FastAPI()
 
 
+@DOOR.exception_handler(RequestValidationError)
+async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+    """vLLM's handler: 400 whatever failed, `param` from the error that names its field, else from
+    the first error's location ("body.max_tokens"); the message lists every error."""
+    errors = list(exc.errors())
+    named = [
+        e["ctx"]["error"]
+        for e in errors
+        if isinstance(e, dict) and isinstance(e.get("ctx", {}).get("error"), RequestError)
+    ]
+    param = named[0].parameter if named else None
+    if param is None and errors and isinstance(errors[0], dict) and errors[0].get("loc"):
+        param = ".".join(str(part) for part in errors[0]["loc"] if _is_field(part))
+    message = f"{len(errors)} validation error{'s' if len(errors) != 1 else ''}:\n"
+    message += "\n".join(f"  {e}" for e in errors)
+    error = {"message": message, "type": "Bad Request", "param": param, "code": 400}
+    return JSONResponse({"error": error}, status_code=400)
+
+
+def _is_field(part: object) -> bool:
+    # pydantic puts its union branches and validator wrappers ("list[int]",
+    # "function-before[...]") in the location; vLLM leaves them out of `param`.
+    return isinstance(part, int) or not any(c in str(part) for c in "[](){}")
+
+
 @DOOR.post("/v1/completions", dependencies=[Depends(validate_json_request)])
 async def _create_completion(request: CompletionRequest, raw_request: Request) -> Response:
-    if request.stream_options and not request.stream:
-        raise RequestValidationError(
-            errors=["Stream options can only be defined when stream=True."]
-        )
     raw_request.scope["fake_request"] = request
     return Response(status_code=200)
 
@@ -647,16 +707,36 @@ async def validate(
     return status, b"".join(parts), scope.get("fake_request") if status == 200 else None
 
 
-def _check_body(body: dict[str, Any], model: str) -> str | None:
-    """What vLLM would refuse with --skip-tokenizer-init, as a message; None if fine."""
+def _refusal(body: dict[str, Any], config: dict[str, Any]) -> tuple[int, bytes] | None:
+    """What vLLM refuses after validation, while serving with --skip-tokenizer-init, as (status,
+    error JSON); None if it would serve the request."""
+    model = config["model"]
+    if body.get("model") != model:
+        message = f"The model `{body.get('model')}` does not exist."
+        return 404, error_json(message, "NotFoundError", 404, "model")
+    try:
+        _check_serving(body)
+    except RequestError as exc:
+        return 400, error_json(str(exc), "BadRequestError", 400, exc.parameter)
+    return None
+
+
+def _check_serving(body: dict[str, Any]) -> None:
+    """Raises RequestError for a body vLLM would not serve."""
     prompt = body.get("prompt")
     if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
-        return "prompt must be a list of token ids when the tokenizer is skipped"
-    if body.get("model") != model:
-        return f"The model `{body.get('model')}` does not exist."
-    if not body.get("stream") or not isinstance(body.get("max_tokens"), int):
-        return "this fake serves streaming requests with max_tokens only"
-    return None
+        raise RequestError(
+            "prompt must be a list of token ids when the tokenizer is skipped", parameter="prompt"
+        )
+    max_tokens = body.get("max_tokens")
+    if not body.get("stream") or not isinstance(max_tokens, int):
+        raise RequestError(
+            "this fake serves streaming requests with max_tokens only", parameter="stream"
+        )
+    if max_tokens < 1:
+        raise RequestError(
+            f"max_tokens must be at least 1, got {max_tokens}.", parameter="max_tokens"
+        )
 
 
 def load_config(text: str | None) -> dict[str, Any]:

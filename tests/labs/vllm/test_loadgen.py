@@ -167,14 +167,24 @@ def test_every_request_says_it_is_json_or_vllm_refuses_it(
     fake_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server = fake_server({"ttft_ms": 1, "itl_ms": [1]})
-    # The strict fake refuses a JSON body without the header, as vLLM 0.33's FastAPI does.
+    # The strict fake refuses a JSON body without the header, as vLLM 0.33's FastAPI does; and
+    # vLLM's app answers that (any RequestValidationError) with 400, not FastAPI's 422.
     bare = httpx.post(
         server.base_url + "/v1/completions",
         content=json.dumps({"model": "lab", "prompt": [1], "max_tokens": 1, "stream": True}),
         headers={"content-type": ""},
         trust_env=False,
     )
-    assert bare.status_code == 422
+    assert bare.status_code == 400
+    assert bare.json() == {
+        "error": {
+            "message": "1 validation error:\n  Unsupported Media Type: Only 'application/json' "
+            "is allowed",
+            "type": "Bad Request",
+            "param": None,
+            "code": 400,
+        }
+    }
     result = asyncio.run(
         run_load(server.base_url, "lab", planned(3, 4), LoadOptions(metrics_poll_s=0))
     )
@@ -185,7 +195,48 @@ def test_every_request_says_it_is_json_or_vllm_refuses_it(
     result = asyncio.run(
         run_load(server.base_url, "lab", planned(2, 4), LoadOptions(metrics_poll_s=0))
     )
-    assert all(r.error and r.error.startswith("HTTP 422") for r in result.requests)
+    assert [r.error for r in result.requests] == [
+        "HTTP 400: 1 validation error: Unsupported Media Type: Only 'application/json' is allowed"
+    ] * 2
+
+
+GOOD = {"model": "lab", "prompt": [1000, 1001, 1002], "max_tokens": 2, "stream": True}
+
+
+@pytest.mark.parametrize(
+    "change,status,kind,param",
+    [
+        ({"max_tokens": "many"}, 400, "Bad Request", "body.max_tokens"),
+        ({"prompt": [1000, -1]}, 400, "Bad Request", "body.prompt.1"),
+        ({"stream": False, "stream_options": {"include_usage": True}}, 400, "Bad Request",
+         "stream_options"),
+        ({"max_tokens": 0}, 400, "BadRequestError", "max_tokens"),
+        ({"model": "other"}, 404, "NotFoundError", "model"),
+    ],
+)  # fmt: skip
+def test_a_body_vllm_refuses_gets_vllms_status_and_error_naming_the_field(
+    fake_server: Any, change: dict[str, Any], status: int, kind: str, param: str
+) -> None:
+    # vLLM: 400 "Bad Request" for what fails validation (its RequestValidationError handler),
+    # 400 "BadRequestError" or 404 "NotFoundError" for what it refuses while serving.
+    server = fake_server({"ttft_ms": 1, "itl_ms": [1]})
+    url = server.base_url + "/v1/completions"
+    assert httpx.post(url, json=GOOD, trust_env=False).status_code == 200
+    refused = httpx.post(url, json={**GOOD, **change}, trust_env=False)
+    assert refused.status_code == status
+    error = refused.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == (kind, param, status)
+    assert error["message"]
+
+
+def test_the_learner_sees_what_vllm_refused_and_the_field(fake_server: Any) -> None:
+    server = fake_server({"ttft_ms": 1, "itl_ms": [1]})
+    bad = [PlannedRequest("0", [1000, -1], 4, 0.0), PlannedRequest("1", [1000, 1001], 0, 0.0)]
+    result = asyncio.run(run_load(server.base_url, "lab", bad, LoadOptions(metrics_poll_s=0)))
+    by_id = {r.req_id: r.error or "" for r in result.requests}
+    assert by_id["0"].startswith("HTTP 400: 6 validation errors: {'type': 'greater_than_equal'")
+    assert "'loc': ('body', 'prompt'," in by_id["0"]
+    assert by_id["1"] == "HTTP 400: max_tokens must be at least 1, got 0. (parameter=max_tokens)"
 
 
 def test_usage_on_the_last_text_chunk_is_not_counted_twice(fake_server: Any) -> None:
