@@ -57,7 +57,7 @@ from labs.backends.vllm.server import (
     ServerManager,
     build_plan,
 )
-from labs.params import LabParams
+from labs.params import LabParams, ParamError
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +155,29 @@ def all_failed(requests: Sequence[RequestRecord]) -> str | None:
     return f"every one of the {len(requests)} requests failed: {shown}{more}"
 
 
+def refuse_what_does_not_fit(planned: Sequence[PlannedRequest], max_model_len: int | None) -> None:
+    """Refuse a workload whose longest request (prompt + output tokens, the max_tokens it asks
+    for) is longer than the server's max_model_len: vLLM answers such a request with 400.
+
+    Raises:
+        ParamError: naming prompt_tokens, with the numbers.
+    """
+    if max_model_len is None or not planned:
+        return
+    longest = max(planned, key=lambda p: len(p.prompt) + p.output_tokens)
+    prompt, output = len(longest.prompt), longest.output_tokens
+    if prompt + output > max_model_len:
+        raise ParamError(
+            {
+                "prompt_tokens": "prompt_tokens + output_tokens must fit the server's "
+                f"max_model_len of {max_model_len:,} tokens, as vLLM refuses a longer request; "
+                f"the longest request is {prompt:,} + {output:,} = {prompt + output:,} tokens "
+                "(lower them or their range ratios, or start the server with a larger "
+                "--max-model-len)"
+            }
+        )
+
+
 class _Driver:
     """Runs run_load on its own thread and event loop; the caller's thread waits on it."""
 
@@ -237,7 +260,8 @@ class VLLMBackend:
         """Run the lab's workload on vLLM and return the run record.
 
         Raises:
-            ParamError: settings vLLM cannot run (before anything starts).
+            ParamError: settings vLLM cannot run, or requests longer than the running server's
+                max_model_len (before anything starts or is sent).
             ServerError: the server is missing, died, or never became healthy (with its log).
         """
         report = on_progress or (lambda fraction: None)
@@ -246,7 +270,11 @@ class VLLMBackend:
         manager: ServerManager | None = None
         meta: dict[str, Any] = {"seed": params.workload.seed, "params": params.as_dict()}
         if self.base_url is not None:
-            base_url, model = self.base_url, self._served_model(self.base_url)
+            base_url = self.base_url
+            model, max_model_len = self._served_model(base_url)
+            # Someone else's server: its context length is its own. Refuse here what vLLM would
+            # refuse request by request (a run of 400s, or worse, a run missing its longest).
+            refuse_what_does_not_fit(planned, max_model_len)
             meta.update(base_url=base_url, server="already running (base_url)")
         else:
             plan = build_plan(params, model_path=self.model_path)
@@ -304,12 +332,22 @@ class VLLMBackend:
         meta.update(vllm_version=version, gpu_name=gpu)
         return self._record(params, planned, driver.result, meta, began, version, gpu, base_url)
 
-    def _served_model(self, base_url: str) -> str:
+    def _served_model(self, base_url: str) -> tuple[str, int | None]:
+        """The served model's name and its max_model_len (None if the server does not say)."""
         try:
             response = httpx.get(f"{base_url}/v1/models", timeout=10.0, trust_env=False)
             response.raise_for_status()
-            return str(response.json()["data"][0]["id"])
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            card = response.json()["data"][0]
+            length = card.get("max_model_len")
+            return str(card["id"]), length if isinstance(length, int) else None
+        except (
+            httpx.HTTPError,
+            ValueError,
+            KeyError,
+            IndexError,
+            TypeError,
+            AttributeError,
+        ) as exc:
             raise ServerError(
                 f"no vLLM server answers at {base_url} (GET /v1/models: {exc})"
             ) from None

@@ -7,7 +7,10 @@ HTTP/1.1 (keep-alive, chunked server-sent events) and mimics what the vllm backe
   continuous_usage_stats), `return_token_ids`, `max_tokens`: streams `max_tokens` tokens on a
   programmed schedule (first chunk `ttft_ms` after admission, then one chunk every `itl_ms`,
   cycling through `itl_ms` and `chunk_tokens`), like vLLM with --skip-tokenizer-init (empty text);
-- `GET /health`, `GET /version`, `GET /v1/models`, and `GET /metrics` in vLLM's Prometheus format,
+- refuses, as vLLM does, a request whose prompt + `max_tokens` exceed `max_model_len` (400,
+  param "input_tokens"; or "max_tokens" when max_tokens alone exceeds it);
+- `GET /health`, `GET /version`, `GET /v1/models` (with `max_model_len`, as vLLM's model card has
+  it), and `GET /metrics` in vLLM's Prometheus format,
   with counters that follow what it served (prefix-cache hits at block granularity, speculative
   drafts from multi-token chunks, preemptions, running and waiting requests, KV usage);
 - `GET /fake/log`: what it really did, per request: when the request arrived (the kernel's
@@ -77,6 +80,9 @@ DEFAULTS: dict[str, Any] = {
     "spec_k": 0,
     "block_size": 16,
     "num_gpu_blocks": 4096,
+    # vLLM always has one (--max-model-len, else config.json's max_position_embeddings) and
+    # refuses a request whose prompt + max_tokens exceed it; the stand-in passes the flag on.
+    "max_model_len": 32768,
     "max_num_seqs": 100_000,
     "healthy_after_s": 0.0,
     "never_healthy": False,
@@ -500,7 +506,15 @@ class Conn:
         elif path == "/version":
             self.reply("200 OK", json.dumps({"version": engine.config["version"]}).encode())
         elif path == "/v1/models":
-            models = {"object": "list", "data": [{"id": engine.config["model"]}]}
+            # As vLLM's model card says it, max_model_len included.
+            card = {
+                "id": engine.config["model"],
+                "object": "model",
+                "owned_by": "vllm",
+                "root": engine.config["model"],
+                "max_model_len": int(engine.config["max_model_len"]),
+            }
+            models = {"object": "list", "data": [card]}
             self.reply("200 OK", json.dumps(models).encode())
         elif path == "/metrics":
             self.reply("200 OK", engine.metrics().encode(), "text/plain; version=0.0.4")
@@ -715,13 +729,13 @@ def _refusal(body: dict[str, Any], config: dict[str, Any]) -> tuple[int, bytes] 
         message = f"The model `{body.get('model')}` does not exist."
         return 404, error_json(message, "NotFoundError", 404, "model")
     try:
-        _check_serving(body)
+        _check_serving(body, int(config["max_model_len"]))
     except RequestError as exc:
         return 400, error_json(str(exc), "BadRequestError", 400, exc.parameter)
     return None
 
 
-def _check_serving(body: dict[str, Any]) -> None:
+def _check_serving(body: dict[str, Any], max_model_len: int) -> None:
     """Raises RequestError for a body vLLM would not serve."""
     prompt = body.get("prompt")
     if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
@@ -736,6 +750,25 @@ def _check_serving(body: dict[str, Any]) -> None:
     if max_tokens < 1:
         raise RequestError(
             f"max_tokens must be at least 1, got {max_tokens}.", parameter="max_tokens"
+        )
+    # vLLM's renderer (renderers/params.py): max_tokens must fit the context on its own, and
+    # then the prompt must fit what is left; prompt + max_tokens == max_model_len is served.
+    if max_tokens > max_model_len:
+        raise RequestError(
+            f"max_tokens={max_tokens} cannot be greater than "
+            f"max_model_len=max_total_tokens={max_model_len}. Please request fewer output tokens.",
+            parameter="max_tokens",
+            value=max_tokens,
+        )
+    room = max_model_len - max_tokens
+    if len(prompt) > room:
+        raise RequestError(
+            f"You passed {len(prompt)} input tokens and requested {max_tokens} output tokens. "
+            f"However, the model's context length is only {max_model_len} tokens, resulting in "
+            f"a maximum input length of {room} tokens. Please reduce the length of the input "
+            "prompt.",
+            parameter="input_tokens",
+            value=len(prompt),
         )
 
 

@@ -11,6 +11,11 @@ that only sleeps (as vLLM starts its engine-core processes), then serves the fak
 
 $STANDIN_FAKE_CONFIG (JSON) is passed to the fake. `vllm --version` prints the fake's version.
 
+`--max-model-len` (else the model directory's config.json `max_position_embeddings`) becomes the
+fake's max_model_len, which it enforces on every request as vLLM does. A length above
+max_position_embeddings exits at start, as vLLM 0.33 does unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
+(config/model.py).
+
 `--speculative-config` is read as vLLM 0.33's SpeculativeConfig reads its synthetic keys
 (config/speculative.py): exactly one of `synthetic_acceptance_rates` (length k, each in [0, 1],
 non-increasing) and `synthetic_acceptance_length` (in [1, k + 1], turned into vLLM's
@@ -71,6 +76,49 @@ def synthetic_rates(spec: dict) -> list[float]:
     return ([1.0] * full + [accepted - full] + [0.0] * (k - full - 1))[:k]
 
 
+def max_model_len(argv: list[str]) -> int | None:
+    """The server's context length as vLLM derives it, or None to keep the fake's default.
+
+    Raises:
+        ValueError: with vLLM's message, for a length above the model's.
+    """
+    try:
+        config = json.loads((Path(argv[1]) / "config.json").read_text())
+        derived = int(config["max_position_embeddings"])
+    except (IndexError, OSError, ValueError, KeyError, TypeError):
+        derived = None
+    if "--max-model-len" not in argv:
+        return derived
+    wanted = int(option(argv, "--max-model-len", "0"))  # the backend only sends integers
+    if (
+        derived is not None
+        and wanted > derived
+        and not os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+    ):
+        raise ValueError(
+            f"User-specified max_model_len ({wanted}) is greater than the derived "
+            f"max_model_len (max_position_embeddings={derived} in model's config.json). To "
+            "allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."
+        )
+    return wanted
+
+
+def read_engine_args(argv: list[str], config: dict) -> None:
+    """Put what the fake enforces from the engine flags into its `config`.
+
+    Raises:
+        ValueError: with vLLM's message, for flags vLLM refuses at start.
+    """
+    length = max_model_len(argv)
+    if length is not None:
+        config["max_model_len"] = length
+    if "--speculative-config" in argv:
+        spec = json.loads(option(argv, "--speculative-config", "{}"))
+        if spec.get("rejection_sample_method") == "synthetic":
+            rates = synthetic_rates(spec)
+            config["spec"] = {"k": int(spec["num_speculative_tokens"]), "rates": rates}
+
+
 def main() -> int:
     argv = sys.argv[1:]
     if argv[:1] == ["--version"]:
@@ -106,16 +154,12 @@ def main() -> int:
     config["model"] = option(argv, "--served-model-name", argv[1])
     config["block_size"] = int(option(argv, "--block-size", "16"))
     config["never_healthy"] = mode == "never_healthy"
-    if "--speculative-config" in argv:
-        spec = json.loads(option(argv, "--speculative-config", "{}"))
-        if spec.get("rejection_sample_method") == "synthetic":
-            try:
-                rates = synthetic_rates(spec)
-            except ValueError as exc:
-                print(f"ValueError: {exc}", file=sys.stderr, flush=True)
-                grandchild.kill()
-                return 1
-            config["spec"] = {"k": int(spec["num_speculative_tokens"]), "rates": rates}
+    try:
+        read_engine_args(argv, config)
+    except ValueError as exc:
+        print(f"ValueError: {exc}", file=sys.stderr, flush=True)
+        grandchild.kill()
+        return 1
     host, port = option(argv, "--host", "127.0.0.1"), int(option(argv, "--port", "8000"))
     asyncio.run(fake_vllm.serve(host, port, config, handle_term=mode != "ignore_term"))
     return 0

@@ -134,6 +134,38 @@ def test_counters_the_server_does_not_report_are_not_reported(fake_server: Any) 
     assert rows["Preemptions"].measured == "not reported"
 
 
+def test_a_running_servers_max_model_len_is_checked_before_anything_is_sent(
+    fake_server: Any,
+) -> None:
+    # PARAMS: every request is 128 prompt + 12 output tokens. vLLM would refuse each one with
+    # 400 on a server started with --max-model-len 139; the learner is told why, at once.
+    short = fake_server({"ttft_ms": 2, "itl_ms": [2], "max_model_len": 139})
+    with pytest.raises(ParamError) as caught:
+        VLLMBackend(base_url=short.base_url, metrics_poll_s=0).run(parse_lab_params(PARAMS))
+    assert list(caught.value.errors) == ["prompt_tokens"]
+    message = caught.value.errors["prompt_tokens"]
+    assert "max_model_len of 139 tokens" in message and "128 + 12 = 140 tokens" in message
+    assert short.get("/fake/log") == {}
+    edge = fake_server({"ttft_ms": 2, "itl_ms": [2], "max_model_len": 140})
+    record = VLLMBackend(base_url=edge.base_url, metrics_poll_s=0).run(parse_lab_params(PARAMS))
+    assert len(record.requests) == 12 and all(r.error is None for r in record.requests)
+
+
+@pytest.mark.usefixtures("fresh_backend_manager")
+def test_requests_as_long_as_the_lab_allows_are_served_by_the_server_it_starts(
+    standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 1000 + 24 tokens: the server gets --max-model-len 1024 and every request is exactly that
+    # long; the stand-in refuses, as vLLM does, anything longer.
+    monkeypatch.setenv("STANDIN_FAKE_CONFIG", json.dumps({"ttft_ms": 2, "itl_ms": [1]}))
+    values = {"prompt_tokens": 1000, "output_tokens": 24, "max_tokens": 24, "num_prompts": 4}
+    record = VLLMBackend(metrics_poll_s=0).run(parse_lab_params({**PARAMS, **values}))
+    assert record.meta["max_model_len"] == 1024
+    assert [(r.error, r.prompt_tokens + r.output_tokens) for r in record.requests] == [
+        (None, 1024)
+    ] * 4
+
+
 def test_no_server_at_base_url_fails_the_run_clearly() -> None:
     from labs.backends.vllm.server import free_port
 

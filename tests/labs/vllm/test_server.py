@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -10,9 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from labs.backends.vllm import server as srv
+from labs.backends.vllm.loadgen import plan_requests
 from labs.params import ParamError, parse_lab_params
 from labs.predict import spec_tokens_per_step
 from tests.labs.vllm.conftest import STANDIN, StandIn, alive, wait_gone
@@ -124,6 +129,49 @@ def test_a_worker_can_point_a_model_at_real_weights(
         plan_for(tmp_path, model="llama-3.1-8b")
 
 
+def accepted(values: dict[str, Any]) -> Any:
+    try:
+        return parse_lab_params(values)
+    except ParamError:
+        return None
+
+
+def test_no_request_of_a_lab_vllm_accepts_is_longer_than_its_max_model_len(
+    tmp_path: Path,
+) -> None:
+    # vLLM refuses a request whose prompt + max_tokens exceed --max-model-len (the fake too).
+    # What the load generator sends (prompt, max_tokens = its output length) always fits the
+    # length build_plan gives the server, and that never exceeds the model's context, which
+    # vLLM refuses at start.
+    checked = 0
+    for model, prompt, output, ratios, chunked in itertools.product(
+        ("llama-3-8b", "qwen2.5-0.5b"),
+        (100, 3000, 7000),
+        (20, 1192),
+        ((0.0, 0.0), (0.5, 0.3)),
+        (True, False),
+    ):
+        output_max = math.floor(output * (1 + ratios[1]))
+        params = accepted(
+            {"model": model, "prompt_tokens": prompt, "output_tokens": output,
+             "max_tokens": output_max, "input_range_ratio": ratios[0],
+             "output_range_ratio": ratios[1], "chunked_prefill": chunked,
+             "max_num_batched_tokens": 16384, "num_prompts": 20, "seed": checked}
+        )  # fmt: skip
+        if params is None:
+            continue
+        try:
+            plan = srv.build_plan(params, cache=tmp_path)
+        except ParamError:
+            continue
+        max_model_len = int(plan.args[plan.args.index("--max-model-len") + 1])
+        sent = plan_requests(params.workload, vocab_size=params.model.vocab_size)
+        longest = max(len(p.prompt) + p.output_tokens for p in sent)
+        assert longest <= max_model_len <= params.model.max_context, (model, prompt, output)
+        checked += 1
+    assert checked >= 30  # most of the grid is a lab vLLM runs, the 8192-token edge included
+
+
 # -- the manager and the stand-in ----------------------------------------------------------------
 
 
@@ -171,6 +219,47 @@ def test_a_server_that_dies_at_start_fails_with_its_log_and_leaves_nothing(
     # The grandchild outlived its parent; the manager still ended it with the group.
     assert wait_gone([start["pid"], start["grandchild"]]) == []
     assert manager.current is None
+
+
+def test_the_stand_in_serves_what_fits_its_max_model_len_and_refuses_the_rest(
+    tmp_path: Path, standin: StandIn, manager: srv.ServerManager
+) -> None:
+    server, _ = manager.ensure(plan_for(tmp_path))  # --max-model-len 1024
+    models = httpx.get(server.base_url + "/v1/models", trust_env=False).json()
+    assert models["data"][0]["max_model_len"] == 1024
+
+    def post(prompt: int, max_tokens: int) -> httpx.Response:
+        body = {"model": "lab", "prompt": [1000] * prompt, "max_tokens": max_tokens}
+        return httpx.post(
+            server.base_url + "/v1/completions", json={**body, "stream": True}, trust_env=False
+        )
+
+    assert post(1000, 24).status_code == 200  # exactly max_model_len is served
+    too_long = post(1001, 24)
+    assert too_long.status_code == 400
+    assert too_long.json()["error"] == {
+        "message": "You passed 1001 input tokens and requested 24 output tokens. However, the "
+        "model's context length is only 1024 tokens, resulting in a maximum input length of "
+        "1000 tokens. Please reduce the length of the input prompt. "
+        "(parameter=input_tokens, value=1001)",
+        "type": "BadRequestError",
+        "param": "input_tokens",
+        "code": 400,
+    }
+    assert post(1, 1025).json()["error"]["param"] == "max_tokens"
+
+
+def test_a_max_model_len_above_the_models_context_fails_at_start_as_in_vllm(
+    tmp_path: Path, standin: StandIn, manager: srv.ServerManager
+) -> None:
+    plan = plan_for(tmp_path)
+    args = list(plan.args)
+    args[args.index("--max-model-len") + 1] = "65536"  # Qwen2.5-0.5B: 32768
+    with pytest.raises(srv.ServerError) as caught:
+        manager.ensure(dataclasses.replace(plan, args=tuple(args)))
+    assert "User-specified max_model_len (65536) is greater than the derived" in str(caught.value)
+    (start,) = standin.starts()
+    assert wait_gone([start["pid"], start["grandchild"]]) == []
 
 
 def test_a_server_that_never_gets_healthy_times_out_and_leaves_nothing(
