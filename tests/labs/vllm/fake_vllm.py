@@ -9,10 +9,12 @@ HTTP/1.1 (keep-alive, chunked server-sent events) and mimics what the vllm backe
   cycling through `itl_ms` and `chunk_tokens`), like vLLM with --skip-tokenizer-init (empty text);
 - refuses, as vLLM does, a request whose prompt + `max_tokens` exceed `max_model_len` (400,
   param "input_tokens"; or "max_tokens" when max_tokens alone exceeds it);
+- refuses a `cache_salt` that breaks vLLM 0.33's rules (a non-empty string of at most 128
+  characters, without '@', '/', a backslash or NUL), and keeps prefix-cache blocks apart per salt;
 - `GET /health`, `GET /version`, `GET /v1/models` (with `max_model_len`, as vLLM's model card has
-  it), and `GET /metrics` in vLLM's Prometheus format,
-  with counters that follow what it served (prefix-cache hits at block granularity, speculative
-  drafts from multi-token chunks, preemptions, running and waiting requests, KV usage);
+  it), and `GET /metrics` in vLLM's Prometheus format, with counters that follow what it served
+  (prefix-cache hits at block granularity, speculative drafts from multi-token chunks,
+  preemptions, running and waiting requests, KV usage);
 - `GET /fake/log`: what it really did, per request: when the request arrived (the kernel's
   receive stamp) and, for each chunk, monotonic readings just before and just after writing it,
   with its token count. The tests compare the load generator's numbers with these,
@@ -190,20 +192,26 @@ class Engine:
         self.running[stream.xid] = stream
         self.counters["prompt_tokens"] += len(stream.prompt)
         self.counters["prefix_cache_queries"] += len(stream.prompt)
-        hit = self.prefix_hit(stream.prompt)
+        hit = self.prefix_hit(stream.prompt, stream.cache_salt)
         self.counters["prefix_cache_hits"] += hit
         self.counters["num_preemptions"] += int(stream.behaviour.get("preemptions", 0))
         stream.log["cached_tokens"] = hit
         stream.start()
 
-    def prefix_hit(self, prompt: list[int]) -> int:
-        """Tokens of `prompt` found in the cache, in whole blocks; caches its full blocks."""
+    def prefix_hit(self, prompt: list[int], salt: str | None = None) -> int:
+        """Tokens of `prompt` found in the cache, in whole blocks; caches its full blocks.
+
+        As in vLLM (v1/core/kv_cache_utils.py), the cache salt is among the first block's extra
+        keys, so every block of a salted prompt hashes apart from the same tokens under
+        another salt, or none: requests with different salts never share a block.
+        """
         size = int(self.config["block_size"])
         # The last token is always recomputed, so at most (len - 1) tokens can hit.
         usable = (len(prompt) - 1) // size
         hit, parent, hitting = 0, 0, True
         for i in range(len(prompt) // size):
-            parent = hash((parent, tuple(prompt[i * size : (i + 1) * size])))
+            extra = (salt,) if i == 0 and salt else ()
+            parent = hash((parent, tuple(prompt[i * size : (i + 1) * size]), *extra))
             if hitting and i < usable and parent in self.cached_blocks:
                 hit += size
             else:
@@ -265,6 +273,7 @@ class Stream:
         self.conn, self.xid, self.behaviour = conn, xid, behaviour
         self.engine = conn.engine
         self.prompt: list[int] = list(body["prompt"])
+        self.cache_salt: str | None = body.get("cache_salt")
         self.max_tokens = int(body["max_tokens"])
         options = body.get("stream_options") or {}
         self.include_usage = bool(options.get("include_usage"))
@@ -593,6 +602,11 @@ def error_json(message: str, err_type: str, code: int, param: str | None = None)
     return json.dumps({"error": error}).encode()
 
 
+# vLLM 0.33's cache salt rules (entrypoints/generate/base/protocol.py, validate_cache_salt).
+CACHE_SALT_MAX_CHARS = 128
+CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+
+
 class _VLLMModel(BaseModel):
     # vLLM's OpenAIBaseModel: extra fields are allowed (and logged as ignored).
     model_config = ConfigDict(extra="allow")
@@ -634,6 +648,25 @@ class CompletionRequest(_VLLMModel):
             raise RequestError(
                 "Stream options can only be defined when `stream=True`.",
                 parameter="stream_options",
+            )
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cache_salt_rules(cls, data: Any) -> Any:
+        salt = data.get("cache_salt") if isinstance(data, dict) else None
+        if salt is None:
+            return data
+        if not isinstance(salt, str) or not salt:
+            raise RequestError(
+                "Parameter 'cache_salt' must be a non-empty string if provided.",
+                parameter="cache_salt",
+            )
+        if len(salt) > CACHE_SALT_MAX_CHARS or CACHE_SALT_FORBIDDEN & set(salt):
+            raise RequestError(
+                f"Parameter 'cache_salt' must be at most {CACHE_SALT_MAX_CHARS} characters and "
+                "must not contain '@', '/', '\\\\', or NUL.",
+                parameter="cache_salt",
             )
         return data
 

@@ -88,6 +88,16 @@ def test_a_run_against_a_running_server_reads_counters_right(fake_server: Any) -
     assert summary["preemptions"] == 3
 
 
+def test_a_run_never_counts_blocks_an_earlier_run_cached_as_hits(fake_server: Any) -> None:
+    # The same requests twice on one server: each run salts its prefix cache with a salt vLLM
+    # accepts (the fake enforces vLLM's rules), so each sees only its own shared prefix hit.
+    server = fake_server({"ttft_ms": 2, "itl_ms": [2]})
+    backend = VLLMBackend(base_url=server.base_url, metrics_poll_s=1.0)
+    first, second = (backend.run(parse_lab_params(PARAMS)) for _ in range(2))
+    assert all(r.error is None for r in first.requests + second.requests)
+    assert first.counters.prefix_cache_hits == second.counters.prefix_cache_hits == 11 * 64
+
+
 def test_failed_requests_are_in_the_record_and_the_run_goes_on(fake_server: Any) -> None:
     server = fake_server({"ttft_ms": 5, "itl_ms": [2], "requests": {"1": {"status": 500}}})
     backend = VLLMBackend(base_url=server.base_url, metrics_poll_s=0)

@@ -203,30 +203,30 @@ def test_every_request_says_it_is_json_or_vllm_refuses_it(
 GOOD = {"model": "lab", "prompt": [1000, 1001, 1002], "max_tokens": 2, "stream": True}
 
 
-@pytest.mark.parametrize(
-    "change,status,kind,param",
-    [
-        ({"max_tokens": "many"}, 400, "Bad Request", "body.max_tokens"),
-        ({"prompt": [1000, -1]}, 400, "Bad Request", "body.prompt.1"),
-        ({"stream": False, "stream_options": {"include_usage": True}}, 400, "Bad Request",
-         "stream_options"),
-        ({"max_tokens": 0}, 400, "BadRequestError", "max_tokens"),
-        ({"model": "other"}, 404, "NotFoundError", "model"),
-    ],
-)  # fmt: skip
+REFUSED = [  # what changes GOOD into a body vLLM refuses: status, error type, param
+    ({"max_tokens": "many"}, 400, "Bad Request", "body.max_tokens"),
+    ({"prompt": [1000, -1]}, 400, "Bad Request", "body.prompt.1"),
+    ({"stream": False, "stream_options": {"include_usage": True}}, 400, "Bad Request",
+     "stream_options"),
+    ({"max_tokens": 0}, 400, "BadRequestError", "max_tokens"),
+    ({"model": "other"}, 404, "NotFoundError", "model"),
+]  # fmt: skip
+
+
 def test_a_body_vllm_refuses_gets_vllms_status_and_error_naming_the_field(
-    fake_server: Any, change: dict[str, Any], status: int, kind: str, param: str
+    fake_server: Any,
 ) -> None:
     # vLLM: 400 "Bad Request" for what fails validation (its RequestValidationError handler),
     # 400 "BadRequestError" or 404 "NotFoundError" for what it refuses while serving.
     server = fake_server({"ttft_ms": 1, "itl_ms": [1]})
     url = server.base_url + "/v1/completions"
     assert httpx.post(url, json=GOOD, trust_env=False).status_code == 200
-    refused = httpx.post(url, json={**GOOD, **change}, trust_env=False)
-    assert refused.status_code == status
-    error = refused.json()["error"]
-    assert (error["type"], error["param"], error["code"]) == (kind, param, status)
-    assert error["message"]
+    for change, status, kind, param in REFUSED:
+        refused = httpx.post(url, json={**GOOD, **change}, trust_env=False)
+        error = refused.json()["error"]
+        got = (refused.status_code, error["type"], error["param"], error["code"])
+        assert got == (status, kind, param, status), change
+        assert error["message"]
 
 
 def test_the_learner_sees_what_vllm_refused_and_the_field(fake_server: Any) -> None:
@@ -237,6 +237,40 @@ def test_the_learner_sees_what_vllm_refused_and_the_field(fake_server: Any) -> N
     assert by_id["0"].startswith("HTTP 400: 6 validation errors: {'type': 'greater_than_equal'")
     assert "'loc': ('body', 'prompt'," in by_id["0"]
     assert by_id["1"] == "HTTP 400: max_tokens must be at least 1, got 0. (parameter=max_tokens)"
+
+
+def test_a_cache_salt_vllm_refuses_is_refused(fake_server: Any) -> None:
+    # vLLM 0.33 (validate_cache_salt): a non-empty string of at most 128 characters, without
+    # '@', '/', a backslash or NUL.
+    server = fake_server({"ttft_ms": 1, "itl_ms": [1]})
+    url = server.base_url + "/v1/completions"
+    assert httpx.post(url, json={**GOOD, "cache_salt": "x" * 128}, trust_env=False).is_success
+    for salt in ["", "x" * 129, "a@b", "a/b", "a\\b", "a\x00b", 5]:
+        refused = httpx.post(url, json={**GOOD, "cache_salt": salt}, trust_env=False)
+        assert refused.status_code == 400, salt
+        assert refused.json()["error"]["param"] == "cache_salt", salt
+
+
+def test_the_learner_sees_a_refused_cache_salt_named(fake_server: Any) -> None:
+    server = fake_server({"ttft_ms": 1, "itl_ms": [1]})
+    options = LoadOptions(metrics_poll_s=0, cache_salt="run/1")
+    (record,) = asyncio.run(run_load(server.base_url, "lab", planned(1), options)).requests
+    assert record.error is not None and record.error.startswith("HTTP 400: 1 validation error")
+    assert "Parameter 'cache_salt' must be at most 128 characters" in record.error
+
+
+def test_requests_with_different_cache_salts_never_share_cached_blocks(fake_server: Any) -> None:
+    server = fake_server({"ttft_ms": 1, "itl_ms": [1]})
+
+    def cached(salt: str | None) -> int:
+        options = LoadOptions(metrics_poll_s=0, cache_salt=salt)
+        (record,) = asyncio.run(run_load(server.base_url, "lab", planned(1, 2), options)).requests
+        assert record.error is None
+        hits = [entry["cached_tokens"] for entry in server.get("/fake/log").values()]
+        return int(hits[-1])
+
+    # 64 prompt tokens: 4 blocks of 16, of which 3 can hit (the last token is recomputed).
+    assert [cached(s) for s in ("a", "a", "b", None, None, "b")] == [0, 48, 0, 0, 48, 48]
 
 
 def test_usage_on_the_last_text_chunk_is_not_counted_twice(fake_server: Any) -> None:
