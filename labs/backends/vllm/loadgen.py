@@ -11,10 +11,13 @@ Measured the way `vllm bench serve` measures (vllm-notes.md section 3), client s
 - Tokens per chunk are counted from ONE source per request, chosen at its first content chunk:
   that chunk's `token_ids`, else the growth of the running `usage.completion_tokens`
   (continuous_usage_stats, which vLLM sends on every chunk), else 1 per chunk with text. A usage
-  that only comes with the last chunk (llama.cpp's server) is a check, never added on top. With
-  --skip-tokenizer-init every chunk's text is empty, so counting text chunks (as bench does) would
-  see nothing; and a speculative step sends several tokens in one chunk. `return_token_ids` is
-  not asked for: vLLM would echo the whole prompt in the first event, inside TTFT.
+  that only comes at the end (llama.cpp's server puts it on its last text chunk) is never added on
+  top: text chunks counted 1 each take its completion_tokens as the request's total (a text chunk
+  may hold several tokens), the tokens they did not show going on the last chunk, so every chunk
+  keeps its time and the total is the server's, as bench takes it. With --skip-tokenizer-init
+  every chunk's text is empty, so counting text chunks (as bench does) would see nothing; and a
+  speculative step sends several tokens in one chunk. `return_token_ids` is not asked for: vLLM
+  would echo the whole prompt in the first event, inside TTFT.
 - Arrivals and duration follow `vllm bench serve`: the clock starts before the send loop; with a
   finite rate the first request waits its own gap and the gaps are scaled so the last request is
   sent at n / rate; the run lasts until every request has returned, failed ones included.
@@ -41,7 +44,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from labs.backends.base import RequestRecord
+from labs.backends.base import Chunks, RequestRecord
 from labs.backends.vllm.netstream import timed_client
 from labs.params import Workload
 from labs.sim.workload import lab_workload
@@ -137,7 +140,7 @@ class LoadResult:
     metrics_after: str | None = None
     metrics_polls: list[tuple[float, str]] = field(default_factory=list)
     count_sources: Counter[str] = field(default_factory=Counter)  # how chunks were counted
-    usage_mismatches: int = 0  # requests whose chunk counts disagree with the final usage
+    usage_mismatches: int = 0  # requests whose token count disagrees with the final usage
     # bench's duration: from before the send loop until every request returned (failed too).
     duration_s: float = 0.0
     wall_s: float = 0.0
@@ -238,6 +241,19 @@ class _Stream:
             self.final_usage = usage  # a usage given once, at the end: a check, not a count
         return (1 if choice.get("text") else 0), "text"
 
+    def settle_count(self) -> None:
+        """A stream counted one token per text chunk takes the server's final completion_tokens
+        as its total; the tokens no chunk showed go on the last chunk (which chunks held them is
+        not known), so TTFT, ITL and E2E keep their measured times."""
+        total = (self.final_usage or {}).get("completion_tokens")
+        counted = self.record.output_tokens
+        if self.source != "text" or not isinstance(total, int) or total <= counted:
+            return
+        chunks = list(self.record.chunks)
+        at_s, tokens = chunks[-1]
+        chunks[-1] = (at_s, tokens + total - counted)
+        self.record.chunks = Chunks(chunks)
+
     def outcome(self) -> str | None:
         """Why the request failed, or None when it finished."""
         got = self.record.output_tokens
@@ -295,6 +311,7 @@ async def _send(
         stream.error = f"{type(exc).__name__} after {record.output_tokens} tokens: {exc}"
     record.error = stream.outcome()
     if record.error is None and record.chunks:
+        stream.settle_count()
         record.finish_s = record.chunks[-1][0]
     details = (stream.final_usage or {}).get("prompt_tokens_details") or {}
     if isinstance(details.get("cached_tokens"), int):

@@ -284,12 +284,15 @@ def test_usage_on_the_last_text_chunk_is_not_counted_twice(fake_server: Any) -> 
     )
     truth = by_index(server.get("/fake/log"))
     for record in result.requests:
+        sends = truth[record.req_id]["sends"]
         assert record.error is None
-        # One count per text chunk: the final usage (9 tokens) is a check, not added on top.
-        assert len(record.chunks) == len(truth[record.req_id]["sends"])
-        assert record.chunks[-1][1] == 1
-        assert record.output_tokens == len(truth[record.req_id]["sends"]) < 9 * 2
+        # The tokens the server generated (its usage.completion_tokens, 9), counted once: not
+        # one per text chunk, and not the chunks plus the usage on top.
+        assert record.output_tokens == sum(n for _, _, n in sends) == 9
+        # Each chunk keeps the time it came; there are fewer chunks than tokens.
+        assert len(record.chunks) == len(sends) < 9
     assert set(result.count_sources) == {"text"}
+    assert result.usage_mismatches == 0
 
 
 def test_throughput_waits_for_a_request_that_hangs_as_bench_does(fake_server: Any) -> None:
