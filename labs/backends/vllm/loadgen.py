@@ -238,7 +238,7 @@ class _Stream:
             seen, self.usage_seen = self.usage_seen, max(self.usage_seen, running)
             return self.usage_seen - seen, "usage"
         if running is not None:
-            self.final_usage = usage  # a usage given once, at the end: a check, not a count
+            self.final_usage = usage  # the total, given once at the end: see settle_count
         return (1 if choice.get("text") else 0), "text"
 
     def settle_count(self) -> None:
