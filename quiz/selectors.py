@@ -107,19 +107,19 @@ _NEW_CARDS = f"""
         SELECT 1 FROM {ReviewState._meta.db_table} ss
         WHERE ss.user_id = %(user)s AND ss.card_id = c.id
           AND (ss.last_review IS NOT NULL OR ss.suspended))"""  # noqa: S608 - as below
-_QUEUE_COUNTS = f"""
+# The next new card: one the learner made from a run comes before the deck's unseen ones.
+_QUEUE_COUNTS = """
 SELECT d.done_new, d.done_review, d.done_total,
   s.learning_now, s.learning_ahead, s.review_due, s.learning_next,
-  (SELECT COUNT(*) {_NEW_CARDS})"""  # noqa: S608 - names from code; values are bound parameters
+  n.new_cards, COALESCE(n.first_own, n.first_shared)"""
+# The next learning or review card: the earliest due (then the oldest state).
 _QUEUE_PICKS = f""",
   (SELECT rs.card_id {_LIVE_STATES} AND {_INTRADAY_SQL} AND rs.due <= %(now)s
     ORDER BY rs.due, rs.id LIMIT 1),
   (SELECT rs.card_id {_LIVE_STATES} AND rs.state = {FsrsState.REVIEW} AND rs.due < %(end)s
     ORDER BY rs.due, rs.id LIMIT 1),
-  (SELECT c.id {_NEW_CARDS}
-    ORDER BY CASE WHEN c.owner_id IS NULL THEN 1 ELSE 0 END, c.id LIMIT 1),
   (SELECT rs.card_id {_LIVE_STATES} AND {_INTRADAY_SQL} AND rs.due <= %(ahead)s
-    ORDER BY rs.due, rs.id LIMIT 1)"""
+    ORDER BY rs.due, rs.id LIMIT 1)"""  # noqa: S608 - names from code; values are bound parameters
 _QUEUE_FROM = f"""
 FROM (
   SELECT
@@ -134,7 +134,12 @@ FROM (
     COUNT(CASE WHEN kind = {ReviewLog.Kind.REVIEW} THEN 1 END) AS done_review,
     COUNT(*) AS done_total
   FROM {ReviewLog._meta.db_table} WHERE user_id = %(user)s AND study_date = %(date)s
-) d"""  # noqa: S608 - as above
+) d CROSS JOIN (
+  SELECT COUNT(*) AS new_cards,
+    MIN(CASE WHEN c.owner_id IS NOT NULL THEN c.id END) AS first_own,
+    MIN(CASE WHEN c.owner_id IS NULL THEN c.id END) AS first_shared
+  {_NEW_CARDS}
+) n"""  # noqa: S608 - as above
 
 
 def _queue_row(*, user_id: int, day: StudyDay, now: dt.datetime, pick_next: bool) -> tuple:
@@ -178,8 +183,8 @@ def queue_today(
     day = study_day_for(settings, now)
     row = _queue_row(user_id=user.pk, day=day, now=now, pick_next=pick_next)
     done_new, done_review, done_total = row[0], row[1], row[2]
-    learning_now, learning_ahead, review_due, learning_next, new_cards = row[3:8]
-    picks = row[8:] if pick_next else (None, None, None, None)
+    learning_now, learning_ahead, review_due, learning_next, new_cards, first_new = row[3:9]
+    picks = row[9:] if pick_next else (None, None, None)
 
     review_quota = max(0, settings.reviews_per_day - done_review)
     review_left = min(review_due, review_quota)
@@ -192,11 +197,10 @@ def queue_today(
     elif review_left:
         next_id = picks[1]
     elif new_left:
-        # A card the learner just made from a run comes before the deck's unseen cards.
-        next_id = picks[2]
+        next_id = first_new if pick_next else None
     elif learning_ahead:
         learning_left = learning_ahead
-        next_id = picks[3]
+        next_id = picks[2]
     else:
         next_id = None
     nothing_now = next_id is None and not (learning_left or review_left or new_left)
