@@ -35,4 +35,8 @@ def test_it_uses_threads_and_a_timeout_and_reads_the_environment(monkeypatch):
     monkeypatch.setenv("GUNICORN_THREADS", "6")
     conf = runpy.run_path(str(ROOT / "gunicorn.conf.py"))
     assert conf["worker_class"] == "gthread" and conf["threads"] == 6
-    assert 0 < conf["timeout"] <= 60 and conf["max_requests"] > 0
+    assert 0 < conf["timeout"] <= 60
+    # A recycle resets clients mid-request on kept-alive connections: off unless asked for.
+    assert conf["max_requests"] == 0
+    monkeypatch.setenv("GUNICORN_MAX_REQUESTS", "5000")
+    assert runpy.run_path(str(ROOT / "gunicorn.conf.py"))["max_requests"] == 5000
