@@ -348,7 +348,8 @@ PARAM_FIELDS: tuple[ParamField, ...] = (
         10_000,
         group="engine",
         unit="ms",
-        help="fixed time added to every engine step (scheduling, kernel launches)",
+        help="fixed time added to every engine step (scheduling, kernel launches) by the"
+        " formulas and the ideal simulator; the realistic simulator and vLLM have their own",
     ),
     ParamField(
         "sim_profile",
@@ -375,7 +376,8 @@ PARAM_FIELDS: tuple[ParamField, ...] = (
         1,
         above_minimum=True,
         group="engine",
-        help="fraction of peak FLOP/s reached",
+        help="fraction of peak FLOP/s the formulas and the ideal simulator assume (the realistic"
+        " simulator uses its calibrated kernels; vLLM, the GPU)",
     ),
     _float(
         "bandwidth_efficiency",
@@ -384,7 +386,8 @@ PARAM_FIELDS: tuple[ParamField, ...] = (
         1,
         above_minimum=True,
         group="engine",
-        help="fraction of peak memory bandwidth reached",
+        help="fraction of peak memory bandwidth the formulas and the ideal simulator assume (the"
+        " realistic simulator uses its calibrated kernels; vLLM, the GPU)",
     ),
     # The workload.
     _tokens("prompt_tokens", 1024, "prompt length (the mean when input_range_ratio > 0)"),

@@ -81,6 +81,17 @@ def test_the_ideal_profile_is_the_predictors_step_time(batch, context, drafts, g
     assert parts[EFFICIENCY] == parts[OVERHEAD] == parts[COMMUNICATION] == 0
 
 
+def test_the_predictors_efficiency_knobs_move_the_ideal_profile_only():
+    # As the fields' help says: they are the formulas' assumptions. The realistic profile keeps its
+    # calibrated kernels, as a real GPU would whatever a learner assumes.
+    knobs = {"compute_efficiency": 0.5, "bandwidth_efficiency": 0.5, "step_overhead_s": 0.002}
+    out = mixed_out([512], decodes=16, context=900)
+    for profile, moves in (("realistic", False), ("ideal", True)):
+        plain = build_cost_model(H100, LLAMA8, EngineConfig(sim_profile=profile))
+        assumed = build_cost_model(H100, LLAMA8, EngineConfig(sim_profile=profile, **knobs))
+        assert (assumed.step_time_s(out) != plain.step_time_s(out)) is moves, profile
+
+
 @pytest.mark.parametrize("profile", ["realistic", "ideal"])
 def test_many_steps_at_once_price_like_one_step_at_a_time(profile):
     engine = EngineConfig(tp=2, spec_tokens=2, draft_cost=0.05, sim_profile=profile)
