@@ -36,8 +36,16 @@ from quiz.models import (
 @admin.register(Deck)
 class DeckAdmin(admin.ModelAdmin):
     form = DeckAdminForm
-    list_display = ["slug", "title", "active_cards", "updated_at"]
+    list_display = ["slug", "title", "active_cards", "edited_since_load", "updated_at"]
+    list_filter = ["edited_since_load"]
     search_fields = ["slug", "title"]
+    readonly_fields = ["edited_since_load", "created_at", "updated_at"]
+
+    def save_model(self, request: HttpRequest, obj: Deck, form, change: bool) -> None:
+        # As for cards: load_content keeps the edit (and reports it) until it is exported or
+        # discarded with --force. The learners' own-runs deck is not in content/.
+        obj.edited_since_load = obj.slug != PERSONAL_DECK
+        super().save_model(request, obj, form, change)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Deck]:
         active = Count("cards", filter=Q(cards__is_active=True))

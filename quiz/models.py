@@ -23,6 +23,11 @@ class Deck(models.Model):
     slug = models.SlugField(max_length=80, unique=True)
     title = models.CharField(max_length=200)
     description = models.TextField(blank=True)
+    # As Card.edited_since_load: load_content keeps the admin's title and description until
+    # content/ agrees again (after export_content) or a forced load replaces them.
+    edited_since_load = models.BooleanField(
+        default=False, help_text="Changed in the admin since content/ was last loaded."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -466,6 +466,12 @@ def edited_cards() -> dict[str, tuple[CardSpec, bool]]:
     return {card.slug: (_card_spec(card), card.is_active) for card in cards}
 
 
+def edited_decks() -> dict[str, DeckSpec]:
+    """Decks changed in the admin since the last load: slug -> content spec."""
+    decks = Deck.objects.filter(edited_since_load=True).exclude(slug=PERSONAL_DECK)
+    return {d.slug: DeckSpec(d.slug, d.title, d.description) for d in decks}
+
+
 def content_snapshot() -> tuple[ContentTree, set[str]]:
     """The deck as content specs (active cards) and the slugs of retired cards."""
     # Personal cards (made from a learner's runs) and their deck are nobody else's content.

@@ -42,6 +42,7 @@ from quiz.selectors import (
     card_cache_clear,
     card_for_quiz,
     edited_cards,
+    edited_decks,
     last_review_day,
     learner_settings_get,
     study_day_for,
@@ -364,6 +365,8 @@ class LoadReport:
     # Cards edited in the admin since the last load whose file says otherwise: left as they are.
     conflicts: list[str] = field(default_factory=list)
     overwritten: list[str] = field(default_factory=list)  # the same, replaced because of --force
+    deck_conflicts: list[str] = field(default_factory=list)  # as conflicts, for decks
+    decks_overwritten: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -467,16 +470,34 @@ def _admin_edits(tree: ContentTree, report: LoadReport, *, force: bool) -> set[s
     return keep
 
 
+def _admin_deck_edits(tree: ContentTree, report: LoadReport, *, force: bool) -> set[str]:
+    """Slugs of decks edited in the admin that this load must leave alone, as _admin_edits does
+    for cards. A deck the files lack is not the load's to change (it never deletes decks)."""
+    files = {spec.slug: spec for spec in tree.decks}
+    keep = {slug for slug, in_db in edited_decks().items() if files.get(slug, in_db) != in_db}
+    if force:
+        report.decks_overwritten.extend(sorted(keep))
+        keep = set()
+    report.deck_conflicts.extend(sorted(keep))
+    Deck.objects.filter(edited_since_load=True).exclude(slug__in=keep).update(
+        edited_since_load=False
+    )
+    return keep
+
+
 @transaction.atomic
 def content_load(*, tree: ContentTree, force: bool = False) -> LoadReport:
     """Upsert decks and cards by slug, retire cards that left the files, link related cards both
-    ways. Loading the same tree twice writes nothing the second time. A card edited in the admin
-    since the last load is left as it is and reported, unless `force`."""
+    ways. Loading the same tree twice writes nothing the second time. A card or deck edited in the
+    admin since the last load is left as it is and reported, unless `force`."""
     report = LoadReport()
     keep = _admin_edits(tree, report, force=force)
+    keep_decks = _admin_deck_edits(tree, report, force=force)
     decks = {d.slug: d for d in Deck.objects.all()}
     for deck_spec in tree.decks:
         values = {"title": deck_spec.title, "description": deck_spec.description}
+        if deck_spec.slug in keep_decks:
+            continue
         deck = decks.get(deck_spec.slug)
         if deck is None:
             decks[deck_spec.slug] = Deck.objects.create(slug=deck_spec.slug, **values)

@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from quiz.admin_forms import StepsWidget
-from quiz.models import Card
+from quiz.models import PERSONAL_DECK, Card, Deck
 from tests.conftest import make_user
 from tests.quiz.factories import make_card
 from tests.quiz.test_content import CARDS, load, write_deck
@@ -79,9 +79,9 @@ def _as_browser_posts(response) -> dict[str, Any]:
     return data
 
 
-def _admin_edit(client, slug: str, /, **changes: str):
-    card = Card.objects.get(slug=slug)
-    url = reverse("admin:quiz_card_change", args=[card.pk])
+def _admin_edit(client, slug: str, /, model: type[Card | Deck] = Card, **changes: str):
+    obj = model.objects.get(slug=slug)
+    url = reverse(f"admin:quiz_{model._meta.model_name}_change", args=[obj.pk])
     data = _as_browser_posts(client.get(url))
     data.update(changes)
     return client.post(url, data)
@@ -119,14 +119,18 @@ def test_it_keeps_an_admin_edit_through_load_content_and_reports_it(staff_client
     assert "overwritten (--force): kv-bytes" in out.getvalue()
 
 
-def test_it_clears_the_mark_once_the_edit_is_exported(staff_client, content):
+@pytest.mark.parametrize(
+    ("model", "slug", "field"),
+    [(Card, "gqa-recall", "answer"), (Deck, "llm-serving", "description")],
+)
+def test_it_clears_the_mark_once_the_edit_is_exported(staff_client, content, model, slug, field):
     load(content)
-    _admin_edit(staff_client, "gqa-recall", answer="Edited.")
+    _admin_edit(staff_client, slug, model=model, **{field: "Edited."})
     call_command("export_content", path=str(content), stdout=io.StringIO())
     output = load(content)
-    card = Card.objects.get(slug="gqa-recall")
-    assert card.answer == "Edited." and not card.edited_since_load
-    assert "0 kept" in output and "conflict" not in output
+    edited = model.objects.get(slug=slug)
+    assert getattr(edited, field) == "Edited." and not edited.edited_since_load
+    assert "0 kept" in output and "0 deck(s) kept" in output and "conflict" not in output
 
 
 def test_it_keeps_a_card_made_in_the_admin_that_the_files_lack(staff_client, content):
@@ -276,8 +280,6 @@ def test_it_leaves_drafts_and_personal_cards_out_of_the_conflicts(staff_client, 
 
 
 def test_it_does_not_offer_the_learners_own_runs_deck_for_a_shared_card(staff_client, content):
-    from quiz.models import PERSONAL_DECK, Deck
-
     load(content)
     personal = Deck.objects.create(slug=PERSONAL_DECK, title="Your runs")
     slug = "kv-bytes"
@@ -286,3 +288,46 @@ def test_it_does_not_offer_the_learners_own_runs_deck_for_a_shared_card(staff_cl
     assert response.status_code == 200  # the form is shown again with the error
     assert "Select a valid choice" in response.content.decode()
     assert Card.objects.get(slug=slug).deck.slug != PERSONAL_DECK
+
+
+# --- A deck's title and description, edited in the admin, survive load_content too --------------
+
+
+def test_it_keeps_an_admin_edit_of_a_deck_through_load_content_and_reports_it(
+    staff_client, content
+):
+    load(content)
+    response = _admin_edit(staff_client, "llm-serving", model=Deck, title="Serving LLMs")
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    assert Deck.objects.get(slug="llm-serving").edited_since_load
+
+    output = load(content)  # what `make run` and `manage.py prepare` do
+    deck = Deck.objects.get(slug="llm-serving")
+    assert deck.title == "Serving LLMs" and deck.edited_since_load
+    assert "1 deck(s) kept (edited in the admin)" in output
+    assert "conflict: deck llm-serving" in output
+    kept = io.StringIO()
+    call_command("load_content", kept=True, stdout=kept)
+    assert "conflict: deck llm-serving" in kept.getvalue()
+
+    # Handed back to the files as a card is: --force loads the file over the edit.
+    out = io.StringIO()
+    call_command("load_content", path=str(content), force=True, stdout=out)
+    deck.refresh_from_db()
+    assert deck.title == "LLM serving" and not deck.edited_since_load
+    assert "overwritten (--force): deck llm-serving" in out.getvalue()
+    assert "0 deck(s) kept" in load(content)
+
+
+def test_it_marks_a_deck_only_when_the_admin_saves_it(staff_client, content):
+    load(content)
+    url = reverse("admin:quiz_deck_change", args=[Deck.objects.get(slug="llm-serving").pk])
+    assert "edited_since_load" not in staff_client.get(url).context["adminform"].form.fields
+    response = _admin_edit(staff_client, "llm-serving", model=Deck, title="")
+    assert response.status_code == 200  # refused: a deck needs a title
+    assert not Deck.objects.get(slug="llm-serving").edited_since_load
+    # The learners' own-runs deck is not in content/: nothing to protect it from.
+    Deck.objects.create(slug=PERSONAL_DECK, title="Your runs")
+    response = _admin_edit(staff_client, PERSONAL_DECK, model=Deck, title="Runs")
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    assert not Deck.objects.get(slug=PERSONAL_DECK).edited_since_load

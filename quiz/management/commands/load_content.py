@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from quiz.content import ContentError, read_tree
 from quiz.models import Card
+from quiz.selectors import edited_decks
 from quiz.services import content_load
 
 
@@ -23,13 +24,16 @@ class Command(BaseCommand):
         parser.add_argument(
             "--force",
             action="store_true",
-            help="Also overwrite cards edited in the admin since the last load (edits are lost).",
+            help=(
+                "Also overwrite cards and decks edited in the admin since the last load "
+                "(edits are lost)."
+            ),
         )
 
         parser.add_argument(
             "--kept",
             action="store_true",
-            help="Load nothing; list the cards edited in the admin that load_content keeps.",
+            help="Load nothing; list the cards and decks edited in the admin that a load keeps.",
         )
 
     def handle(self, *args: Any, path: str, force: bool, kept: bool, **options: Any) -> None:
@@ -39,8 +43,7 @@ class Command(BaseCommand):
                 .order_by("slug")
                 .values_list("slug", flat=True)
             )
-            if slugs:
-                self._warn_kept(slugs)
+            self._warn_kept(slugs, sorted(edited_decks()))
             return
         try:
             tree = read_tree(Path(path))
@@ -50,22 +53,26 @@ class Command(BaseCommand):
         self.stdout.write(
             f"{len(tree.cards)} cards in {len(tree.decks)} deck(s): "
             f"{len(report.created)} created, {len(report.updated)} updated, "
-            f"{len(report.retired)} retired, {len(report.conflicts)} kept (edited in the admin)"
+            f"{len(report.retired)} retired, {len(report.conflicts)} kept (edited in the admin); "
+            f"{len(report.deck_conflicts)} deck(s) kept (edited in the admin)"
         )
         for slug in report.retired:
             self.stdout.write(f"  retired: {slug}")
-        for slug in report.overwritten:
-            self.stdout.write(f"  overwritten (--force): {slug} lost its admin edits")
-        if report.conflicts:
-            self._warn_kept(report.conflicts)
+        overwritten = [*report.overwritten, *(f"deck {s}" for s in report.decks_overwritten)]
+        for name in overwritten:
+            self.stdout.write(f"  overwritten (--force): {name} lost its admin edits")
+        self._warn_kept(report.conflicts, report.deck_conflicts)
 
-    def _warn_kept(self, slugs: list[str]) -> None:
+    def _warn_kept(self, slugs: list[str], deck_slugs: list[str]) -> None:
+        names = [*slugs, *(f"deck {slug}" for slug in deck_slugs)]
+        if not names:
+            return
         self.stdout.write(
             self.style.WARNING(
-                f"{len(slugs)} card(s) edited in the admin differ from content/ and were left "
-                "as they are. Run `manage.py export_content` to write the edits to content/, "
-                "or `manage.py load_content --force` to discard them:"
+                f"{len(slugs)} card(s) and {len(deck_slugs)} deck(s) edited in the admin differ "
+                "from content/ and were left as they are. Run `manage.py export_content` to write "
+                "the edits to content/, or `manage.py load_content --force` to discard them:"
             )
         )
-        for slug in slugs:
-            self.stdout.write(f"  conflict: {slug}")
+        for name in names:
+            self.stdout.write(f"  conflict: {name}")
