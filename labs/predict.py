@@ -33,8 +33,6 @@ import math
 from dataclasses import dataclass, fields
 from typing import Literal
 
-import numpy as np
-
 from labs.catalog import KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, Hardware, ModelSpec
 from labs.params import EngineConfig, LabParams, Workload
 
@@ -339,21 +337,39 @@ def open_loop_batch(
     return running, first, e2e
 
 
-def closed_loop_waits_s(
+def closed_loop_wait_s(
     num_prompts: int, concurrency: int, batch: int, service_s: float
-) -> np.ndarray:
-    """Each request's wait before its first step when a client keeps `concurrency` requests in
-    flight and the engine runs `batch` at a time, each wave taking `service_s`.
+) -> tuple[float, float]:
+    """(mean, median) wait before a request's first step when a client keeps `concurrency`
+    requests in flight and the engine runs `batch` at a time, each wave taking `service_s`.
 
     Request i runs in wave i // batch, which starts at (i // batch) x service_s. The first
     `concurrency` requests are issued at 0; request i after them when request i - concurrency
     finishes, at (1 + (i - concurrency) // batch) x service_s. Concurrency above the batch
     therefore waits whole waves: that is the queueing a TTFT then shows.
+
+    Counted in closed form, in O(1) whatever `num_prompts` (this runs in the web process). With
+    concurrency = q x batch + r, the first `concurrency` requests wait 0, 1, ..., q - 1 waves
+    (batch of each) and r wait q; every later one waits q - 1 waves, or q if its offset past
+    `concurrency` is r or fewer short of a whole batch.
     """
-    i = np.arange(num_prompts)
-    start = (i // batch) * service_s
-    issued = np.where(i < concurrency, 0.0, (1 + (i - concurrency) // batch) * service_s)
-    return np.maximum(start - issued, 0.0)
+    c = max(1, min(concurrency, num_prompts))
+    if batch >= c:
+        return 0.0, 0.0
+    q, r = divmod(c, batch)
+    full, rest = divmod(num_prompts - c, batch)
+    at_q = full * r + max(0, rest - (batch - r)) + r
+    at_q_minus_1 = num_prompts - batch * (q - 1) - at_q
+
+    def waves_at(rank: int) -> int:
+        """The rank-th smallest wait, in waves: batch requests each at 0 .. q - 2, then q - 1."""
+        if rank < batch * (q - 1):
+            return rank // batch
+        return q - 1 if rank < batch * (q - 1) + at_q_minus_1 else q
+
+    waves = batch * q * (q - 1) // 2 + (q - 1) * (at_q_minus_1 - batch) + q * at_q
+    middle = (waves_at((num_prompts - 1) // 2) + waves_at(num_prompts // 2)) / 2
+    return waves * service_s / num_prompts, middle * service_s
 
 
 def open_loop_wait_s(num_prompts: int, rate: float, capacity: float) -> float:
@@ -403,8 +419,7 @@ def predict_load(params: LabParams, batch: int, cached_tokens: int = 0) -> LoadP
             e2e_s=e2e,
         )
     if work.request_rate is None:
-        waits = closed_loop_waits_s(work.num_prompts, in_flight, batch, service)
-        mean_wait, p50_wait = float(waits.mean()), float(np.median(waits))
+        mean_wait, p50_wait = closed_loop_wait_s(work.num_prompts, in_flight, batch, service)
     else:
         mean_wait = open_loop_wait_s(work.num_prompts, work.request_rate, capacity)
         p50_wait = mean_wait

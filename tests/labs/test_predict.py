@@ -8,18 +8,22 @@ Where a seed rounds, the test rounds the same way.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
+import statistics
 import subprocess
 import sys
+import tracemalloc
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labs.catalog import GPUS, MODELS
-from labs.params import EngineConfig, LabParams, parse_lab_params
+from labs.params import FIELDS_BY_NAME, EngineConfig, LabParams, parse_lab_params
 from labs.predict import (
     blocks_for_tokens,
+    closed_loop_wait_s,
     decode_step_time,
     e2e_time_s,
     kv_bytes_per_token,
@@ -516,3 +520,48 @@ def test_a_poisson_rate_below_capacity_predicts_requests_one_at_a_time(overrides
     assert predicted.queue_wait_s == 0
     assert predicted.loaded_ttft_p50_s == pytest.approx(simulated["ttft_s"]["p50"], rel=0.30)
     assert predicted.loaded_e2e_s == pytest.approx(simulated["e2e_s"]["mean"], rel=0.30)
+
+
+def _waits_one_by_one(num_prompts, concurrency, batch, service_s):
+    """Each request's wait, straight from closed_loop_wait_s's docstring, one request at a time."""
+    waits = []
+    for i in range(num_prompts):
+        start = (i // batch) * service_s
+        issued = 0.0 if i < concurrency else (1 + (i - concurrency) // batch) * service_s
+        waits.append(max(start - issued, 0.0))
+    return waits
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    num_prompts=st.integers(1, 400),
+    concurrency=st.integers(1, 400),
+    batch=st.integers(1, 64),
+    service_s=st.floats(0.001, 100),
+)
+def test_closed_loop_waits_counted_in_closed_form_match_them_one_by_one(
+    num_prompts, concurrency, batch, service_s
+):
+    # predict_load never passes more concurrency than prompts, nor a batch above it.
+    concurrency = min(concurrency, num_prompts)
+    batch = min(batch, concurrency)
+    waits = _waits_one_by_one(num_prompts, concurrency, batch, service_s)
+    mean, p50 = closed_loop_wait_s(num_prompts, concurrency, batch, service_s)
+    assert mean == pytest.approx(statistics.fmean(waits), rel=1e-12, abs=1e-12)
+    assert p50 == pytest.approx(statistics.median(waits), rel=1e-12, abs=1e-12)
+
+
+def test_one_prediction_at_the_most_prompts_allowed_traces_under_1_mb():
+    """The live prediction runs in the web process: what it holds must not grow with
+    num_prompts (it built arrays of num_prompts waits, 38 MB at a million)."""
+    most = int(FIELDS_BY_NAME["num_prompts"].maximum)
+    params = _batching_lab(max_num_seqs=8, concurrency=64, num_prompts=most)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        p = predict(params)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert p.queue_wait_s > 0  # the closed-loop queue, the path that counts every request
+    assert peak < 1024 * 1024, f"peak {peak / 1024 / 1024:.1f} MB"
