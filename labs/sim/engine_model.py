@@ -206,19 +206,6 @@ def memory_read_s(
     return num_bytes / (bandwidth_bytes_per_s * efficiency) + num_reads * read_latency_s
 
 
-def achieved_bandwidth_fraction(
-    gpu: GpuConstants, bytes_per_read: float, bandwidth_bytes_per_s: float, read_latency_s: float
-) -> float:
-    """Fraction of peak bandwidth one read of `bytes_per_read` reaches: the GPU's streaming
-    efficiency, less the share the per-kernel latency takes on a small read."""
-    if bytes_per_read <= 0:
-        return 0.0
-    seconds = memory_read_s(
-        bytes_per_read, bandwidth_bytes_per_s, gpu.bandwidth_efficiency, 1, read_latency_s
-    )
-    return float(bytes_per_read / bandwidth_bytes_per_s / seconds)
-
-
 def gemm_efficiency(gpu: GpuConstants, num_tokens: np.ndarray | float) -> np.ndarray | float:
     """Fraction of peak FLOP/s a step's GEMMs reach with `num_tokens` rows: a few tokens leave
     the tensor cores idle, a long prefill approaches the GPU's ceiling (half of it at

@@ -9,8 +9,7 @@ decoding (`finishing`). A step then costs a few operations per request that chan
 prefilling ones, admissions, finishes), not per request in the batch; token times are written
 per request as one slice of step end times when it stops decoding. The engine model prices each
 step from its totals in plain floats (`EngineModel.composition_parts_s`, the same floats as a
-single step); a time-only cost model prices the steps in one vectorised call when nothing needs
-the clock in between (no arrival or client slot pending).
+single step).
 
 The time breakdown (labs/sim/breakdown.py) is fed as single steps feed it: each step's parts and
 prefill share are logged, a decoder gets the difference of their running sums between its first
@@ -44,7 +43,6 @@ import numpy as np
 
 from labs.sim.engine_model import PARTS, parts_total
 from labs.sim.entities import RequestStatus
-from labs.sim.scheduler import SchedulerOutput
 
 if TYPE_CHECKING:
     from labs.sim.simulator import Simulator, _ChunkStore, _SampleRecorder
@@ -89,14 +87,14 @@ def steady_applies(sim: Simulator) -> bool:
 
     NOTE: steady steps know each step's totals (tokens, sequences, KV read, attention pairs), not
     the per-sequence arrays a SchedulerOutput carries, so they need a cost model that prices from
-    totals: the engine model's `composition_parts_s` (parts for the breakdown too), or a
-    `compositions_time_s` (time only); with any other, every step goes through the scheduler.
+    totals (`composition_parts_s` and `composition_share_s`, as the engine model does); with any
+    other, every step goes through the scheduler.
     """
     cfg, kv = sim.config, sim.scheduler.kv
     if cfg.num_spec_tokens or cfg.kv_allocation != "paged":
         return False
     cost = sim.cost_model
-    if not (hasattr(cost, "composition_parts_s") or hasattr(cost, "compositions_time_s")):
+    if not hasattr(cost, "composition_parts_s"):
         return False
     return not (kv.caching and (kv.num_shared_blocks or kv.pool.has_cached_blocks))
 
@@ -158,7 +156,6 @@ def advance_steady(
     clocked = loop.slots is not None or loop.next_req < n
     now0 = loop.now
     ends: list[float] = []
-    composition: list[tuple[int, int, int, int]] = []  # prefill, decode, KV read, sequences
     running_log: list[int] = []
     waiting_log: list[int] = []
     used_log: list[int] = []
@@ -169,7 +166,6 @@ def advance_steady(
     # decoders get each step's parts x scale and its prefill share, summed over their span of
     # steps at write-back as a difference of running sums (O(changes), not O(batch) per step);
     # the few requests that are not decoding get their own steps' parts from a log.
-    parted = hasattr(cost, "composition_parts_s")
     parts_log: list[tuple[float, ...]] = []  # per step: parts, then the prefill share
     seconds_log: list[float] = []
     charges: list[tuple[int, int, int]] = []  # request, step, how (_OWN_BEFORE ...)
@@ -266,26 +262,18 @@ def advance_steady(
                 how = _RECOMPUTE if preempted.item(p.req) > 0 else _OWN
                 charges.append((p.req, s, how + after))
         num_seqs = d + len(scheduled)
-        if parted:
-            parts = cost.composition_parts_s(
-                num_prefill + num_decode, num_prefill, num_seqs, kv_read, pairs
-            )
-            step_s = parts_total(parts)
-            share = 0.0
-            if num_prefill and num_decode:
-                share = cost.composition_share_s(step_s, num_decode, num_alone, kv_alone)
-            parts_log.append((*parts, share))
-            seconds_log.append(step_s)
-            if clocked:
-                loop.now += step_s
-                ends.append(loop.now)
-        elif clocked:
-            step_s = cost.step_time_s(_composition(num_seqs, num_prefill, num_decode, kv_read))
-            seconds_log.append(step_s)
+        parts = cost.composition_parts_s(
+            num_prefill + num_decode, num_prefill, num_seqs, kv_read, pairs
+        )
+        step_s = parts_total(parts)
+        share = 0.0
+        if num_prefill and num_decode:
+            share = cost.composition_share_s(step_s, num_decode, num_alone, kv_alone)
+        parts_log.append((*parts, share))
+        seconds_log.append(step_s)
+        if clocked:
             loop.now += step_s
-            ends.append(loop.now)  # (a totals-priced model: the filler arrays are not read)
-        else:
-            composition.append((num_prefill, num_decode, kv_read, num_seqs))
+            ends.append(loop.now)
         running_log.append(num_running)
         waiting_log.append(len(waiting))
         used_log.append(num_blocks - free)
@@ -353,17 +341,10 @@ def advance_steady(
     if clocked:
         end_s = np.array(ends)
     else:
-        seconds = np.array(seconds_log) if parted else _price(cost, composition)
-        seconds_log = seconds.tolist()
-        end_s = np.cumsum(np.concatenate([[now0], seconds]))[1:]
+        end_s = np.cumsum(np.concatenate([[now0], seconds_log]))[1:]
         loop.now = float(end_s[-1])
     start_s = np.concatenate([[now0], end_s[:-1]])
-    if parted:
-        table = np.array(parts_log).reshape(-1, len(PARTS) + 1)
-    else:
-        # A time-only model: the whole step is its first part, as step_parts_s puts it.
-        table = np.zeros((s, len(PARTS) + 1))
-        table[:, 0] = seconds_log
+    table = np.array(parts_log).reshape(-1, len(PARTS) + 1)
     for r, first in dec_first.items():
         dec_spans.append((r, first, s - 1))
     dec_spans.extend((r, 0, s - 1) for r in dec_base if r not in dec_first)
@@ -459,29 +440,3 @@ def _feed_breakdown(
         step = step[pick]
         np.add.at(acc.steps[1], req[pick], parts[step] * scale[step, None])
         np.add.at(acc.interference[1], req[pick], share[step])
-
-
-_DUMMY: dict[int, np.ndarray] = {}
-
-
-def _composition(num_seqs: int, num_prefill: int, num_decode: int, kv_read: int) -> SchedulerOutput:
-    """A SchedulerOutput with the step's totals (what the cost model prices); the per-sequence
-    arrays only have the right length."""
-    filler = _DUMMY.get(num_seqs)
-    if filler is None:
-        filler = _DUMMY[num_seqs] = np.zeros(num_seqs, dtype=np.int64)
-    return SchedulerOutput(
-        req_indices=filler,
-        num_scheduled_tokens=filler,
-        num_draft_tokens=filler,
-        num_computed_before=filler,
-        num_prefill_tokens=num_prefill,
-        num_decode_tokens=num_decode,
-        kv_tokens_read=kv_read,
-    )
-
-
-def _price(cost: object, composition: list[tuple[int, int, int, int]]) -> np.ndarray:
-    """Seconds of each logged step, in one call."""
-    table = np.array(composition, dtype=np.int64).reshape(-1, 4)
-    return cost.compositions_time_s(table[:, 0], table[:, 1], table[:, 2], table[:, 3])  # type: ignore[attr-defined]

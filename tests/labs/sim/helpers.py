@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from labs.sim.engine_model import PARTS
 from labs.sim.scheduler import SchedulerConfig, SchedulerOutput
 from labs.sim.simulator import Simulator, StepInfo
 from labs.sim.workload import GeneratedWorkload
@@ -32,17 +33,34 @@ class LinearCost:
         kv = np.asarray(kv_tokens_read, dtype=np.int64) + np.asarray(spec_kv_tokens_read)
         return self.fixed_s + self.per_token_s * out.total_num_scheduled_tokens + self.per_kv_s * kv
 
-    def compositions_time_s(
-        self,
-        num_prefill_tokens: np.ndarray,
-        num_decode_tokens: np.ndarray,
-        kv_tokens_read: np.ndarray,
-        num_seqs: np.ndarray,
-    ) -> np.ndarray:
-        """Steps without drafts from their totals (what lets the simulator take steady steps)."""
-        tokens = np.asarray(num_prefill_tokens) + np.asarray(num_decode_tokens)
-        kv = np.asarray(kv_tokens_read, dtype=np.int64) + 0
-        return self.fixed_s + self.per_token_s * tokens + self.per_kv_s * kv
+    def composition_parts_s(
+        self, num_tokens: int, num_prefill_tokens: int, num_seqs: int, kv: int, pairs: int
+    ) -> tuple[float, ...]:
+        """A step without drafts from its totals (what lets the simulator take steady steps):
+        all of it in the first part, as step_parts_s puts a time-only model's step."""
+        step_s = self.fixed_s + self.per_token_s * num_tokens + self.per_kv_s * kv
+        return (step_s,) + (0.0,) * (len(PARTS) - 1)
+
+    def composition_share_s(
+        self, step_s: float, num_decode_tokens: int, num_alone: int, kv_alone: int
+    ) -> float:
+        """No prefill share, as step_parts_s gives a time-only model."""
+        return 0.0
+
+
+def composition(num_seqs: int, num_prefill: int, num_decode: int, kv_read: int) -> SchedulerOutput:
+    """A SchedulerOutput with a step's totals (what the cost models price); the per-sequence
+    arrays only have the right length."""
+    filler = np.zeros(num_seqs, dtype=np.int64)
+    return SchedulerOutput(
+        req_indices=filler,
+        num_scheduled_tokens=filler,
+        num_draft_tokens=filler,
+        num_computed_before=filler,
+        num_prefill_tokens=num_prefill,
+        num_decode_tokens=num_decode,
+        kv_tokens_read=kv_read,
+    )
 
 
 def make_workload(

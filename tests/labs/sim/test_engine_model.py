@@ -18,11 +18,11 @@ from labs.sim.engine_model import (
     EFFICIENCY,
     OVERHEAD,
     EngineModel,
-    achieved_bandwidth_fraction,
     attention_flops,
     dequant_overhead,
     gemm_efficiency,
     load_calibration,
+    memory_read_s,
     step_overhead_s,
     tp_communication_s,
     where_label,
@@ -136,10 +136,13 @@ def test_gemm_efficiency_rises_with_tokens_towards_the_gpus_ceiling():
 def test_small_reads_reach_less_of_the_bandwidth():
     cal = load_calibration()
     gpu = cal.gpu(H100)
-    small, large = (
-        achieved_bandwidth_fraction(gpu, b, H100.bandwidth_bytes_per_s, cal.kernel_latency_s)
-        for b in (1e6, 1e9)
-    )
+    peak = H100.bandwidth_bytes_per_s
+
+    def fraction(num_bytes: float) -> float:
+        seconds = memory_read_s(num_bytes, peak, gpu.bandwidth_efficiency, 1, cal.kernel_latency_s)
+        return num_bytes / peak / seconds
+
+    small, large = fraction(1e6), fraction(1e9)
     assert small < large < gpu.bandwidth_efficiency
 
 

@@ -16,7 +16,7 @@ from labs.predict import blocks_for_tokens
 from labs.sim.cost_model import build_cost_model
 from labs.sim.scheduler import SchedulerConfig
 from labs.sim.simulator import Simulator
-from tests.labs.sim.helpers import LinearCost, make_workload
+from tests.labs.sim.helpers import LinearCost, composition, make_workload
 
 
 @st.composite
@@ -182,7 +182,6 @@ def test_it_prices_the_lab_model_the_same_to_the_bit():
 
 def test_the_cost_models_price_a_run_of_steps_as_single_steps():
     from labs.sim.cost_model import build_cost_model
-    from labs.sim.steady import _composition
 
     rng = np.random.default_rng(1)
     kv = rng.integers(0, 400_000, 50)
@@ -191,12 +190,12 @@ def test_the_cost_models_price_a_run_of_steps_as_single_steps():
             {"model": "mixtral-8x7b", "gpu": "h100-sxm", "tp": 2, "sim_profile": profile}
         )
         cost = build_cost_model(params.hardware, params.model, params.engine)
-        out = _composition(8, 0, 8, int(kv[0]))
+        out = composition(8, 0, 8, int(kv[0]))
         run = cost.steps_time_s(out, kv, np.zeros_like(kv))
         parts = cost.steps_parts_s(out, kv, np.zeros_like(kv))
         assert run[0] == cost.step_time_s(out)
         assert parts.sum(axis=1).tolist() == [
-            cost.step_time_s(_composition(8, 0, 8, int(k))) for k in kv
+            cost.step_time_s(composition(8, 0, 8, int(k))) for k in kv
         ]
 
 
