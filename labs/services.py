@@ -508,8 +508,10 @@ def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     backend = get_backend(run.backend, **options)
     record = backend.run(params, _progress_reporter(run.pk, beat))
     summary = summarize(record)
-    summary["meta"] = _json_safe(getattr(record, "meta", {}) or {})
     summary["breakdown"] = _json_safe({"b": run_breakdown(params, record, summary)})["b"]
+    # Stored once, at the top, where a vLLM run's expected parts go too; not again in meta.
+    meta = {k: v for k, v in (getattr(record, "meta", {}) or {}).items() if k != "breakdown"}
+    summary["meta"] = _json_safe(meta)
     return _Outcome(result=summary, where=str(record.where))
 
 

@@ -500,3 +500,12 @@ def test_the_final_write_retries_through_a_short_outage_then_gives_up(settings):
         always, _ = _failing_first(lambda: 1, 10**6)
         with pytest.raises(OperationalError):
             services._with_retries(always, within_s=0, what="test")
+
+
+def test_a_finished_run_stores_its_breakdown_once(alice):
+    run = make_run(alice)
+    assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
+    run.refresh_from_db()
+    assert run.result["breakdown"]["source"] == "simulated"
+    assert "breakdown" not in run.result["meta"]
+    assert run.result["meta"]["steps"] > 0  # the rest of the record's meta is kept

@@ -506,3 +506,13 @@ def test_a_vllm_refusal_of_a_setting_the_lab_keeps_hidden_is_shown(alice_client,
     assert errors["gpu"][0] in run_panel.replace("&#x27;", "'").replace("&quot;", '"')
     assert not LabRun.objects.exists()
     no_broker.assert_not_called()
+
+
+def test_a_run_stored_with_its_breakdown_in_meta_too_still_shows_it(alice_client, done_run):
+    # Runs stored before the breakdown was kept once have it in result["meta"] as well.
+    result = done_run.result
+    done_run.result = {**result, "meta": {**result["meta"], "breakdown": result["breakdown"]}}
+    done_run.save()
+    html = alice_client.get(done_run.get_absolute_url()).content.decode()
+    assert html.count("Where the time went") == 1
+    assert 'id="breakdown-e2e_s"' in html and 'id="breakdown-tpot_s"' in html
