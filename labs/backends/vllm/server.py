@@ -234,8 +234,9 @@ def _draft(params: LabParams, source: ModelSource, cache: Path) -> _Draft | None
 def synthetic_acceptance_rates(k: int, alpha: float) -> list[float]:
     """vLLM's unconditional per-position rates for k drafts each accepted with chance alpha
     (given the ones before it): [alpha, alpha^2, ..., alpha^k], non-increasing as vLLM requires.
-    Rounded to 9 digits, so the flag is short and the conditional rates are alpha to 1e-8."""
-    return [round(alpha ** (i + 1), 9) for i in range(k)]
+    Not rounded: vLLM divides each rate by the one before, so rounding would bend the small ones
+    (alpha^16 is 7e-12 at alpha 0.2); json.dumps writes each float the same way every time."""
+    return [alpha ** (i + 1) for i in range(k)]
 
 
 def check_supported(params: LabParams) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from labs.backends.vllm import server as srv
 from labs.backends.vllm.loadgen import plan_requests
@@ -75,6 +77,27 @@ def test_speculation_accepts_at_the_learners_rate(tmp_path: Path) -> None:
         "rejection_sample_method": "synthetic",
         "synthetic_acceptance_rates": [0.5, 0.25],
     }
+
+
+def _conditional(rates: list[float]) -> list[float]:
+    """vLLM's conversion (docs/speculation-check.md): c_i = rates[i] / rates[i-1], 0 after a 0."""
+    return [p / q if q > 0.0 else 0.0 for p, q in zip(rates, [1.0, *rates[:-1]], strict=True)]
+
+
+@given(k=st.integers(1, 16), alpha=st.floats(0.0, 1.0, exclude_max=True))
+def test_the_rates_are_valid_for_vllm_for_every_k_and_alpha(k: int, alpha: float) -> None:
+    rates = srv.synthetic_acceptance_rates(k, alpha)
+    assert len(rates) == k and all(0.0 <= r <= 1.0 for r in rates)
+    assert all(b <= a for a, b in zip(rates, rates[1:], strict=False))  # non-increasing
+    assert json.loads(json.dumps(rates)) == rates
+
+
+@pytest.mark.parametrize("alpha", [0.2, 0.37, 0.7])
+def test_vllm_accepts_every_draft_at_alpha_even_far_down_a_long_run(alpha: float) -> None:
+    # Rounded to 9 digits, 0.2^14 was 0 (so drafts 14 to 16 were never accepted), and the 16th
+    # conditional rate was 0.3694 at alpha 0.37.
+    conditional = _conditional(srv.synthetic_acceptance_rates(16, alpha))
+    assert conditional == pytest.approx([alpha] * 16, rel=1e-12)
 
 
 def test_a_kv_capacity_becomes_exact_kv_cache_bytes(tmp_path: Path) -> None:
