@@ -664,11 +664,11 @@ def _reap_lost_queued(runs: QuerySet[LabRun], now: datetime, served: set[str]) -
     for backend, queue in set(waiting.values_list("backend", "queue")):
         if _sent_to(backend, queue) not in served:
             continue  # nobody could have taken it: the stale check above deals with it
-        of_backend = LabRun.objects.filter(backend=backend)
+        busy_with = _runs_its_workers_take(backend, queue)
         busy = (
-            of_backend.filter(state=RunState.RUNNING).exists()
-            or of_backend.filter(finished_at__gte=cutoff).exists()
-            or of_backend.filter(started_at__gte=cutoff).exists()
+            busy_with.filter(state=RunState.RUNNING).exists()
+            or busy_with.filter(finished_at__gte=cutoff).exists()
+            or busy_with.filter(started_at__gte=cutoff).exists()
         )
         if busy:
             continue
@@ -679,6 +679,17 @@ def _reap_lost_queued(runs: QuerySet[LabRun], now: datetime, served: set[str]) -
             f"was online and idle for {lost_s} s. Run it again.",
         )
     return reaped
+
+
+def _runs_its_workers_take(backend: str, queue: str) -> QuerySet[LabRun]:
+    """The runs that keep busy the workers able to take a run sent to `queue`: for the backend's
+    shared queue, any of the backend's; for one GPU kind's queue, that queue's and the shared
+    queue's (its workers take both), not another GPU's, whose runs never occupy them."""
+    shared = settings.LABS_BACKEND_QUEUES.get(backend, "")
+    of_backend = LabRun.objects.filter(backend=backend)
+    if _sent_to(backend, queue) == shared:
+        return of_backend
+    return of_backend.filter(queue__in=[queue, shared, ""])
 
 
 def _fail_all(runs: QuerySet[LabRun], now: datetime, error: str) -> int:

@@ -353,6 +353,26 @@ def test_a_run_for_a_gpu_no_worker_has_is_not_called_lost_by_an_idle_other_gpu(a
     assert waiting.state == RunState.QUEUED
 
 
+def test_a_lost_gpu_kind_run_is_not_hidden_by_another_gpus_busy_worker(alice, bob, settings):
+    settings.LABS_QUEUED_LOST_S = 60
+    settings.LABS_QUEUED_STALE_S = 600
+    now = timezone.now()
+    gpu_worker("h100-sxm", 1, "h100@box")  # online, idle: it would have taken the run by now
+    gpu_worker("a100-80gb", 1, "a100@box")
+    make_run(bob, backend="vllm", queue="labs.gpu.a100-80gb", state=RunState.RUNNING)
+    lost = make_run(
+        alice, backend="vllm", queue="labs.gpu.h100-sxm", created_at=now - timedelta(seconds=120)
+    )
+    assert services.run_reap_stale(now=now) == 1
+    lost.refresh_from_db()
+    assert lost.state == RunState.FAILED and "never reached a vllm worker" in lost.error
+    # A run on the shared GPU queue keeps the H100 worker busy: then nothing is called lost.
+    lost.state, lost.error = RunState.QUEUED, ""
+    lost.save()
+    make_run(bob, backend="vllm", queue="labs.gpu", state=RunState.RUNNING)
+    assert services.run_reap_stale(now=now) == 0
+
+
 @pytest.mark.parametrize(
     ("data", "field", "words"),
     [
