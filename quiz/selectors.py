@@ -234,11 +234,12 @@ def card_cache_clear(**_: object) -> None:
     _card_cache.clear()
 
 
-def card_for_quiz(*, card_id: int) -> Card:
+def card_for_quiz(*, card_id: int, fresh: bool = False) -> Card:
     """A card with what both sides show: options, tags and active related cards (4 queries, or
-    none while the process's copy is fresh). Read-only: the same instance serves many requests."""
+    none while the process's copy is fresh; `fresh` reads it again). Read-only: the same instance
+    serves many requests."""
     ttl = settings.QUIZ_CARD_CACHE_S
-    if ttl:
+    if ttl and not fresh:
         hit = _card_cache.get(card_id)
         if hit is not None and time.monotonic() - hit[0] < ttl:
             return hit[1]

@@ -136,7 +136,11 @@ def _judge(card: Card, showing: Showing, answer: Answer) -> tuple[str, bool | No
             return "", False
         if answer.option_id not in showing.option_order:
             raise ValidationError({"option": "That option is not one of this card's."})
-        option = next(o for o in card.options.all() if o.pk == answer.option_id)
+        option = next((o for o in card.options.all() if o.pk == answer.option_id), None)
+        if option is None:
+            raise ValidationError(
+                {"option": "That option was removed from this card; pick another."}
+            )
         letter = "ABCDEF"[showing.option_order.index(option.pk)]
         return f"{letter}. {option.text}", option.is_correct
     if card.kind == Card.Kind.NUMERIC:
@@ -197,6 +201,9 @@ def showing_reveal(
             raise QuizConflict("This card was answered in another tab.")
         if showing.revealed_at is None:
             card = card_for_quiz(card_id=showing.card_id)
+            if not set(showing.option_order) <= {option.pk for option in card.options.all()}:
+                # Shown by a process with a newer copy (an option added since this one read it).
+                card = card_for_quiz(card_id=showing.card_id, fresh=True)
             showing.answer, showing.correct = _judge(card, showing, answer)
         settings = settings or learner_settings_get(user=user)
         showing.outcomes = _compute_outcomes(showing, state, settings, now)

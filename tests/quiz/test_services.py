@@ -207,3 +207,40 @@ def test_it_shuffles_options_per_showing_and_keeps_the_order_on_reload(alice):
         Showing.objects.filter(pk=showing.pk).update(used_at=NOW)  # next one is a new showing
     assert sorted(orders.pop()) == sorted(card.options.values_list("pk", flat=True))
     assert len(orders) >= 1  # 12 shuffles of 3 options: a second order is all but certain
+
+
+def test_a_reveal_judges_an_option_added_since_this_process_read_the_card(alice, settings):
+    from quiz import selectors
+    from quiz.models import Card, ChoiceOption
+
+    settings.QUIZ_CARD_CACHE_S = 60
+    selectors.card_cache_clear()
+    card = make_card("choice")
+    selectors.card_for_quiz(card_id=card.pk)  # this process's copy, before the edit
+    # Staff add an option through another process: no signal clears this one's copy.
+    (added,) = ChoiceOption.objects.bulk_create(
+        [ChoiceOption(card=card, text="Added later", is_correct=True, position=9)]
+    )
+    fresh = Card.objects.prefetch_related("options").get(pk=card.pk)
+    showing = services.showing_open(user=alice, card=fresh, now=NOW)  # shown with the new option
+    revealed = services.showing_reveal(
+        user=alice, token=showing.token, answer=services.Answer(option_id=added.pk), now=NOW
+    )
+    assert revealed.correct is True and revealed.answer.endswith("Added later")
+    selectors.card_cache_clear()
+
+
+def test_a_pick_of_an_option_removed_since_the_showing_is_a_clear_refusal(alice):
+    from django.core.exceptions import ValidationError
+
+    from quiz.models import ChoiceOption
+
+    card = make_card("choice")
+    showing = services.showing_open(user=alice, card=card, now=NOW)
+    gone = card.options.order_by("id").first().pk
+    ChoiceOption.objects.filter(pk=gone).delete()
+    with pytest.raises(ValidationError) as info:
+        services.showing_reveal(
+            user=alice, token=showing.token, answer=services.Answer(option_id=gone), now=NOW
+        )
+    assert "removed from this card" in str(info.value)
