@@ -165,6 +165,8 @@ else:
 # through to the database (config/sessions.py falls back to the database when Redis is down);
 # without it, each process's memory cache cannot see another's log-out, so the database alone.
 SESSION_CACHE_S = env_int("SESSION_CACHE_S", 300)
+# After a Redis failure, a process reads sessions from the database alone for this long.
+SESSION_CACHE_RETRY_S = env_int("SESSION_CACHE_RETRY_S", 5)
 SESSION_ENGINE = "config.sessions" if CACHE_URL else "django.contrib.sessions.backends.db"
 
 LOGIN_URL = "login"

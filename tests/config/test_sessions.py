@@ -6,11 +6,24 @@ import socket
 
 import pytest
 from django.contrib.sessions.models import Session
+from django.core.cache.backends.locmem import LocMemCache
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _cache_not_paused():
+    # The pause after a cache failure is per process: no test may leave it on for the next.
+    from config import sessions
+
+    sessions._skip_cache_until = 0.0
+    yield
+    sessions._skip_cache_until = 0.0
+
+
 PASSWORD = "a-long-passphrase-1"  # noqa: S105 - the test users' password (tests/conftest.py)
 
 
@@ -65,6 +78,41 @@ def test_with_the_cache_down_sessions_fall_back_to_the_database(client, alice, s
     assert client.post(reverse("logout")).status_code == 302
     assert Session.objects.count() == 0
     assert client.get(reverse("quiz:today")).status_code == 302  # logged out, to the log-in page
+
+
+class CountingBrokenCache(LocMemCache):
+    """A cache whose every read and write fails, counting the attempts."""
+
+    calls = 0
+
+    def _fail(self, *args, **kwargs):
+        CountingBrokenCache.calls += 1
+        raise ConnectionError("cache down")
+
+    get = set = delete = has_key = _fail
+
+
+def test_after_a_cache_failure_requests_skip_the_cache_for_a_while(client, alice, settings):
+    from config import sessions
+
+    settings.SESSION_ENGINE = "config.sessions"
+    settings.CACHES = {"default": {"BACKEND": f"{__name__}.CountingBrokenCache"}}
+    settings.SESSION_CACHE_RETRY_S = 60
+    CountingBrokenCache.calls = 0
+    _log_in(client)
+    tried = CountingBrokenCache.calls
+    assert tried >= 1  # the first failure started the pause
+    for _ in range(3):
+        assert client.get(reverse("quiz:today")).status_code == 200
+    # A hanging Redis costs one timeout per process per pause, not one (or two) per request.
+    assert CountingBrokenCache.calls == tried
+    sessions._skip_cache_until = 0.0  # the pause is over: the next request tries again
+    assert client.get(reverse("quiz:today")).status_code == 200
+    assert CountingBrokenCache.calls == tried + 1
+    # A log-out always tries to drop the cached copy, pause or not.
+    calls = CountingBrokenCache.calls
+    assert client.post(reverse("logout")).status_code == 302
+    assert CountingBrokenCache.calls == calls + 1 and Session.objects.count() == 0
 
 
 def test_a_cached_session_lives_at_most_session_cache_s(client, alice, settings):
