@@ -95,7 +95,7 @@ _LIVE_STATES = f"""
     FROM {ReviewState._meta.db_table} rs JOIN {Card._meta.db_table} c ON c.id = rs.card_id
     WHERE rs.user_id = %(user)s AND NOT rs.suspended AND c.is_active"""
 _INTRADAY_SQL = (
-    f"rs.state IN ({FsrsState.LEARNING}, {FsrsState.RELEARNING}) AND rs.last_review IS NOT NULL"
+    f"rs.state IN ({', '.join(str(int(s)) for s in INTRADAY)}) AND rs.last_review IS NOT NULL"
 )
 _NEW_CARDS = f"""
     FROM {Card._meta.db_table} c LEFT JOIN {Card._meta.db_table} p ON p.id = c.parent_id

@@ -502,9 +502,9 @@ def content_load(*, tree: ContentTree, force: bool = False) -> LoadReport:
     keep_decks = _admin_deck_edits(tree, report, force=force)
     decks = {d.slug: d for d in Deck.objects.all()}
     for deck_spec in tree.decks:
-        values = {"title": deck_spec.title, "description": deck_spec.description}
         if deck_spec.slug in keep_decks:
             continue
+        values = {"title": deck_spec.title, "description": deck_spec.description}
         deck = decks.get(deck_spec.slug)
         if deck is None:
             decks[deck_spec.slug] = Deck.objects.create(slug=deck_spec.slug, **values)
