@@ -3,9 +3,10 @@
 1. Prepares the database named by LOAD_DATABASE_URL (migrate, the deck, LOAD_LEARNERS accounts
    with a high new-card limit) and starts gunicorn (gunicorn.conf.py, production settings) on
    127.0.0.1:LOAD_PORT and one sim worker, both on this machine only.
-2. CPU per request: one client, one request at a time, 300 x /healthz then 100 quiz loops (fetch,
-   answer, grade); the CPU time the gunicorn workers and their PostgreSQL backends used, read
-   from /proc before and after, divided by the requests.
+2. CPU per request: one client, one request at a time, LOAD_CPU_ROUNDS rounds of
+   LOAD_CPU_REQUESTS x /healthz then as many quiz requests (fetch, answer, grade loops); the CPU
+   time the gunicorn workers and their PostgreSQL backends used, read from /proc before and
+   after, divided by the requests; medians over the rounds.
 3. Locust at 10, 50 and 200 users (LOAD_STEPS), LOAD_STEP_S seconds each: p50/p95/p99 and errors
    per request type, /healthz beside them in the same run.
 Results: var/load/results.md (and printed). Everything it started is stopped at the end.
@@ -17,10 +18,12 @@ import csv
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -30,12 +33,18 @@ PORT = int(os.environ.get("LOAD_PORT", "8160"))
 HOST = f"http://127.0.0.1:{PORT}"
 DB = os.environ.get("LOAD_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/serving_school_load")
 REDIS = os.environ.get("LOAD_REDIS_URL", "redis://127.0.0.1:6379/6")
-STEPS = [int(n) for n in os.environ.get("LOAD_STEPS", "10,50,200").split(",")]
+# LOAD_STEPS= (empty) measures the CPU per request only, without locust (a quick check).
+STEPS = [int(n) for n in os.environ.get("LOAD_STEPS", "10,50,200").split(",") if n.strip()]
 STEP_S = int(os.environ.get("LOAD_STEP_S", "60"))
 # Learners arrive at this many per second (the audit's ramp was 2 log-ins/s); the statistics
 # are reset once all have arrived, so the table is the steady state with everyone logged in.
 SPAWN_RATE = float(os.environ.get("LOAD_SPAWN_RATE", "2"))
-LEARNERS = int(os.environ.get("LOAD_LEARNERS", str(max(STEPS) + 20)))
+# CPU per request: this many rounds of /healthz then the quiz, each this many requests.
+CPU_ROUNDS = int(os.environ.get("LOAD_CPU_ROUNDS", "7"))
+CPU_REQUESTS = int(os.environ.get("LOAD_CPU_REQUESTS", "150"))
+# Locust's learners are learner0.. (one per user); the CPU measurement takes the last
+# CPU_ROUNDS + 1 (a warm-up, and a fresh one per round).
+LEARNERS = int(os.environ.get("LOAD_LEARNERS", str(max(STEPS, default=0) + 20 + CPU_ROUNDS)))
 PASSWORD = "load-test-passphrase-1"  # noqa: S105 - throwaway accounts on loopback
 OUT = ROOT / "var" / "load"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -166,51 +175,79 @@ def login(client: httpx.Client, username: str) -> None:
 def quiz_loop(client: httpx.Client) -> int:
     """Fetch, answer, grade one card, as the browser's htmx does. Returns requests sent."""
     headers = {"HX-Request": "true", "X-CSRFToken": client.cookies.get("csrftoken", "")}
-    panel = client.get("/quiz/", headers=headers).text
+    # Every step must succeed: an error page measured as a quiz request would flatter the figure.
+    panel = client.get("/quiz/", headers=headers).raise_for_status().text
     token = re.search(r"/quiz/answer/([\w-]+)/", panel)
     if token is None:
         return 1
     option = re.search(r'name="option" value="(\d+)"', panel)
     data = {"option": option.group(1)} if option else {"value": "1"}
     answer = client.post(f"/quiz/answer/{token.group(1)}/", data=data, headers=headers)
+    answer.raise_for_status()
     grade = re.search(r"/quiz/grade/([\w-]+)/", answer.text)
     if grade is None:
         return 2
-    client.post(f"/quiz/grade/{grade.group(1)}/", data={"rating": "3"}, headers=headers)
+    client.post(
+        f"/quiz/grade/{grade.group(1)}/", data={"rating": "3"}, headers=headers
+    ).raise_for_status()
     return 3
 
 
-def measure_cpu(master: int) -> dict[str, float]:
-    """CPU per request (web workers, and their PostgreSQL backends), one request at a time."""
+def measure_cpu(master: int) -> dict[str, Any]:
+    """CPU per request (web workers, and their PostgreSQL backends), one request at a time.
+
+    CPU_ROUNDS rounds, each /healthz then the quiz, side by side: a machine shared with other
+    work drifts between rounds, so the figures are each round's, and the medians over rounds."""
     with httpx.Client(base_url=HOST, timeout=30) as client:
         for _ in range(50):
             client.get("/healthz")
         # A server that has been up a while has read every card (its card and Markdown caches):
         # another learner goes through the deck first, on this client's kept-alive connection, so
         # through the gunicorn process that then serves the measured requests.
-        login(client, f"learner{LEARNERS - 2}")
+        login(client, f"learner{LEARNERS - 1}")
         for _ in range(300):
             if quiz_loop(client) == 1:  # no card left to show
                 break
-        client.cookies.clear()
-        login(client, f"learner{LEARNERS - 1}")
-        for _ in range(5):
+        rounds: dict[str, list[float]] = {}
+        for round_ in range(CPU_ROUNDS):
+            # A fresh learner per round, logged in outside the measured window: every measured
+            # loop shows, answers and grades a new card (one with no card left would be a cheap
+            # "done for today" fetch, and flatter the figure).
+            client.cookies.clear()
+            login(client, f"learner{LEARNERS - 2 - round_}")
             quiz_loop(client)
-        results = {}
+            for label in ("healthz", "quiz"):
+                web0, pg0 = web_cpu_s(master), cpu_s(pg_backends())
+                sent = 0
+                while sent < CPU_REQUESTS:
+                    if label == "healthz":
+                        client.get("/healthz")
+                        sent += 1
+                    else:
+                        loop = quiz_loop(client)
+                        if loop != 3:
+                            raise RuntimeError(
+                                f"the deck ran out after {sent} quiz requests in a round: "
+                                "lower LOAD_CPU_REQUESTS"
+                            )
+                        sent += loop
+                web1, pg1 = web_cpu_s(master), cpu_s(pg_backends())
+                rounds.setdefault(f"{label}_web_ms", []).append(1000 * (web1 - web0) / sent)
+                rounds.setdefault(f"{label}_pg_ms", []).append(1000 * cpu_delta(pg0, pg1) / sent)
+                rounds.setdefault(f"{label}_n", []).append(sent)
         for label in ("healthz", "quiz"):
-            web0, pg0 = web_cpu_s(master), cpu_s(pg_backends())
-            sent = 0
-            if label == "healthz":
-                for _ in range(300):
-                    client.get("/healthz")
-                    sent += 1
-            else:
-                while sent < 300:
-                    sent += quiz_loop(client)
-            web1, pg1 = web_cpu_s(master), cpu_s(pg_backends())
-            results[f"{label}_web_ms"] = 1000 * (web1 - web0) / sent
-            results[f"{label}_pg_ms"] = 1000 * cpu_delta(pg0, pg1) / sent
-            results[f"{label}_n"] = sent
+            rounds[f"{label}_ms"] = [
+                w + p
+                for w, p in zip(rounds[f"{label}_web_ms"], rounds[f"{label}_pg_ms"], strict=True)
+            ]
+        rounds["ratio"] = [
+            q / h for q, h in zip(rounds["quiz_ms"], rounds["healthz_ms"], strict=True)
+        ]
+    results: dict[str, Any] = {name: statistics.median(values) for name, values in rounds.items()}
+    results["rounds"] = rounds
+    for label in ("healthz", "quiz"):
+        results[f"{label}_n"] = sum(rounds[f"{label}_n"])
+    results["ratio_min"], results["ratio_max"] = min(rounds["ratio"]), max(rounds["ratio"])
     return results
 
 
@@ -319,19 +356,27 @@ def main() -> None:
         lines += [
             f"Load average before: {load_before} (2 cores, shared with other work).",
             "",
-            "CPU per request, one request at a time"
-            " (gunicorn workers + their PostgreSQL backends):",
+            "CPU per request, one request at a time (gunicorn workers + their PostgreSQL"
+            f" backends), medians of {CPU_ROUNDS} rounds of {CPU_REQUESTS} requests each:",
             "",
             "| request | n | web CPU ms | PostgreSQL CPU ms | total ms |",
             "| --- | --- | --- | --- | --- |",
         ]
         for label in ("healthz", "quiz"):
-            w, p = cpu[f"{label}_web_ms"], cpu[f"{label}_pg_ms"]
-            lines.append(f"| {label} | {cpu[f'{label}_n']} | {w:.1f} | {p:.1f} | {w + p:.1f} |")
-        ratio = (cpu["quiz_web_ms"] + cpu["quiz_pg_ms"]) / (
-            cpu["healthz_web_ms"] + cpu["healthz_pg_ms"]
-        )
-        lines += ["", f"Quiz request / healthz CPU: {ratio:.1f}x", ""]
+            w, p, t = cpu[f"{label}_web_ms"], cpu[f"{label}_pg_ms"], cpu[f"{label}_ms"]
+            lines.append(f"| {label} | {cpu[f'{label}_n']:.0f} | {w:.1f} | {p:.1f} | {t:.1f} |")
+        lines += [
+            "",
+            f"Quiz request / healthz CPU: {cpu['ratio']:.1f}x (median of {CPU_ROUNDS} rounds;"
+            f" rounds {cpu['ratio_min']:.1f}x to {cpu['ratio_max']:.1f}x)",
+            "",
+            "Each round, total ms per request: healthz "
+            + ", ".join(f"{v:.1f}" for v in cpu["rounds"]["healthz_ms"])
+            + "; quiz "
+            + ", ".join(f"{v:.1f}" for v in cpu["rounds"]["quiz_ms"])
+            + ".",
+            "",
+        ]
         lines += [
             "| users | request | n | errors | p50 ms | p95 ms | p99 ms | req/s |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |",
