@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -50,10 +50,15 @@ class CardState:
     last_review: dt.datetime | None
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["due"] = to_utc(self.due).isoformat()
-        data["last_review"] = to_utc(self.last_review).isoformat() if self.last_review else None
-        return data
+        # Plain values, so no deep copy: asdict copying four outcomes was 14% of a reveal.
+        return {
+            "state": self.state,
+            "step": self.step,
+            "stability": self.stability,
+            "difficulty": self.difficulty,
+            "due": to_utc(self.due).isoformat(),
+            "last_review": to_utc(self.last_review).isoformat() if self.last_review else None,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CardState:

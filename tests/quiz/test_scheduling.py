@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import itertools
+import json
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -450,3 +451,23 @@ def test_it_gives_the_same_fuzzed_outcomes_for_the_same_review():
         for m in range(1, 30)
     ]
     assert len({outcome.due for outcome in later}) > 1  # still fuzzed, from review to review
+
+
+def test_a_card_state_round_trips_through_json_with_every_field():
+    from dataclasses import fields
+
+    learning = CardState(
+        state=1,
+        step=0,
+        stability=2.3,
+        difficulty=5.1,
+        due=dt.datetime(2026, 3, 1, 9, 30, tzinfo=ZoneInfo("Europe/Berlin")),
+        last_review=dt.datetime(2026, 3, 1, 8, 20, tzinfo=dt.UTC),
+    )
+    fresh = dataclasses.replace(learning, stability=None, difficulty=None, last_review=None)
+    for state in (learning, fresh):
+        data = state.to_json()
+        assert set(data) == {f.name for f in fields(CardState)}  # a new field must be stored too
+        assert json.loads(json.dumps(data)) == data
+        assert CardState.from_json(data) == state
+    assert learning.to_json()["due"] == "2026-03-01T08:30:00+00:00"
