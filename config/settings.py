@@ -122,10 +122,21 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db["TEST"] = {"NAME": str(VAR_DIR / f"test-db-{os.getpid()}.sqlite3")}
 elif _db["ENGINE"] == "django.db.backends.postgresql":
     _db.setdefault("OPTIONS", {})["connect_timeout"] = env_int("DB_CONNECT_TIMEOUT", 5)
+    # Prepared statements: PostgreSQL spent more CPU planning the quiz's queries than running
+    # them. With parameters sent apart from the query (server-side binding), psycopg prepares a
+    # query once it has run 5 times on a connection and PostgreSQL reuses its plan. Django leaves
+    # this off for connection poolers: set DB_PREPARED_STATEMENTS=0 behind a transaction-pooling
+    # PgBouncer. A migration that changes a column's type needs the web processes restarted (as
+    # any deploy does): a plan prepared before it cannot change its result type.
+    if env_bool("DB_PREPARED_STATEMENTS", True):
+        _db["OPTIONS"]["server_side_binding"] = True
+        _db["OPTIONS"]["prepare_threshold"] = 5
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Auth -------------------------------------------------------------------------------------
+# ModelBackend, loading the session's user with its quiz settings in one query (config/backends.py).
+AUTHENTICATION_BACKENDS = ["config.backends.ModelBackendWithSettings"]
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -152,7 +163,7 @@ if CACHE_URL:
         raise ImproperlyConfigured(f"CACHE_URL must be redis://host:port/db, got {CACHE_URL!r}")
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "config.cache.RedisCache",
             "LOCATION": CACHE_URL,
             # A down Redis must cost little: the throttle lets requests through when it fails.
             "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},

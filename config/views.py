@@ -112,7 +112,7 @@ def signup(request: HttpRequest) -> HttpResponse:
             response = render(request, "registration/signup.html", context, status=503)
             response["Retry-After"] = "2"
             return response
-        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+        login(request, user, backend="config.backends.ModelBackendWithSettings")
         return redirect("quiz:today")
     status = 400 if request.method == "POST" else 200
     return render(request, "registration/signup.html", {"form": form}, status=status)

@@ -14,6 +14,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import connection
 from django.db.models import Count, Prefetch, Q
@@ -39,9 +40,16 @@ INTRADAY = (FsrsState.LEARNING, FsrsState.RELEARNING)
 
 
 def learner_settings_get(*, user: AbstractBaseUser) -> LearnerSettings:
-    """The learner's settings, or unsaved defaults (reading a page must not write)."""
-    found = LearnerSettings.objects.filter(user=user).first()
-    return found or LearnerSettings(user=user)
+    """The learner's settings, or unsaved defaults (reading a page must not write). A request's
+    user has them already (config.backends loads them with it); else one query, kept on `user`."""
+    relation = get_user_model().quiz_settings  # `user` may be a request's lazy proxy
+    if not relation.is_cached(user):
+        found = LearnerSettings.objects.filter(user=user).first()
+        relation.related.set_cached_value(user, found)
+    try:
+        return user.quiz_settings
+    except LearnerSettings.DoesNotExist:
+        return LearnerSettings(user=user)
 
 
 @dataclass(frozen=True)

@@ -357,6 +357,7 @@ def learner_settings_update(*, user: AbstractBaseUser, **values: Any) -> Learner
         setattr(settings, name, value)
     settings.full_clean()
     settings.save()
+    user.quiz_settings = settings  # what this request reads from now on
     return settings
 
 
