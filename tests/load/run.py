@@ -211,8 +211,9 @@ def measure_cpu(master: int) -> dict[str, Any]:
         rounds: dict[str, list[float]] = {}
         for round_ in range(CPU_ROUNDS):
             # A fresh learner per round, logged in outside the measured window: every measured
-            # loop shows, answers and grades a new card (one with no card left would be a cheap
-            # "done for today" fetch, and flatter the figure).
+            # loop shows, answers and grades a new card. One learner for every round would run
+            # out of cards (79, each shown twice on its first day) into cheap "done for today"
+            # fetches, and flatter the figure.
             client.cookies.clear()
             login(client, f"learner{LEARNERS - 2 - round_}")
             quiz_loop(client)
