@@ -7,6 +7,10 @@
 - Health asks /healthz once a second, so each run has the trivial view beside the quiz.
 
 Accounts learner0..N-1 exist with password LOAD_PASSWORD (run.py creates them).
+
+The measured part starts when every learner has logged in (LOAD_EXPECTED_LOGINS of them): the
+statistics restart then, LOAD_READY_FILE tells run.py, and the run stops LOAD_MEASURE_S later.
+Log-ins queued behind a slow machine's hashing thus stay out of the steady state.
 """
 
 from __future__ import annotations
@@ -14,7 +18,10 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import time
+from pathlib import Path
 
+import gevent
 from locust import HttpUser, between, constant, task
 
 PASSWORD = os.environ.get("LOAD_PASSWORD", "load-test-passphrase-1")
@@ -24,6 +31,21 @@ TOKEN = re.compile(r"/quiz/answer/([\w-]+)/")
 GRADE = re.compile(r"/quiz/grade/([\w-]+)/")
 OPTION = re.compile(r'name="option" value="(\d+)"')
 RUN = re.compile(r"/labs/runs/(\d+)/")
+
+
+EXPECTED_LOGINS = int(os.environ.get("LOAD_EXPECTED_LOGINS", "0"))
+READY_FILE = os.environ.get("LOAD_READY_FILE", "")
+MEASURE_S = float(os.environ.get("LOAD_MEASURE_S", "60"))
+_logins = itertools.count(1)
+
+
+def _logged_in(environment) -> None:
+    if next(_logins) != EXPECTED_LOGINS:
+        return
+    environment.runner.stats.reset_all()
+    if READY_FILE:
+        Path(READY_FILE).write_text(f"{time.time()}\n")
+    gevent.spawn_later(MEASURE_S, environment.runner.quit)
 
 
 class _LoggedIn(HttpUser):
@@ -43,15 +65,17 @@ class _LoggedIn(HttpUser):
                 allow_redirects=False,
                 catch_response=True,
             ) as response:
-                if response.status_code == 302:
-                    return
-                if response.status_code == 503:
+                done = response.status_code == 302
+                if not done and response.status_code == 503:
                     # Every hash slot busy: the page says to retry, as a person would.
                     response.success()
-                    self.wait()
-                    continue
-                response.failure(f"login: {response.status_code}")
+                elif not done:
+                    response.failure(f"login: {response.status_code}")
+                    return
+            if done:  # counted after the `with`, which records this request
+                _logged_in(self.environment)
                 return
+            self.wait()
 
     def post(self, url: str, data: dict, name: str, **kwargs):
         headers = {**HX, "X-CSRFToken": self.client.cookies.get("csrftoken", "")}

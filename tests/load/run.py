@@ -37,8 +37,9 @@ REDIS = os.environ.get("LOAD_REDIS_URL", "redis://127.0.0.1:6379/6")
 STEPS = [int(n) for n in os.environ.get("LOAD_STEPS", "10,50,200").split(",") if n.strip()]
 STEP_S = int(os.environ.get("LOAD_STEP_S", "60"))
 # Learners arrive at this many per second (the audit's ramp was 2 log-ins/s); the statistics
-# are reset once all have arrived, so the table is the steady state with everyone logged in.
+# restart once every one has logged in (within LOGIN_WAIT_S), so the table is the steady state.
 SPAWN_RATE = float(os.environ.get("LOAD_SPAWN_RATE", "2"))
+LOGIN_WAIT_S = int(os.environ.get("LOAD_LOGIN_WAIT_S", "600"))
 # CPU per request: this many rounds of /healthz then the quiz, each this many requests.
 CPU_ROUNDS = int(os.environ.get("LOAD_CPU_ROUNDS", "7"))
 CPU_REQUESTS = int(os.environ.get("LOAD_CPU_REQUESTS", "150"))
@@ -254,7 +255,8 @@ def measure_cpu(master: int) -> dict[str, Any]:
 
 def run_step(users: int, master: int) -> list[dict[str, str]]:
     prefix = OUT / f"step{users}"
-    ramp_s = int(users / SPAWN_RATE) + 5
+    ready = Path(f"{prefix}_ready")
+    ready.unlink(missing_ok=True)
     locust = subprocess.Popen(
         [
             str(BIN / "locust"),
@@ -266,9 +268,9 @@ def run_step(users: int, master: int) -> list[dict[str, str]]:
             str(users),
             "-r",
             str(SPAWN_RATE),
+            # A cap only: the locustfile stops the run STEP_S after the last learner logged in.
             "-t",
-            f"{ramp_s + STEP_S}s",
-            "--reset-stats",
+            f"{LOGIN_WAIT_S + STEP_S + 30}s",
             "--host",
             HOST,
             "--csv",
@@ -277,14 +279,29 @@ def run_step(users: int, master: int) -> list[dict[str, str]]:
             "10",
         ],
         cwd=ROOT,
-        env=ENV,
+        # One of the users is Health (fixed_count 1); every other one logs in.
+        env={
+            **ENV,
+            "LOAD_EXPECTED_LOGINS": str(users - 1),
+            "LOAD_READY_FILE": str(ready),
+            "LOAD_MEASURE_S": str(STEP_S),
+        },
         stdout=(OUT / f"step{users}.log").open("w"),
         stderr=subprocess.STDOUT,
     )
-    # The web CPU is read over the measured part only (after the ramp's log-ins), like the stats.
-    time.sleep(ramp_s)
+    # The measured part starts when every learner has logged in, for the web CPU as for the
+    # statistics; locust's wind-down after it is left out.
+    deadline = time.monotonic() + LOGIN_WAIT_S
+    while not ready.exists():
+        if time.monotonic() > deadline or locust.poll() is not None:
+            locust.kill()
+            raise RuntimeError(
+                f"{users} users: not every learner logged in within {LOGIN_WAIT_S} s"
+                f" (see {OUT / f'step{users}.log'})"
+            )
+        time.sleep(0.2)
     web0, machine0, started = web_cpu_s(master), machine_busy_s(), time.monotonic()
-    time.sleep(STEP_S)  # the measured part; locust's wind-down after it is left out
+    time.sleep(STEP_S)
     wall = time.monotonic() - started
     busy = web_cpu_s(master) - web0
     machine = machine_busy_s() - machine0
