@@ -64,7 +64,8 @@ bench: setup
 
 # Not part of `make test`: gunicorn + PostgreSQL + Redis + a sim worker on loopback under locust
 # (tests/load/run.py; a few minutes). LOAD_DATABASE_URL, LOAD_REDIS_URL, LOAD_PORT, LOAD_STEPS,
-# LOAD_STEP_S choose where and how long; results in var/load/results.md.
+# LOAD_STEP_S, LOAD_CPU_ROUNDS choose where and how long (README, "Load test"); results in
+# var/load/results.md.
 # The load extra (locust) is not in the lock; a uv-made virtualenv has no pip until ensurepip.
 loadtest: $(STAMP)
 	@$(PY) -m pip --version >/dev/null 2>&1 || $(PY) -m ensurepip >/dev/null
