@@ -38,19 +38,26 @@ def _user_with_settings_sql(alias: str) -> str:
     )
 
 
+@cache
+def _converters(model: type[Model], alias: str) -> list[tuple[Any, list[Any]]]:
+    """Each column's expression and the converters the ORM would apply to its value."""
+    connection = connections[alias]
+    columns = [field.get_col(model._meta.db_table) for field in _columns(model)]
+    return [
+        (column, connection.ops.get_db_converters(column) + column.get_db_converters(connection))
+        for column in columns
+    ]
+
+
 def _from_row(model: type[Model], values: list[Any], alias: str) -> Model:
     """A model instance from its columns' raw values, converted as the ORM would."""
     connection = connections[alias]
-    fields = _columns(model)
     converted = []
-    for field, value in zip(fields, values, strict=True):
-        column = field.get_col(model._meta.db_table)
-        for convert in connection.ops.get_db_converters(column) + column.get_db_converters(
-            connection
-        ):
+    for (column, converters), value in zip(_converters(model, alias), values, strict=True):
+        for convert in converters:
             value = convert(value, column, connection)
         converted.append(value)
-    return model.from_db(alias, [f.attname for f in fields], converted)
+    return model.from_db(alias, [f.attname for f in _columns(model)], converted)
 
 
 class ModelBackendWithSettings(ModelBackend):
