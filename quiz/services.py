@@ -16,13 +16,15 @@ import json
 import random
 import secrets
 from dataclasses import dataclass, field, fields
+from functools import cache
 from typing import Any
 
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import F
 
+from config import rows
 from quiz import scheduling
 from quiz.content import CardSpec, ContentTree
 from quiz.models import (
@@ -43,7 +45,6 @@ from quiz.selectors import (
     card_for_quiz,
     edited_cards,
     edited_decks,
-    last_review_day,
     learner_settings_get,
     study_day_for,
     undo_candidate,
@@ -55,6 +56,8 @@ REVEAL_TTL = dt.timedelta(hours=1)
 # An unanswered showing is reused on reload for this long (no new token per refresh).
 SHOWING_REUSE = dt.timedelta(hours=12)
 RETENTION_KEY = "retention"  # beside the four outcomes in Showing.outcomes
+# What a reveal writes to its showing.
+REVEALED = ("answer", "correct", "outcomes", "revealed_at")
 
 
 class QuizConflict(Exception):
@@ -84,41 +87,73 @@ def _fsrs_values(card_state: CardState) -> dict[str, Any]:
     return {name: getattr(card_state, name) for name in FSRS_COLUMNS}
 
 
+# The quiz loop's statements are written by hand (config/rows.py): built by the ORM, each cost
+# more CPU to compile than the database spent running it, and every fetch, answer and grade runs
+# several. Portable between PostgreSQL and SQLite (both run the suite).
+_STATE, _SHOWING, _LOG = (m._meta.db_table for m in (ReviewState, Showing, ReviewLog))
+
+
+@cache
+def _open_showing_sql(alias: str) -> str:
+    """The learner's state of a card (its version) and the newest showing of it still open for
+    that version and recent enough to reuse; no row while the card has no state."""
+    return (
+        f"SELECT rs.version, {rows.select_list(Showing, 'sh', alias)} FROM {_STATE} rs"  # noqa: S608 - names from the models; values are bound parameters
+        f" LEFT JOIN {_SHOWING} sh ON sh.id = (SELECT o.id FROM {_SHOWING} o"
+        " WHERE o.user_id = rs.user_id AND o.card_id = rs.card_id AND o.used_at IS NULL"
+        " AND o.state_version = rs.version AND o.created_at >= %(since)s"
+        " ORDER BY o.created_at DESC, o.id DESC LIMIT 1)"
+        " WHERE rs.user_id = %(user)s AND rs.card_id = %(card)s"
+    )
+
+
+def _open_showing(
+    *, user_id: int, card_id: int, since: dt.datetime
+) -> tuple[int, Showing | None] | None:
+    alias = "default"
+    params = {
+        "user": user_id,
+        "card": card_id,
+        "since": connections[alias].ops.adapt_datetimefield_value(since),
+    }
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_open_showing_sql(alias), params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    showing = None if row[1] is None else rows.from_row(Showing, row[1:], alias)
+    return row[0], showing
+
+
 def showing_open(*, user: AbstractBaseUser, card: Card, now: dt.datetime) -> Showing:
     """Present `card`: reuse the learner's open showing of it (a reload keeps its token, option
     order and revealed answer), or issue a new token. The first showing creates the (new) state."""
-    fresh = scheduling.new_card_state(now)
-    state, created = ReviewState.objects.get_or_create(
-        user=user,
-        card=card,
-        defaults={"state": fresh.state, "step": fresh.step, "due": fresh.due},
-    )
-    if created:
-        showing = None  # a state made just now has no showing yet to reuse
-    else:
-        showing = (
-            Showing.objects.filter(
-                user=user,
-                card=card,
-                used_at__isnull=True,
-                state_version=state.version,
-                created_at__gte=now - SHOWING_REUSE,
-            )
-            .order_by("-created_at")
-            .first()
+    since = now - SHOWING_REUSE
+    found = _open_showing(user_id=user.pk, card_id=card.pk, since=since)
+    if found is None:
+        fresh = scheduling.new_card_state(now)
+        state = ReviewState(
+            user_id=user.pk, card_id=card.pk, state=fresh.state, step=fresh.step, due=fresh.due
         )
+        if rows.insert(state, unless_exists=("user", "card")):
+            found = state.version, None  # a state made just now has no showing yet to reuse
+        else:  # another request made it meanwhile
+            found = _open_showing(user_id=user.pk, card_id=card.pk, since=since)
+    version, showing = found
     if showing is not None:
         return showing
     option_ids = [option.pk for option in card.options.all()]
     random.SystemRandom().shuffle(option_ids)
-    return Showing.objects.create(
-        user=user,
-        card=card,
+    showing = Showing(
+        user_id=user.pk,
+        card_id=card.pk,
         token=_token(),
         created_at=now,
-        state_version=state.version,
+        state_version=version,
         option_order=option_ids,
     )
+    rows.insert(showing)
+    return showing
 
 
 @dataclass(frozen=True)
@@ -151,15 +186,17 @@ def _judge(card: Card, showing: Showing, answer: Answer) -> tuple[str, bool | No
 
 
 def _compute_outcomes(
-    showing: Showing, state: ReviewState, settings: LearnerSettings, at: dt.datetime
+    showing: Showing,
+    state: ReviewState,
+    settings: LearnerSettings,
+    at: dt.datetime,
+    last_day: dt.date | None,
 ) -> dict[str, Any]:
     """The four outcomes of reviewing at `at`, plus the retention they were computed with (a
-    change made before the grade is then noticed)."""
+    change made before the grade is then noticed). `last_day`: the study day of the card's latest
+    logged review (None for a new card, which has no previous day to count from)."""
     scheduler = scheduling.make_scheduler(settings.desired_retention)
     day = study_day_for(settings, at)
-    last_day = None
-    if state.last_review is not None:  # a new card has no previous study day to count from
-        last_day = last_review_day(user_id=showing.user_id, card_id=showing.card_id)
     result = scheduling.outcomes(
         _state_columns(state),
         card_id=showing.card_id,
@@ -167,11 +204,52 @@ def _compute_outcomes(
         scheduler=scheduler,
         tz=day.tz,
         rollover_hour=day.rollover_hour,
-        last_day=last_day,
+        last_day=last_day if state.last_review is not None else None,
     )
     data: dict[str, Any] = {str(rating): outcome.to_json() for rating, outcome in result.items()}
     data[RETENTION_KEY] = settings.desired_retention
     return data
+
+
+@cache
+def _showing_with_state_sql(alias: str, lock: str) -> str:
+    """A learner's showing (by token) with their state of its card and the study day of the card's
+    latest logged review; `lock`: "" (none), "showing" or "both" (SELECT ... FOR UPDATE on
+    PostgreSQL; SQLite's IMMEDIATE transactions serialise writers instead)."""
+    features = connections[alias].features
+    showing = rows.select_list(Showing, "sh", alias)
+    state = rows.select_list(ReviewState, "rs", alias)
+    sql = (
+        f"SELECT {showing}, {state}, (SELECT l.study_date FROM {_LOG} l"  # noqa: S608 - names from the models; values are bound parameters
+        " WHERE l.user_id = sh.user_id AND l.card_id = sh.card_id ORDER BY l.id DESC LIMIT 1)"
+        f" FROM {_SHOWING} sh JOIN {_STATE} rs"
+        " ON rs.user_id = sh.user_id AND rs.card_id = sh.card_id"
+        " WHERE sh.user_id = %s AND sh.token = %s"
+    )
+    if lock and features.has_select_for_update:
+        of_showing = lock == "showing" and features.has_select_for_update_of
+        sql += " FOR UPDATE OF sh" if of_showing else " FOR UPDATE"
+    return sql
+
+
+def _showing_with_state(
+    *, user: AbstractBaseUser, token: str, lock: str
+) -> tuple[Showing, ReviewState, dt.date | None]:
+    """Raises Showing.DoesNotExist for a token that is not this learner's."""
+    alias = "default"
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_showing_with_state_sql(alias, lock), [user.pk, token])
+        row = cursor.fetchone()
+    if row is None:
+        raise Showing.DoesNotExist
+    n = len(rows.columns(Showing))
+    state_end = n + len(rows.columns(ReviewState))
+    showing = rows.from_row(Showing, row[:n], alias)
+    state = rows.from_row(ReviewState, row[n:state_end], alias)
+    last_day = row[state_end]
+    if last_day is not None and not isinstance(last_day, dt.date):  # SQLite: text
+        last_day = dt.date.fromisoformat(str(last_day))
+    return showing, state, last_day
 
 
 def showing_reveal(
@@ -191,12 +269,11 @@ def showing_reveal(
     option that is not the card's.
     """
     with transaction.atomic():
-        showing = Showing.objects.select_for_update().get(user=user, token=token)
+        showing, state, last_day = _showing_with_state(user=user, token=token, lock="showing")
         if showing.used_at is not None:
             raise QuizConflict("This card has already been graded.")
         if showing.revealed_at is not None and not refresh:
             return showing
-        state = ReviewState.objects.get(user=user, card_id=showing.card_id)
         if state.version != showing.state_version:
             raise QuizConflict("This card was answered in another tab.")
         if showing.revealed_at is None:
@@ -206,9 +283,10 @@ def showing_reveal(
                 card = card_for_quiz(card_id=showing.card_id, fresh=True)
             showing.answer, showing.correct = _judge(card, showing, answer)
         settings = settings or learner_settings_get(user=user)
-        showing.outcomes = _compute_outcomes(showing, state, settings, now)
+        showing.outcomes = _compute_outcomes(showing, state, settings, now, last_day)
         showing.revealed_at = now
-        showing.save(update_fields=["answer", "correct", "outcomes", "revealed_at"])
+        revealed = {name: getattr(showing, name) for name in REVEALED}
+        rows.update(Showing, showing.pk, revealed)
     return showing
 
 
@@ -259,7 +337,7 @@ def review_grade(
     if rating not in (1, 2, 3, 4):
         raise ValueError("rating must be 1, 2, 3 or 4")
     with transaction.atomic():
-        showing = Showing.objects.select_for_update().get(user=user, token=token)
+        showing, state, last_day = _showing_with_state(user=user, token=token, lock="both")
         if showing.used_at is not None:
             log = ReviewLog.objects.filter(user=user, token=token).first()
             if log is None:
@@ -269,7 +347,6 @@ def review_grade(
             raise QuizConflict("Show the answer before grading.")
         if now - showing.revealed_at > REVEAL_TTL:
             raise ShowingExpired("The answer was shown a while ago; the intervals were updated.")
-        state = ReviewState.objects.select_for_update().get(user=user, card_id=showing.card_id)
         if state.version != showing.state_version:
             raise QuizConflict("This card was already graded in another tab.")
 
@@ -279,27 +356,31 @@ def review_grade(
         reviewed_at = showing.revealed_at
         if showing.outcomes.get(RETENTION_KEY) != settings.desired_retention:
             # Retention changed after the reveal: honour it, at the same instant.
-            showing.outcomes = _compute_outcomes(showing, state, settings, reviewed_at)
-            showing.save(update_fields=["outcomes"])
+            showing.outcomes = _compute_outcomes(showing, state, settings, reviewed_at, last_day)
+            rows.update(Showing, showing.pk, {"outcomes": showing.outcomes})
         before = _snapshot(state)
         after = CardState.from_json(showing.outcomes[str(rating)])
         lapses = state.lapses + scheduling.is_lapse(_state_columns(state), rating)
         became_leech = lapses != state.lapses and scheduling.is_leech_event(lapses)
         # The version in the WHERE clause makes this safe even where the lock above is a no-op.
-        updated = ReviewState.objects.filter(pk=state.pk, version=state.version).update(
-            **_fsrs_values(after),
-            lapses=lapses,
-            reps=F("reps") + 1,
-            suspended=state.suspended or became_leech,
-            leech=state.leech or became_leech,
-            version=F("version") + 1,
+        updated = rows.update(
+            ReviewState,
+            state.pk,
+            {
+                **_fsrs_values(after),
+                "lapses": lapses,
+                "suspended": state.suspended or became_leech,
+                "leech": state.leech or became_leech,
+            },
+            increment=("reps", "version"),
+            expect={"version": state.version},
         )
         if updated != 1:
             raise QuizConflict("This card was already graded in another tab.")
         day = study_day_for(settings, reviewed_at)
         elapsed_ms = int((now - showing.created_at).total_seconds() * 1000)
-        log = ReviewLog.objects.create(
-            user=user,
+        log = ReviewLog(
+            user_id=showing.user_id,
             card_id=showing.card_id,
             rating=rating,
             kind=_log_kind(state),
@@ -311,8 +392,9 @@ def review_grade(
             state_before=before,
             token=token,
         )
+        rows.insert(log)
         showing.used_at = now
-        showing.save(update_fields=["used_at"])
+        rows.update(Showing, showing.pk, {"used_at": now})
     return GradeResult(log=log, became_leech=became_leech)
 
 
