@@ -303,12 +303,6 @@ def undo_available(
     return undo_candidate(user=user, day=day, now=now) is not None
 
 
-def last_review_day(*, user_id: int, card_id: int) -> dt.date | None:
-    """The study day of the learner's latest logged review of a card, as fixed when it was made."""
-    logs = ReviewLog.objects.filter(user_id=user_id, card_id=card_id).order_by("-id")
-    return logs.values_list("study_date", flat=True).first()
-
-
 # --- Stats ---------------------------------------------------------------------------------------
 
 

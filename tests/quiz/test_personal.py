@@ -189,6 +189,27 @@ def _reveal(client) -> str:
     return response.content.decode()
 
 
+def test_your_number_comes_from_the_learners_newest_finished_run_of_the_preset(alice, bob):
+    preset = "batching-llama3-8b-h100-batch-32"
+    older, newer = finished_run(alice, max_num_seqs=16), finished_run(alice, max_num_seqs=32)
+    unfinished, others = finished_run(alice), finished_run(bob)
+    LabRun.objects.filter(pk__in=[older.pk, newer.pk, unfinished.pk, others.pk]).update(
+        preset=preset
+    )
+    LabRun.objects.filter(pk=older.pk).update(finished_at=at(2026, 6, 1, 9))
+    LabRun.objects.filter(pk=newer.pk).update(finished_at=at(2026, 6, 2, 9))
+    LabRun.objects.filter(pk=unfinished.pk).update(state=RunState.RUNNING, finished_at=None)
+    LabRun.objects.filter(pk=others.pk).update(finished_at=at(2026, 6, 3, 9))
+
+    found = personal.latest_done_run(user_id=alice.pk, preset=preset)
+    assert found.pk == newer.pk
+    # Read by hand, it is the ORM's row: JSON, datetimes and all.
+    orm = LabRun.objects.get(pk=newer.pk)
+    for field in LabRun._meta.concrete_fields:
+        assert getattr(found, field.attname) == getattr(orm, field.attname), field.name
+    assert personal.latest_done_run(user_id=alice.pk, preset="no-such-preset") is None
+
+
 def test_a_deck_card_shows_the_learners_own_number_from_its_preset(alice_client, alice, bob):
     card = make_card(
         slug="batch-32",
