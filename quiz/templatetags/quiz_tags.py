@@ -86,6 +86,37 @@ def with_unit(number: object, unit: str) -> str:
     return f"{text}{symbol}" if symbol in _UNIT_TIGHT else f"{text}\u00a0{symbol}"
 
 
+class CardPartNode(template.Node):
+    def __init__(self, nodelist: template.NodeList, card: template.base.FilterExpression) -> None:
+        self.nodelist, self.card = nodelist, card
+
+    def render(self, context: template.Context) -> str:
+        card = self.card.resolve(context)
+        if card is None:
+            return self.nodelist.render(context)
+        # Kept on the card instance itself: a card served from quiz.selectors' per-process cache
+        # keeps its parts as long as it is cached, and an edit (which drops the cached card)
+        # drops them with it. Keyed by this node, so each part of each template has its own.
+        parts = card.__dict__.setdefault("_rendered_parts", {})
+        html = parts.get(self)
+        if html is None:
+            html = parts[self] = self.nodelist.render(context)
+        return html
+
+
+@register.tag
+def cardpart(parser: template.base.Parser, token: template.base.Token) -> CardPartNode:
+    """`{% cardpart card %}...{% endcardpart %}`: a part of the page that depends on the card
+    alone (its Markdown, tags, steps, links), rendered once per card instance and then reused.
+    Nothing of the learner's (their answer, numbers, tokens, a CSRF token) may go inside."""
+    bits = token.split_contents()
+    if len(bits) != 2:
+        raise template.TemplateSyntaxError("cardpart takes one argument: the card")
+    nodelist = parser.parse(("endcardpart",))
+    parser.delete_first_token()
+    return CardPartNode(nodelist, parser.compile_filter(bits[1]))
+
+
 @register.simple_tag
 def lab_preset_url(slug: str) -> str:
     """The labs page for a preset, or "" until the labs app serves `labs:preset-open`."""

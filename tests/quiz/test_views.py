@@ -258,6 +258,41 @@ def test_it_refuses_settings_out_of_range_with_400(alice_client, field, value):
     assert response.status_code == 400
 
 
+# --- Card parts rendered once per cached card ------------------------------------------------
+
+
+def test_a_cached_card_renders_its_own_parts_once_and_an_edit_renews_them(alice, bob, settings):
+    settings.QUIZ_CARD_CACHE_S = 60
+    selectors.card_cache_clear()
+    card = make_card(prompt="Why **pages**?", answer="Because of *fragmentation*.")
+    clients = []
+    for learner in (alice, bob):
+        client = Client()
+        client.force_login(learner)
+        clients.append(client)
+    first = reveal(clients[0], open_card(clients[0])).content.decode()
+    assert "<strong>pages</strong>" in first and "<em>fragmentation</em>" in first
+    cached = selectors.card_for_quiz(card_id=card.pk)
+    assert cached._rendered_parts, "the card's parts are kept on the cached card"
+
+    # Another learner gets the parts as rendered, not rendered again: changed in memory only,
+    # the cached card still shows what it first rendered...
+    cached.answer = "Changed in memory only."
+    token = open_card(clients[1])
+    second = reveal(clients[1], token).content.decode()
+    assert "<em>fragmentation</em>" in second and "Changed in memory" not in second
+    # ...while everything of the learner's is their own: the grade form carries bob's token.
+    assert f"/quiz/grade/{token}/" in second and f"/quiz/grade/{token}/" not in first
+
+    # An edit drops the cached card, and its parts with it.
+    fresh = Card.objects.get(pk=card.pk)
+    fresh.answer = "Edited in the *admin*."
+    fresh.save()
+    page = clients[1].get(reverse("quiz:card-detail", args=[card.slug])).content.decode()
+    assert "<em>admin</em>" in page and "fragmentation" not in page
+    selectors.card_cache_clear()
+
+
 # --- Query counts --------------------------------------------------------------------------------
 
 
