@@ -547,6 +547,12 @@ def run_execute(*, run_id: int, hostname: str) -> str:
     except RunTooLarge as exc:
         run_fail(run_id=run_id, error=f"Too large for one simulated run: {exc}")
         return RunState.FAILED
+    except ParamError as exc:
+        # Settings the backend refused once it could see them (a running vLLM server's
+        # max_model_len, say): the learner's to change, not a fault of the worker's.
+        logger.info("run %s refused by its backend: %s", run_id, exc)
+        run_fail(run_id=run_id, error=f"The backend refused these settings: {exc}")
+        return RunState.FAILED
     except MemoryError:
         # The address-space cap of the sim backend stopped it; the worker lives on.
         logger.warning("run %s ran out of its memory allowance", run_id)

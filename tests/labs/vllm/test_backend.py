@@ -161,6 +161,27 @@ def test_a_running_servers_max_model_len_is_checked_before_anything_is_sent(
     assert len(record.requests) == 12 and all(r.error is None for r in record.requests)
 
 
+@pytest.mark.django_db
+def test_a_run_the_server_cannot_take_fails_with_the_reason_and_no_traceback(
+    fake_server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, alice
+) -> None:
+    from labs import services
+    from labs.models import RunState
+    from tests.labs.factories import make_run
+
+    short = fake_server({"ttft_ms": 2, "itl_ms": [2], "max_model_len": 139})
+    monkeypatch.setenv("LABS_VLLM_BASE_URL", short.base_url)
+    run = make_run(alice, backend="vllm", params=parse_lab_params(PARAMS).as_dict())
+    with caplog.at_level("INFO", logger="labs.services"):
+        assert services.run_execute(run_id=run.pk, hostname="gpu@test") == RunState.FAILED
+    run.refresh_from_db()
+    assert run.error.startswith("The backend refused these settings: prompt_tokens + ")
+    assert "max_model_len of 139 tokens" in run.error and "ParamError" not in run.error
+    # A learner's setting, not a worker fault: logged as such, with no traceback.
+    assert not [r for r in caplog.records if r.exc_info or r.levelname in ("ERROR", "CRITICAL")]
+    assert any("refused by its backend" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.usefixtures("fresh_backend_manager")
 def test_requests_as_long_as_the_lab_allows_are_served_by_the_server_it_starts(
     standin: StandIn, monkeypatch: pytest.MonkeyPatch
