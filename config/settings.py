@@ -307,6 +307,8 @@ LOGGING = {
 # Seconds each process keeps a card it has read (quiz.selectors.card_for_quiz); edits made through
 # the ORM clear it at once in that process. Off while DEBUG, so a local edit shows immediately.
 QUIZ_CARD_CACHE_S = env_int("QUIZ_CARD_CACHE_S", 0 if DEBUG else 30)
+# At most this many cards in that cache (the deck and the personal cards read recently).
+QUIZ_CARD_CACHE_MAX = env_int("QUIZ_CARD_CACHE_MAX", 2000)
 
 # --- Labs -------------------------------------------------------------------------------------
 # Each lab backend has its own queue; a worker serves a backend by consuming its queue

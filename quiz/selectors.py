@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -235,11 +236,15 @@ def _active_relations() -> Prefetch:
 # keeps a card with its options, tags and related cards for QUIZ_CARD_CACHE_S seconds (0: off).
 # Saving or deleting a card or one of its parts clears this process's copy at once
 # (card_cache_clear, connected in quiz.apps); other processes see an edit within that time.
+# At most QUIZ_CARD_CACHE_MAX cards are kept: personal cards grow with the learners, and a long-
+# lived process must not keep every card it ever read (oldest read first out).
 _card_cache: dict[int, tuple[float, Card]] = {}
+_card_cache_lock = threading.Lock()
 
 
 def card_cache_clear(**_: object) -> None:
-    _card_cache.clear()
+    with _card_cache_lock:
+        _card_cache.clear()
 
 
 def card_for_quiz(*, card_id: int, fresh: bool = False) -> Card:
@@ -261,8 +266,21 @@ def card_for_quiz(*, card_id: int, fresh: bool = False) -> Card:
         .get(pk=card_id)
     )
     if ttl:
-        _card_cache[card_id] = (time.monotonic(), card)
+        _card_cache_keep(card_id, card, ttl)
     return card
+
+
+def _card_cache_keep(card_id: int, card: Card, ttl: int) -> None:
+    now = time.monotonic()
+    with _card_cache_lock:
+        _card_cache.pop(card_id, None)  # to the end: the cache is kept in order of reading
+        _card_cache[card_id] = (now, card)
+        if len(_card_cache) <= settings.QUIZ_CARD_CACHE_MAX:
+            return
+        for key in [key for key, (read_at, _) in _card_cache.items() if now - read_at >= ttl]:
+            del _card_cache[key]
+        while len(_card_cache) > settings.QUIZ_CARD_CACHE_MAX:
+            del _card_cache[next(iter(_card_cache))]
 
 
 def card_detail_get(*, slug: str, user: AbstractBaseUser) -> tuple[Card, ReviewState | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 
 import pytest
 
@@ -168,5 +169,26 @@ def test_a_card_is_read_once_per_process_until_it_is_edited(alice, settings):
     edited = selectors.card_for_quiz(card_id=card.pk)
     assert edited is not first
     assert "Edited in the admin" in [o.text for o in edited.options.all()]
+    settings.QUIZ_CARD_CACHE_S = 0
+    selectors.card_cache_clear()
+
+
+def test_the_card_cache_keeps_at_most_its_limit_dropping_the_oldest_read(alice, settings):
+    settings.QUIZ_CARD_CACHE_S, settings.QUIZ_CARD_CACHE_MAX = 60, 3
+    selectors.card_cache_clear()
+    cards = [make_card() for _ in range(5)]
+    for card in cards[:3]:
+        selectors.card_for_quiz(card_id=card.pk)
+    selectors.card_for_quiz(card_id=cards[0].pk, fresh=True)  # read again: now the newest
+    for card in cards[3:]:
+        selectors.card_for_quiz(card_id=card.pk)
+    assert set(selectors._card_cache) == {cards[0].pk, cards[3].pk, cards[4].pk}
+    # Expired copies go first, whatever their order.
+    settings.QUIZ_CARD_CACHE_S = 1
+    for key, (_, card) in list(selectors._card_cache.items()):
+        if key != cards[4].pk:
+            selectors._card_cache[key] = (time.monotonic() - 5, card)
+    selectors.card_for_quiz(card_id=cards[1].pk)
+    assert set(selectors._card_cache) == {cards[4].pk, cards[1].pk}
     settings.QUIZ_CARD_CACHE_S = 0
     selectors.card_cache_clear()
