@@ -33,6 +33,13 @@ from quiz.models import (
 )
 
 
+def _slug_fixed_once_saved(readonly: list[str], obj: Deck | Card | None) -> list[str]:
+    """A saved deck's or card's slug is its name in content/ (the file load_content upserts by),
+    so it is not edited here: a slug renamed in the admin would come back from the files as a
+    second deck or card on the next load. Rename it in content/ instead."""
+    return readonly if obj is None else ["slug", *readonly]
+
+
 @admin.register(Deck)
 class DeckAdmin(admin.ModelAdmin):
     form = DeckAdminForm
@@ -40,6 +47,9 @@ class DeckAdmin(admin.ModelAdmin):
     list_filter = ["edited_since_load"]
     search_fields = ["slug", "title"]
     readonly_fields = ["edited_since_load", "created_at", "updated_at"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Deck | None = None) -> list[str]:
+        return _slug_fixed_once_saved(self.readonly_fields, obj)
 
     def save_model(self, request: HttpRequest, obj: Deck, form, change: bool) -> None:
         # As for cards: load_content keeps the edit (and reports it) until it is exported or
@@ -117,6 +127,9 @@ class CardAdmin(admin.ModelAdmin):
     readonly_fields = ["preview", "edited_since_load", "created_at", "updated_at"]
     autocomplete_fields = ["parent"]
     inlines = [ChoiceOptionInline, CardTagInline, CardRelationInline]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Card | None = None) -> list[str]:
+        return _slug_fixed_once_saved(self.readonly_fields, obj)
     fieldsets = [
         (None, {"fields": ["slug", "deck", "kind", "is_active", "source", "parent"]}),
         ("Question and answer", {"fields": ["prompt", "answer", "steps", "explanation"]}),

@@ -150,6 +150,10 @@ def test_it_keeps_a_card_made_in_the_admin_that_the_files_lack(staff_client, con
     output = load(content)
     assert Card.objects.get(slug="admin-made").is_active
     assert "conflict: admin-made" in output
+    # A new card's slug is checked as load_content checks a file name.
+    response = staff_client.post(reverse("admin:quiz_card_add"), {**data, "slug": "Bad_Slug"})
+    assert response.status_code == 200
+    assert "lowercase letters" in " ".join(response.context["adminform"].form.errors["slug"])
 
 
 def test_it_edits_worked_steps_one_row_per_step(staff_client, content):
@@ -240,7 +244,6 @@ def test_it_refuses_choice_options_the_quiz_cannot_show(staff_client, options, m
         ("recall", {"check_json": "[1]"}, "check_json", "must be a mapping"),
         ("recall", {"check_json": '{"key": 5}'}, "check_json", "needs either a text 'key'"),
         ("recall", {"follow_up_question": "Why?"}, "follow_up_answer", "both a question"),
-        ("recall", {"slug": "Bad_Slug"}, "slug", "lowercase letters"),
     ],
 )
 def test_it_refuses_a_bad_numeric_answer_check_or_follow_up(
@@ -331,3 +334,25 @@ def test_it_marks_a_deck_only_when_the_admin_saves_it(staff_client, content):
     response = _admin_edit(staff_client, PERSONAL_DECK, model=Deck, title="Runs")
     assert response.status_code == 302, response.context["adminform"].form.errors
     assert not Deck.objects.get(slug=PERSONAL_DECK).edited_since_load
+
+
+@pytest.mark.parametrize(("model", "slug"), [(Deck, "llm-serving"), (Card, "kv-bytes")])
+def test_a_saved_slug_is_read_only_so_a_load_never_brings_the_old_one_back(
+    staff_client, content, model, slug
+):
+    load(content)
+    obj = model.objects.get(slug=slug)
+    url = reverse(f"admin:quiz_{model._meta.model_name}_change", args=[obj.pk])
+    page = staff_client.get(url)
+    assert "slug" not in page.context["adminform"].form.fields
+    assert slug in page.content.decode()  # shown, as text
+    response = _admin_edit(staff_client, slug, model=model, slug="renamed-in-the-admin")
+    assert response.status_code == 302
+    obj.refresh_from_db()
+    assert obj.slug == slug
+    load(content)
+    assert model.objects.filter(slug=slug).count() == 1
+    assert not model.objects.filter(slug="renamed-in-the-admin").exists()
+    # A new one still takes its slug in the admin.
+    add_page = staff_client.get(reverse(f"admin:quiz_{model._meta.model_name}_add"))
+    assert "slug" in add_page.context["adminform"].form.fields
