@@ -130,6 +130,7 @@ class CardAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Card | None = None) -> list[str]:
         return _slug_fixed_once_saved(self.readonly_fields, obj)
+
     fieldsets = [
         (None, {"fields": ["slug", "deck", "kind", "is_active", "source", "parent"]}),
         ("Question and answer", {"fields": ["prompt", "answer", "steps", "explanation"]}),
