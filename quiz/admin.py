@@ -128,9 +128,6 @@ class CardAdmin(admin.ModelAdmin):
     autocomplete_fields = ["parent"]
     inlines = [ChoiceOptionInline, CardTagInline, CardRelationInline]
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Card | None = None) -> list[str]:
-        return _slug_fixed_once_saved(self.readonly_fields, obj)
-
     fieldsets = [
         (None, {"fields": ["slug", "deck", "kind", "is_active", "source", "parent"]}),
         ("Question and answer", {"fields": ["prompt", "answer", "steps", "explanation"]}),
@@ -140,6 +137,9 @@ class CardAdmin(admin.ModelAdmin):
         ("Preview (as saved)", {"fields": ["preview"]}),
         (None, {"fields": ["edited_since_load", "created_at", "updated_at"]}),
     ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Card | None = None) -> list[str]:
+        return _slug_fixed_once_saved(self.readonly_fields, obj)
 
     def save_related(self, request: HttpRequest, form, formsets, change: bool) -> None:
         super().save_related(request, form, formsets, change)
