@@ -127,7 +127,6 @@ class CardAdmin(admin.ModelAdmin):
     readonly_fields = ["preview", "edited_since_load", "created_at", "updated_at"]
     autocomplete_fields = ["parent"]
     inlines = [ChoiceOptionInline, CardTagInline, CardRelationInline]
-
     fieldsets = [
         (None, {"fields": ["slug", "deck", "kind", "is_active", "source", "parent"]}),
         ("Question and answer", {"fields": ["prompt", "answer", "steps", "explanation"]}),
