@@ -95,3 +95,38 @@ def test_the_queue_and_the_streak_read_one_learner_through_indexes(crowd):
         state_indexes = {row[0] for row in cursor.fetchall()} - {"quiz_reviewstate_pkey"}
     assert any(name in joined for name in state_indexes), joined
     assert "quiz_log_user_day" in joined, joined
+
+
+def test_the_showing_reveal_and_grade_read_one_learner_through_indexes(crowd):
+    from quiz import services
+    from quiz.models import Card, Showing
+
+    # Every learner has an open showing of every card, as after a busy day.
+    Showing.objects.bulk_create(
+        Showing(
+            user_id=state.user_id,
+            card_id=state.card_id,
+            token=f"s{state.user_id}-{state.card_id}",
+            created_at=NOW - dt.timedelta(hours=1),
+            state_version=0,
+        )
+        for state in ReviewState.objects.all().only("user_id", "card_id")
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    learner = crowd[LEARNERS // 2]
+    card = Card.objects.order_by("id").first()
+    with CaptureQueriesContext(connection) as ctx:
+        showing = services.showing_open(user=learner, card=card, now=NOW)
+        services.showing_reveal(
+            user=learner, token=showing.token, answer=services.Answer(), now=NOW
+        )
+        services.review_grade(user=learner, token=showing.token, rating=3, now=NOW)
+    plans = _plans(ctx.captured_queries)
+    # The loop's own reads: the open showing with its state, then (reveal, grade) the showing with
+    # its state and the card's last review; the rest read the card and the settings.
+    ours = [sql for sql, _ in plans if sql.startswith(("SELECT rs.version", 'SELECT sh."id"'))]
+    assert len(ours) == 3, [sql[:60] for sql, _ in plans]
+    for sql, plan in plans:
+        for table in ("quiz_reviewstate", "quiz_reviewlog", "quiz_showing"):
+            assert f"Seq Scan on {table}" not in plan, f"{sql}\n{plan}"
