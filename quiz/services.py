@@ -56,8 +56,6 @@ REVEAL_TTL = dt.timedelta(hours=1)
 # An unanswered showing is reused on reload for this long (no new token per refresh).
 SHOWING_REUSE = dt.timedelta(hours=12)
 RETENTION_KEY = "retention"  # beside the four outcomes in Showing.outcomes
-# What a reveal writes to its showing.
-REVEALED = ("answer", "correct", "outcomes", "revealed_at")
 
 
 class QuizConflict(Exception):
@@ -285,8 +283,16 @@ def showing_reveal(
         settings = settings or learner_settings_get(user=user)
         showing.outcomes = _compute_outcomes(showing, state, settings, now, last_day)
         showing.revealed_at = now
-        revealed = {name: getattr(showing, name) for name in REVEALED}
-        rows.update(Showing, showing.pk, revealed)
+        rows.update(
+            Showing,
+            showing.pk,
+            {
+                "answer": showing.answer,
+                "correct": showing.correct,
+                "outcomes": showing.outcomes,
+                "revealed_at": now,
+            },
+        )
     return showing
 
 
