@@ -212,8 +212,8 @@ def _compute_outcomes(
 @cache
 def _showing_with_state_sql(alias: str, lock: str) -> str:
     """A learner's showing (by token) with their state of its card and the study day of the card's
-    latest logged review; `lock`: "" (none), "showing" or "both" (SELECT ... FOR UPDATE on
-    PostgreSQL; SQLite's IMMEDIATE transactions serialise writers instead)."""
+    latest logged review. `lock` "showing" locks the showing's row, "both" the state's too
+    (SELECT ... FOR UPDATE on PostgreSQL; SQLite's IMMEDIATE transactions serialise writers)."""
     features = connections[alias].features
     showing = rows.select_list(Showing, "sh", alias)
     state = rows.select_list(ReviewState, "rs", alias)
@@ -224,7 +224,7 @@ def _showing_with_state_sql(alias: str, lock: str) -> str:
         " ON rs.user_id = sh.user_id AND rs.card_id = sh.card_id"
         " WHERE sh.user_id = %s AND sh.token = %s"
     )
-    if lock and features.has_select_for_update:
+    if features.has_select_for_update:
         of_showing = lock == "showing" and features.has_select_for_update_of
         sql += " FOR UPDATE OF sh" if of_showing else " FOR UPDATE"
     return sql
