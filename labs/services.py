@@ -548,10 +548,10 @@ def run_execute(*, run_id: int, hostname: str) -> str:
         run_fail(run_id=run_id, error=f"Too large for one simulated run: {exc}")
         return RunState.FAILED
     except ParamError as exc:
-        # Settings the backend refused once it could see them (a running vLLM server's
-        # max_model_len, say): the learner's to change, not a fault of the worker's.
-        logger.info("run %s refused by its backend: %s", run_id, exc)
-        run_fail(run_id=run_id, error=f"The backend refused these settings: {exc}")
+        # Settings refused on the worker, where the backend can see them (a running vLLM
+        # server's max_model_len, say): the learner's to change, not a fault of the worker's.
+        logger.info("run %s refused on the worker: %s", run_id, exc)
+        run_fail(run_id=run_id, error=f"These settings cannot run: {exc}")
         return RunState.FAILED
     except MemoryError:
         # The address-space cap of the sim backend stopped it; the worker lives on.

@@ -522,6 +522,16 @@ def test_the_final_write_retries_through_a_short_outage_then_gives_up(settings):
             services._with_retries(always, within_s=0, what="test")
 
 
+def test_an_unexpected_error_fails_the_run_with_its_type_and_a_logged_traceback(alice, caplog):
+    run = make_run(alice)
+    boom = RuntimeError("the engine fell over")
+    with mock.patch.object(services, "_execute_backend", side_effect=boom):
+        assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.FAILED
+    run.refresh_from_db()
+    assert run.error == "RuntimeError: the engine fell over"
+    assert any(r.exc_info and r.levelname == "ERROR" for r in caplog.records)
+
+
 def test_a_finished_run_stores_its_breakdown_once(alice):
     run = make_run(alice)
     assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE

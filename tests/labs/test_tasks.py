@@ -176,7 +176,7 @@ def test_a_task_that_raises_marks_the_run_failed_with_the_error(celery_worker, a
     run_execute_task.apply_async(args=[run.pk], queue="labs.sim")
     wait_for(lambda: state_of(run.pk) == RunState.FAILED)
     run.refresh_from_db()
-    assert run.error.startswith("ParamError: block_size must be a power of two")
+    assert run.error.startswith("These settings cannot run: block_size must be a power of two")
     assert run.finished_at is not None
 
 

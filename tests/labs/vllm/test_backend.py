@@ -175,11 +175,11 @@ def test_a_run_the_server_cannot_take_fails_with_the_reason_and_no_traceback(
     with caplog.at_level("INFO", logger="labs.services"):
         assert services.run_execute(run_id=run.pk, hostname="gpu@test") == RunState.FAILED
     run.refresh_from_db()
-    assert run.error.startswith("The backend refused these settings: prompt_tokens + ")
+    assert run.error.startswith("These settings cannot run: prompt_tokens + ")
     assert "max_model_len of 139 tokens" in run.error and "ParamError" not in run.error
     # A learner's setting, not a worker fault: logged as such, with no traceback.
     assert not [r for r in caplog.records if r.exc_info or r.levelname in ("ERROR", "CRITICAL")]
-    assert any("refused by its backend" in r.getMessage() for r in caplog.records)
+    assert any("refused on the worker" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.usefixtures("fresh_backend_manager")
