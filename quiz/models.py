@@ -319,3 +319,45 @@ class Showing(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user_id}:{self.card_id} {self.token[:6]}"
+
+
+class PersonalCardRequest(models.Model):
+    """ "Make a card from this", in flight on the lab worker (quiz/personal.py).
+
+    Making the card simulates the neighbouring setting, so it never runs in a web process: the
+    row is the learner's lock (one in flight at a time, enforced by the database) and the page's
+    progress; the worker fills in the card or the reason it could not be made."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    IN_FLIGHT = (State.QUEUED, State.RUNNING)
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="card_requests"
+    )
+    run = models.ForeignKey("labs.LabRun", on_delete=models.CASCADE, related_name="+")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
+    card = models.ForeignKey(Card, null=True, blank=True, on_delete=models.SET_NULL)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner"],
+                condition=Q(state__in=["queued", "running"]),
+                name="quiz_one_card_request_in_flight",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"card from run {self.run_id} for {self.owner_id}: {self.state}"
+
+    @property
+    def in_flight(self) -> bool:
+        return self.state in self.IN_FLIGHT

@@ -1,11 +1,15 @@
 """A learner's finished lab run becomes a personal card: predict a neighbouring setting.
 
-"Your run: llama-3-8b on h100-sxm, max_num_seqs 64, measured 5,719 tok/s. Predict the output
-tokens/s at max_num_seqs 128." The answer is fixed when the card is made: the learner's own sweep
-point when they ran that setting, else the simulator run now for the neighbouring setting (the
-same workload and seed, so only the setting changes). The tolerance is the metric's noise: the
-spread of the simulator's answer over other seeds, never tighter than 5%. The worked steps come
-from the run's numbers and the predictor's formulas at both settings.
+"Your run: llama-3-8b on h100-sxm, max_num_seqs 64; workload: 128 requests of 512 prompt + 128
+output tokens, 32 in flight. It measured output tokens/s = 5,719 tok/s. Predict the output
+tokens/s at max_num_seqs 128, everything else the same." The graded answer is what the worked
+steps compute: the measurement scaled by the predictor's ratio between the two settings. What a
+run measured at the neighbouring setting (the learner's own sweep point, else the simulator now,
+same workload and seed) is shown beside it, and the tolerance holds it when it is near: at least
+5%, the metric's spread over other seeds, and the gap to that measurement up to 25%.
+
+Making a card simulates, so it runs on the lab worker (`card_request` queues it, one per learner
+at a time; `card_request_execute` is the worker's side); the web request does O(1) checks only.
 
 The card is owned by the learner (Card.owner), lives in the "my-runs" deck, is scheduled by FSRS
 like any other, and never enters content/ or the Anki export.
@@ -13,26 +17,36 @@ like any other, and never enters content/ or the Anki export.
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import IntegrityError, connections, transaction
+from django.utils import timezone
 
 from config import rows
 from labs import results
 from labs.models import LabRun, RunState, Sweep
 from labs.params import ParamError, parse_lab_params
 from labs.presets import LABS, Lab
-from quiz.models import PERSONAL_DECK, Card, Deck
+from quiz.models import PERSONAL_DECK, Card, Deck, PersonalCardRequest
+
+logger = logging.getLogger(__name__)
 
 # The simulator runs in the request (about 0.1 s for a lab's workload): bound the work so a card
 # from a huge sandbox run is refused instead of tying up the web process.
 MAX_SIM_TOKENS = 1_000_000
 NOISE_SEEDS = 2  # extra seeds the neighbour is simulated with, to measure the metric's noise
 MIN_RELATIVE_TOLERANCE = 0.05
+# The tolerance widens to hold what the run measured at the neighbour, up to this far from the
+# method's result; further than that, the card says the closed form misses it.
+MAX_RELATIVE_TOLERANCE = 0.25
 
 
 class CardRefused(Exception):
@@ -66,15 +80,56 @@ def _phrase(label: str) -> str:
     return label[0].lower() + label[1:] if label[1:2].islower() else label
 
 
-def _fmt(value: float) -> str:
-    if abs(value) >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.3g}"
+def _decimals(value: float) -> int:
+    """Decimals that show three significant figures of `value` (none from 100 up): every number
+    of one card in the card's unit is written with the same count, the answer's."""
+    if value == 0 or abs(value) >= 100:
+        return 0
+    return min(4, 2 - math.floor(math.log10(abs(value))))
 
 
-def _round_tolerance(value: float) -> float:
-    # Two significant figures: "± 290 tok/s", "± 0.41 ms".
-    return float(f"{value:.2g}")
+def _fmt(value: float, decimals: int) -> str:
+    return f"{value:,.{decimals}f}"
+
+
+def _workload(params: Mapping[str, Any]) -> str:
+    """The whole workload in words, so the card still makes sense when it returns weeks later."""
+    requests = int(params.get("num_prompts") or 0)
+    text = (
+        f"{requests:,} requests of {int(params.get('prompt_tokens') or 0):,} prompt + "
+        f"{int(params.get('output_tokens') or 0):,} output tokens"
+    )
+    rate, cap = params.get("request_rate"), params.get("max_concurrency")
+    if rate:
+        text += f", arriving at {float(rate):g} req/s"
+        if cap:
+            text += f" (at most {int(cap):,} in flight)"
+    else:
+        text += f", {int(params.get('concurrency') or 0):,} in flight"
+    if params.get("shared_prefix_tokens"):
+        text += f", the first {int(params['shared_prefix_tokens']):,} prompt tokens shared"
+    spread = [
+        f"{name} lengths ± {float(params[key]):.0%}"
+        for name, key in (("prompt", "input_range_ratio"), ("output", "output_range_ratio"))
+        if params.get(key)
+    ]
+    return text + (f", {', '.join(spread)}" if spread else "")
+
+
+def _hardware(params: Mapping[str, Any]) -> str:
+    tp = int(params.get("tp") or 1)
+    return f"{params.get('model')} on {params.get('gpu')}" + (
+        f" × {tp} (tp {tp})" if tp > 1 else ""
+    )
+
+
+def _round_up(value: float) -> float:
+    """Up to two significant figures ("± 290 tok/s", "± 0.41 ms"), never below `value`, so the
+    figures the tolerance was chosen to hold stay inside it."""
+    if value <= 0:
+        return 0.0
+    step = 10.0 ** (math.floor(math.log10(value)) - 1)
+    return round(math.ceil(value / step - 1e-9) * step, 12)
 
 
 def _lab(run: LabRun) -> Lab:
@@ -174,57 +229,138 @@ def _answer(run: LabRun, field: str, neighbour: Any, key: str, known: _Answer | 
     return _Answer(values[0], "simulated with the same workload and seed", spread)
 
 
-def _steps(
-    run: LabRun, field: str, neighbour: Any, figure: Figure, measured: float, answer: _Answer
+@dataclass(frozen=True)
+class _Content:
+    prompt: str
+    answer: str
+    steps: list[str]
+    explanation: str
+    value: float  # in the figure's unit, as written on the card
+    tolerance: float
+
+
+def _predictor_steps(
+    here: Mapping[str, Any], there: Mapping[str, Any], current: Any, neighbour: Any
 ) -> list[str]:
-    scale, unit = figure.scale, figure.unit
-    current = run.params.get(field)
-    steps = [
-        f"Your run #{run.pk} ({run.where or run.backend}) at {field} {current}: "
-        f"{figure.label} = {_fmt(measured * scale)} {unit}."
-    ]
-    here = _predicted(run.params)
-    there = _predicted({**run.params, field: neighbour})
-    for name, label in (
-        ("running_seqs", "sequences in a step"),
-        ("decode_step_s", "decode step (weights + the batch's KV read, over bandwidth), ms"),
+    steps = []
+    for name, label, factor, decimals in (
+        ("running_seqs", "sequences in a step", 1, 0),
+        (
+            "decode_step_s",
+            "decode step (weights + the batch's KV read, over bandwidth), ms",
+            1000,
+            2,
+        ),
     ):
         a, b = here.get(name), there.get(name)
         if isinstance(a, int | float) and isinstance(b, int | float):
-            factor = 1000 if name == "decode_step_s" else 1
             steps.append(
-                f"Predictor, {label}: {_fmt(a * factor)} at {current} → "
-                f"{_fmt(b * factor)} at {neighbour}."
+                f"Predictor, {label}: {_fmt(a * factor, decimals)} at {current} → "
+                f"{_fmt(b * factor, decimals)} at {neighbour}."
             )
-    key = figure.predicted_key
-    before, after = (here.get(key), there.get(key)) if key else (None, None)
-    if isinstance(before, int | float) and isinstance(after, int | float) and before:
-        ratio = after / before
-        steps.append(
-            f"Predicted {figure.label}: {_fmt(before * scale)} → {_fmt(after * scale)} {unit} "
-            f"(× {ratio:.2f}); scaling your measurement: {_fmt(measured * scale)} × {ratio:.2f} "
-            f"≈ {_fmt(measured * ratio * scale)} {unit}."
-        )
-    steps.append(
-        f"At {field} {neighbour}, {answer.origin}: {_fmt(answer.value * scale)} {unit}. Queueing, "
-        "batching and preemption are what the closed form leaves out."
-    )
     return steps
 
 
-@transaction.atomic
+def _content(
+    run: LabRun, field: str, neighbour: Any, figure: Figure, measured: float, answer: _Answer
+) -> _Content:
+    """The card's words and numbers. The graded answer is what the worked method computes (your
+    measurement scaled by the predictor's ratio between the two settings), written with the
+    numbers the steps show; what the run measured at the neighbour is shown beside it. Without a
+    predicted ratio the method is the measurement itself."""
+    params, scale, unit = run.params, figure.scale, figure.unit
+    current = params.get(field)
+    label = _phrase(figure.label)
+    here = _predicted(params)
+    there = _predicted({**params, field: neighbour})
+    key = figure.predicted_key
+    before, after = (here.get(key), there.get(key)) if key else (None, None)
+    has_ratio = isinstance(before, int | float) and isinstance(after, int | float) and before > 0
+    ratio = round(after / before, 3) if has_ratio else None
+    observed = answer.value * scale
+    decimals = _decimals((measured * ratio if ratio else answer.value) * scale)
+    mine = round(measured * scale, decimals)
+    value = round(mine * ratio, decimals) if ratio is not None else round(observed, decimals)
+
+    steps = [
+        f"Your run #{run.pk} at {field} {current}: {figure.label} = {_fmt(mine, decimals)} {unit}."
+    ]
+    steps += _predictor_steps(here, there, current, neighbour)
+    if ratio is not None:
+        p_decimals = _decimals(after * scale)
+        steps += [
+            f"Predicted {label}: {_fmt(before * scale, p_decimals)} at {current} → "
+            f"{_fmt(after * scale, p_decimals)} {unit} at {neighbour}, a ratio of {ratio:.3f}.",
+            f"Scale your measurement by it: {_fmt(mine, decimals)} × {ratio:.3f} = "
+            f"{_fmt(value, decimals)} {unit}.",
+        ]
+        method = f"your measurement × the predictor's ratio ({ratio:.3f})"
+    else:
+        steps.append(
+            f"The predictor has no {label} to scale by: at {field} {neighbour}, {answer.origin}: "
+            f"{_fmt(value, decimals)} {unit}."
+        )
+        method = answer.origin
+    gap = abs(observed - value)
+    noise = (answer.spread or 0.0) * scale * 2
+    covers_run = gap <= MAX_RELATIVE_TOLERANCE * abs(value)
+    tolerance = _round_up(
+        max(noise, abs(value) * MIN_RELATIVE_TOLERANCE, gap if covers_run else 0.0)
+    )
+    # Two significant figures of the tolerance at least, so "± 0.94" is not written "± 0.9".
+    tolerance_decimals = max(decimals, 1 - math.floor(math.log10(tolerance)) if tolerance else 0)
+    measured_words = (
+        f"What the run measured: at {field} {neighbour}, {answer.origin}, "
+        f"{_fmt(observed, decimals)} {unit}"
+    )
+    if ratio is not None:
+        change = (observed - value) / value if value else 0.0
+        measured_words += (
+            f" ({change:+.0%} from the method: queueing, batching and preemption are what the "
+            "closed form leaves out)"
+        )
+    reasons = [f"the metric's spread over {NOISE_SEEDS} other simulator seeds (x2)"]
+    if covers_run and gap > 0:
+        reasons.append("what the run measured")
+    if not covers_run:
+        measured_words += (
+            f"; more than {MAX_RELATIVE_TOLERANCE:.0%} from the method, so typing it is graded "
+            "wrong: the closed form misses what this setting changes"
+        )
+    explanation = (
+        f"{measured_words}. Answers within ± {_fmt(tolerance, tolerance_decimals)} {unit} of "
+        f"{_fmt(value, decimals)} count: at least {MIN_RELATIVE_TOLERANCE:.0%}, and wide enough "
+        f"for {' and '.join(reasons)}."
+    )
+    prompt = (
+        f"Your run: {_hardware(params)}, {field} {current}; workload: {_workload(params)}. "
+        f"It measured {label} = {_fmt(mine, decimals)} {unit} ({run.where or run.backend}). "
+        f"Predict the {label} at {field} {neighbour}, everything else the same."
+    )
+    return _Content(
+        prompt=prompt,
+        answer=f"≈ {_fmt(value, decimals)} {unit} at {field} {neighbour} ({method}).",
+        steps=steps,
+        explanation=explanation,
+        value=value,
+        tolerance=tolerance,
+    )
+
+
+def _slug(user: AbstractBaseUser, run: LabRun) -> str:
+    return f"mine-{user.pk}-run-{run.pk}"
+
+
 def card_from_run(*, user: AbstractBaseUser, run: LabRun) -> Card:
-    """Make (or return, reactivated) the learner's personal card for a finished run.
+    """Make (or return, reactivated) the learner's personal card for a finished run. It simulates:
+    the lab worker calls it (`card_request_execute`), never a web request.
 
     Raises:
         CardRefused: the run is not the learner's, not finished, measured nothing the card can
             ask about, or is too large to re-simulate.
     """
-    if run.owner_id != user.pk:
-        raise CardRefused("Only the learner who ran it can make a card from a run.")
-    if run.state != RunState.DONE or not run.result:
-        raise CardRefused("Only a finished run can become a card.")
-    slug = f"mine-{user.pk}-run-{run.pk}"
+    _check_makeable(user, run)
+    slug = _slug(user, run)
     existing = Card.objects.filter(slug=slug, owner=user).first()
     if existing is not None:
         if not existing.is_active:
@@ -245,22 +381,12 @@ def card_from_run(*, user: AbstractBaseUser, run: LabRun) -> Card:
         field = lab.sweep_field
         neighbour, known = _neighbour_from_lab(lab, field, run.params), None
     answer = _answer(run, field, neighbour, key, known)
-    noise = (answer.spread or 0.0) * 2
-    tolerance = max(noise, abs(answer.value) * MIN_RELATIVE_TOLERANCE) * figure.scale
+    content = _content(run, field, neighbour, figure, float(measured), answer)
 
     deck, _ = Deck.objects.get_or_create(
         slug=PERSONAL_DECK,
         defaults={"title": "Your runs", "description": "Cards made from your own lab runs."},
     )
-    params = run.params
-    where = run.where or run.backend
-    prompt = (
-        f"Your run: {params.get('model')} on {params.get('gpu')}, {field} "
-        f"{params.get(field)}, measured {_phrase(figure.label)} = "
-        f"{_fmt(float(measured) * figure.scale)} {figure.unit} ({where}). "
-        f"Predict the {_phrase(figure.label)} at {field} {neighbour}."
-    )
-    value = answer.value * figure.scale
     try:
         # A second press of the button can race this one to the unique slug.
         with transaction.atomic():
@@ -269,21 +395,158 @@ def card_from_run(*, user: AbstractBaseUser, run: LabRun) -> Card:
                 deck=deck,
                 slug=slug,
                 kind=Card.Kind.NUMERIC,
-                prompt=prompt,
-                answer=f"≈ {_fmt(value)} {figure.unit} at {field} {neighbour} ({answer.origin}).",
-                steps=_steps(run, field, neighbour, figure, float(measured), answer),
-                explanation=(
-                    f"Answers within ± {_fmt(_round_tolerance(tolerance))} {figure.unit} "
-                    f"count: the metric's spread over {NOISE_SEEDS} other simulator seeds "
-                    f"(x2), at least {MIN_RELATIVE_TOLERANCE:.0%}."
-                ),
-                numeric_value=float(f"{value:.4g}"),  # as a person would write it: 8,051 tok/s
+                prompt=content.prompt,
+                answer=content.answer,
+                steps=content.steps,
+                explanation=content.explanation,
+                numeric_value=content.value,
                 numeric_unit=figure.unit,
-                numeric_tolerance=_round_tolerance(tolerance),
+                numeric_tolerance=content.tolerance,
                 source=f"lab run {run.pk}",
             )
     except IntegrityError:
         return Card.objects.get(slug=slug, owner=user)
+
+
+# -- making it on the lab worker -----------------------------------------------------------------
+
+# The worker's time limits for making one card: three simulations bounded by MAX_SIM_TOKENS take a
+# few seconds on one core; the soft limit lets the request record why it stopped.
+CARD_SOFT_TIME_LIMIT_S = 120
+# A request still in flight this long after it was queued lost its worker: it no longer holds
+# the learner's lock.
+CARD_REQUEST_STALE = dt.timedelta(seconds=CARD_SOFT_TIME_LIMIT_S + 180)
+
+
+def _check_makeable(user: AbstractBaseUser, run: LabRun) -> None:
+    if run.owner_id != user.pk:
+        raise CardRefused("Only the learner who ran it can make a card from a run.")
+    if run.state != RunState.DONE or not run.result:
+        raise CardRefused("Only a finished run can become a card.")
+
+
+def _enqueue(request_id: int) -> None:
+    from labs.services import backend_queue
+    from quiz.tasks import card_make_task
+
+    try:
+        card_make_task.apply_async(
+            args=[request_id],
+            queue=backend_queue("sim"),
+            soft_time_limit=CARD_SOFT_TIME_LIMIT_S,
+            time_limit=CARD_SOFT_TIME_LIMIT_S + 30,
+        )
+    except Exception as exc:  # noqa: BLE001 - any broker failure: the row must not wait forever
+        logger.warning("could not send card request %s: %r", request_id, exc)
+        _finish(request_id, error="The lab queue is unavailable right now; try again in a minute.")
+
+
+def _finish(request_id: int, *, error: str = "", card: Card | None = None) -> None:
+    PersonalCardRequest.objects.filter(
+        pk=request_id, state__in=PersonalCardRequest.IN_FLIGHT
+    ).update(
+        state=PersonalCardRequest.State.FAILED if error else PersonalCardRequest.State.DONE,
+        error=error,
+        card=card,
+        finished_at=timezone.now(),
+    )
+
+
+def card_request(*, user: AbstractBaseUser, run: LabRun) -> PersonalCardRequest:
+    """Queue the making of a card from `run` on the lab worker; nothing is simulated here.
+
+    A card already made from the run is returned at once (reactivated), as a finished request.
+
+    Raises:
+        CardRefused: not the learner's finished run, too large to re-simulate, no lab worker
+            online, or another card of this learner is still being made (one at a time).
+    """
+    from labs.models import WorkerHeartbeat
+
+    _check_makeable(user, run)
+    existing = Card.objects.filter(slug=_slug(user, run), owner=user).first()
+    if existing is not None:
+        if not existing.is_active:
+            existing.is_active = True
+            existing.save(update_fields=["is_active", "updated_at"])
+        return PersonalCardRequest.objects.create(
+            owner=user,
+            run=run,
+            state=PersonalCardRequest.State.DONE,
+            card=existing,
+            finished_at=timezone.now(),
+        )
+    if run.sweep is None:  # a sweep may answer with the learner's own point, unsimulated
+        _check_bounded(run.params)
+    if not WorkerHeartbeat.objects.online().filter(backend="sim").exists():
+        raise CardRefused(
+            "No lab worker is online right now, so the card was not queued. Try again in a "
+            "minute; the site's staff have been told how to start one."
+        )
+    PersonalCardRequest.objects.filter(
+        owner=user,
+        state__in=PersonalCardRequest.IN_FLIGHT,
+        created_at__lt=timezone.now() - CARD_REQUEST_STALE,
+    ).update(
+        state=PersonalCardRequest.State.FAILED,
+        error="The lab worker stopped before the card was made; make it again.",
+        finished_at=timezone.now(),
+    )
+    try:
+        with transaction.atomic():
+            request = PersonalCardRequest.objects.create(owner=user, run=run)
+    except IntegrityError:
+        busy = PersonalCardRequest.objects.filter(
+            owner=user, state__in=PersonalCardRequest.IN_FLIGHT
+        ).first()
+        which = f" (from run #{busy.run_id})" if busy else ""
+        raise CardRefused(
+            f"You are already making a card{which}; cards are made one at a time. Wait until "
+            "it is ready on My cards, then make this one."
+        ) from None
+    transaction.on_commit(lambda: _enqueue(request.pk))
+    return request
+
+
+def card_request_execute(*, request_id: int) -> str:
+    """The worker's side: claim the request, make the card, record the card or the reason."""
+    claimed = PersonalCardRequest.objects.filter(
+        pk=request_id, state=PersonalCardRequest.State.QUEUED
+    ).update(state=PersonalCardRequest.State.RUNNING)
+    if not claimed:
+        return f"card request {request_id} not claimed"
+    request = PersonalCardRequest.objects.select_related("owner", "run").get(pk=request_id)
+    try:
+        card = card_from_run(user=request.owner, run=request.run)
+    except CardRefused as exc:
+        _finish(request_id, error=str(exc))
+        return f"card request {request_id} refused"
+    except SoftTimeLimitExceeded:
+        _finish(
+            request_id,
+            error=f"Making this card took longer than {CARD_SOFT_TIME_LIMIT_S} s, so it was "
+            "stopped. Make a card from a run with fewer num_prompts.",
+        )
+        return f"card request {request_id} timed out"
+    except MemoryError:
+        _finish(
+            request_id,
+            error="Making this card needed more memory than a lab run may use, so it was "
+            "stopped. Make a card from a run with fewer num_prompts.",
+        )
+        return f"card request {request_id} out of memory"
+    _finish(request_id, card=card)
+    return f"card request {request_id} made card {card.pk}"
+
+
+def card_request_fail(*, request_id: int, error: str) -> None:
+    """What escaped `card_request_execute` (a lost database connection, say), recorded."""
+    _finish(request_id, error=error)
+
+
+def card_request_get(*, user: AbstractBaseUser, pk: int) -> PersonalCardRequest:
+    """Raises PersonalCardRequest.DoesNotExist for a request that is not this learner's."""
+    return PersonalCardRequest.objects.select_related("card").get(pk=pk, owner=user)
 
 
 def sweep_card_run(sweep: Sweep) -> LabRun:
@@ -357,3 +620,96 @@ def your_number(*, user_id: int | None, card: Card) -> YourNumber | None:
         where=run.where or run.backend,
         gpu=str(run.params.get("gpu") or ""),
     )
+
+
+# -- when the learner's cards come ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Coming:
+    """One of the learner's personal cards and when it is next shown."""
+
+    card: Card
+    is_new: bool
+    today: bool
+    when: str  # "today", "Thu 3 Dec, from 04:00", "suspended", ...
+    # A new card waiting for a later day: the learner's daily limit it waits behind.
+    new_per_day: int | None = None
+
+
+def _day_words(instant: dt.datetime, zone: Any, *, hour: bool) -> str:
+    local = instant.astimezone(zone)
+    text = f"{local:%a} {local.day} {local:%b %Y}"
+    return f"{text}, from {local:%H:%M}" if hour else text
+
+
+def my_cards(*, user: AbstractBaseUser, now: dt.datetime) -> list[Coming]:
+    """The learner's active personal cards, newest first, each with when it comes next.
+
+    New cards come in the quiz's order (the learner's own before the deck's, oldest first), as
+    many a day as the learner's new-cards-per-day limit allows: those that fit in what is left of
+    today come today, the rest on the days the limit reaches them (if the learner studies daily).
+    """
+    from quiz import scheduling, selectors
+    from quiz.models import ReviewState
+
+    settings = selectors.learner_settings_get(user=user)
+    queue = selectors.queue_today(user=user, now=now, settings=settings, pick_next=False)
+    day = queue.day
+    cards = list(Card.objects.filter(owner=user, is_active=True).order_by("id"))
+    states = {
+        state.card_id: state
+        for state in ReviewState.objects.filter(user=user, card__owner=user, card__is_active=True)
+    }
+    found = []
+    position = 0  # among the learner's new cards, in the order the quiz takes them
+    for card in cards:
+        state = states.get(card.pk)
+        if state is not None and state.suspended:
+            found.append(Coming(card, state.is_new, False, "suspended"))
+        elif state is None or state.is_new:
+            found.append(_new_coming(card, position, queue, settings, day))
+            position += 1
+        elif state.due < day.end:
+            found.append(Coming(card, False, True, "today"))
+        else:
+            local_day = scheduling.study_date(state.due, day.tz, day.rollover_hour)
+            starts = scheduling.day_start(local_day, day.tz, day.rollover_hour)
+            found.append(Coming(card, False, False, _day_words(starts, day.tz, hour=False)))
+    return found[::-1]
+
+
+def _new_coming(card: Card, position: int, queue: Any, settings: Any, day: Any) -> Coming:
+    from quiz import scheduling
+
+    if position < queue.new_left:
+        return Coming(card, True, True, "today")
+    per_day = settings.new_per_day
+    if per_day <= 0:
+        return Coming(card, True, False, "when you allow new cards (your limit is 0 a day)", 0)
+    days_later = 1 + (position - queue.new_left) // per_day
+    starts = scheduling.day_start(
+        day.date + dt.timedelta(days=days_later), day.tz, day.rollover_hour
+    )
+    return Coming(card, True, False, _day_words(starts, day.tz, hour=True), per_day)
+
+
+def made_message(*, user: AbstractBaseUser, card: Card, now: dt.datetime) -> str:
+    """What the made-card message says about when the card comes: the truth, from `my_cards`."""
+    coming = next((c for c in my_cards(user=user, now=now) if c.card.pk == card.pk), None)
+    if coming is None:
+        return "It is retired, so it will not come."
+    if coming.today:
+        return (
+            "It comes today, before the deck's new cards." if coming.is_new else "It is due today."
+        )
+    if coming.new_per_day == 0:
+        return f"It comes {coming.when}."
+    if coming.new_per_day is not None:
+        return (
+            f"No new card is left for it today (your limit is {coming.new_per_day} a day), so "
+            f"it comes on {coming.when}, when new cards are next available."
+        )
+    if coming.when == "suspended":
+        return "It is suspended: unsuspend it on its page to study it."
+    return f"It comes on {coming.when}."

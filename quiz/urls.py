@@ -28,6 +28,7 @@ urlpatterns = [
     path("cards/<slug:slug>/unsuspend/", views.card_unsuspend, name="card-unsuspend"),
     path("cards/<slug:slug>/retire/", views.card_retire, name="card-retire"),
     path("from-run/<int:pk>/", views.card_from_run, name="card-from-run"),
+    path("mine/", views.my_cards, name="my-cards"),
     path("from-sweep/<int:pk>/", views.card_from_sweep, name="card-from-sweep"),
     path("stats/", views.stats, name="stats"),
     path("stats/anki/", views.anki_export, name="anki-export"),

@@ -13,6 +13,8 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -23,7 +25,7 @@ from labs.models import LabRun
 from quiz import personal, scheduling, selectors, services
 from quiz.anki import deck_apkg
 from quiz.forms import AnswerForm, GradeForm, LearnerSettingsForm
-from quiz.models import Card, LearnerSettings, Showing
+from quiz.models import Card, LearnerSettings, PersonalCardRequest, Showing
 
 RATING_NAMES = {1: "Again", 2: "Hard", 3: "Good", 4: "Easy"}
 TODAY = "quiz/today.html"
@@ -243,21 +245,50 @@ def card_unsuspend(request: HttpRequest, slug: str) -> HttpResponse:
 
 def _card_from(request: HttpRequest, run: LabRun) -> HttpResponse:
     try:
-        personal.card_from_run(user=request.user, run=run)
+        made = personal.card_request(user=request.user, run=run)
     except personal.CardRefused as exc:
         messages.error(request, str(exc))
         return redirect(run.sweep or run)
-    messages.success(
-        request, f"Your card from run #{run.pk} is made: it comes first among today's new cards."
-    )
-    return redirect("quiz:today")
+    return redirect(f"{reverse('quiz:my-cards')}?request={made.pk}")
 
 
 @require_POST
 @login_required
 def card_from_run(request: HttpRequest, pk: int) -> HttpResponse:
-    """ "Make a card from this" on a finished run: predict a neighbouring setting."""
+    """ "Make a card from this" on a finished run: queued on the lab worker, watched on My cards."""
     return _card_from(request, labs_selectors.run_get_for_owner(user=request.user, pk=pk))
+
+
+@require_GET
+@login_required
+def my_cards(request: HtmxHttpRequest) -> HttpResponse:
+    """The learner's personal cards and when each comes; `?request=N` also shows how the making
+    of a card is going (polled while the lab worker makes it)."""
+    made = None
+    raw = request.GET.get("request", "")
+    if raw:
+        if not raw.isdigit() or len(raw) > 18:
+            raise Http404("No such card request.")
+        try:
+            made = personal.card_request_get(user=request.user, pk=int(raw))
+        except PersonalCardRequest.DoesNotExist:
+            raise Http404("No such card request.") from None
+    now = _now()
+    context = {
+        "made": made,
+        "made_message": (
+            personal.made_message(user=request.user, card=made.card, now=now)
+            if made is not None and made.card is not None
+            else ""
+        ),
+        "cards": personal.my_cards(user=request.user, now=now),
+    }
+    if request.htmx:
+        html = render_to_string("quiz/my_cards.html#my-cards", context, request=request)
+        in_flight = made is not None and made.in_flight
+        # 286 tells htmx to stop polling once the card is made or refused.
+        return HttpResponse(html, status=200 if in_flight else 286)
+    return render(request, "quiz/my_cards.html", context)
 
 
 @require_POST
