@@ -636,6 +636,13 @@ class Coming:
     # A new card waiting for a later day: the learner's daily limit it waits behind.
     new_per_day: int | None = None
 
+    @property
+    def question(self) -> str:
+        """What the card asks ("Predict the output tokens/s at max_num_seqs 128, ..."), which
+        the prompt ends with after the run's numbers."""
+        start = self.card.prompt.rfind("Predict ")
+        return self.card.prompt[start:] if start >= 0 else self.card.prompt
+
 
 def _day_words(instant: dt.datetime, zone: Any, *, hour: bool) -> str:
     local = instant.astimezone(zone)

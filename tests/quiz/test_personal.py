@@ -275,6 +275,9 @@ def test_the_button_queues_the_card_on_the_lab_worker_and_my_cards_shows_it(
     assert reverse("quiz:card-detail", args=[card.slug]) in html
     today = alice_client.get(reverse("quiz:today")).content.decode()
     assert "Predict the output tokens/s at max_num_seqs" in today
+    listed = alice_client.get(reverse("quiz:my-cards")).content.decode()
+    assert "Predict the output tokens/s at max_num_seqs" in listed and card.slug in listed
+    assert '<strong class="my-card-when">today</strong>' in listed
 
     client = Client()
     client.force_login(bob)
