@@ -452,6 +452,20 @@ def _finish(request_id: int, *, error: str = "", card: Card | None = None) -> No
     )
 
 
+def _release_stale(user: AbstractBaseUser) -> None:
+    """A request in flight longer than any worker takes lost its worker: fail it, which frees
+    the learner's lock and ends the page's wait."""
+    PersonalCardRequest.objects.filter(
+        owner=user,
+        state__in=PersonalCardRequest.IN_FLIGHT,
+        created_at__lt=timezone.now() - CARD_REQUEST_STALE,
+    ).update(
+        state=PersonalCardRequest.State.FAILED,
+        error="The lab worker stopped before the card was made; make it again.",
+        finished_at=timezone.now(),
+    )
+
+
 def card_request(*, user: AbstractBaseUser, run: LabRun) -> PersonalCardRequest:
     """Queue the making of a card from `run` on the lab worker; nothing is simulated here.
 
@@ -483,15 +497,7 @@ def card_request(*, user: AbstractBaseUser, run: LabRun) -> PersonalCardRequest:
             "No lab worker is online right now, so the card was not queued. Try again in a "
             "minute; the site's staff have been told how to start one."
         )
-    PersonalCardRequest.objects.filter(
-        owner=user,
-        state__in=PersonalCardRequest.IN_FLIGHT,
-        created_at__lt=timezone.now() - CARD_REQUEST_STALE,
-    ).update(
-        state=PersonalCardRequest.State.FAILED,
-        error="The lab worker stopped before the card was made; make it again.",
-        finished_at=timezone.now(),
-    )
+    _release_stale(user)
     try:
         with transaction.atomic():
             request = PersonalCardRequest.objects.create(owner=user, run=run)
@@ -546,6 +552,7 @@ def card_request_fail(*, request_id: int, error: str) -> None:
 
 def card_request_get(*, user: AbstractBaseUser, pk: int) -> PersonalCardRequest:
     """Raises PersonalCardRequest.DoesNotExist for a request that is not this learner's."""
+    _release_stale(user)
     return PersonalCardRequest.objects.select_related("card").get(pk=pk, owner=user)
 
 

@@ -21,6 +21,15 @@ PANEL = "#quiz-panel"
 SHOTS = Path(settings.BASE_DIR) / "var" / "screenshots"
 
 
+def _fits_a_phone(page, shot: str) -> None:
+    page.set_viewport_size(PHONE)
+    page.wait_for_timeout(200)
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"], f"{page.url} scrolls sideways on a phone: {width}px"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / shot), full_page=True)
+
+
 def test_a_finished_run_becomes_a_card_in_todays_quiz(page, celery_worker):
     sign_up(page, "runlearner")
     page.wait_for_url("**/quiz/")
@@ -69,12 +78,7 @@ def test_a_finished_run_becomes_a_card_in_todays_quiz(page, celery_worker):
     assert page.get_by_role("button", name="Retire this card").is_visible()
 
     # The answer side fits a phone.
-    page.set_viewport_size(PHONE)
-    page.wait_for_timeout(200)
-    width = page.evaluate("document.documentElement.scrollWidth")
-    assert width <= PHONE["width"], f"the card scrolls sideways on a phone: {width}px"
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "run-card-answer-phone.png"), full_page=True)
+    _fits_a_phone(page, "run-card-answer-phone.png")
 
 
 def _finish_run(page, max_num_seqs: int) -> None:
@@ -139,9 +143,4 @@ def test_my_cards_lists_made_cards_and_says_when_they_come(page, celery_worker):
     page.get_by_role("link", name="My cards").click()
     page.wait_for_url("**/quiz/mine/")
     assert page.locator(".my-card").count() == 2
-    page.set_viewport_size(PHONE)
-    page.wait_for_timeout(200)
-    width = page.evaluate("document.documentElement.scrollWidth")
-    assert width <= PHONE["width"], f"My cards scrolls sideways on a phone: {width}px"
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "my-cards-phone.png"), full_page=True)
+    _fits_a_phone(page, "my-cards-phone.png")
