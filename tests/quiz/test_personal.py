@@ -333,6 +333,26 @@ def test_eight_parallel_presses_simulate_nothing_in_the_web_and_one_is_queued(
     _work(messages)  # the worker makes the one; the lock is free again
     assert Card.objects.filter(owner=learner).count() == 1
     assert press(runs[1]).status_code == 200 and len(messages) == 1
+    messages.clear()
+    simulated.clear()  # the worker's, above
+
+    # Eight learners at once: each press is queued, none simulates in the web.
+    others = [make_user(f"learner{i}") for i in range(8)]
+    their_runs = [finished_run(other) for other in others]
+
+    def press_own(user, run):
+        client = Client()
+        client.force_login(user)
+        return client.post(reverse("quiz:card-from-run", args=[run.pk]))
+
+    results = race(
+        *(lambda u=u, r=r: press_own(u, r) for u, r in zip(others, their_runs, strict=True)),
+        health,
+    )
+    *pressed, healthz = results
+    assert healthz.status_code == 200
+    assert all(r.status_code == 302 and "/quiz/mine/?request=" in r["Location"] for r in pressed)
+    assert simulated == [] and len(messages) == 8
 
 
 def test_the_worker_records_a_refusal_and_releases_the_lock(
