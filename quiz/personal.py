@@ -39,8 +39,9 @@ from quiz.models import PERSONAL_DECK, Card, Deck, PersonalCardRequest
 
 logger = logging.getLogger(__name__)
 
-# The simulator runs in the request (about 0.1 s for a lab's workload): bound the work so a card
-# from a huge sandbox run is refused instead of tying up the web process.
+# The lab worker simulates the neighbour once per seed (about 0.1 s each for a lab's workload):
+# bound the work so a card from a huge sandbox run is refused (in the request, in O(1)) instead of
+# holding the worker; each simulation is also bounded in memory by the sim backend itself.
 MAX_SIM_TOKENS = 1_000_000
 NOISE_SEEDS = 2  # extra seeds the neighbour is simulated with, to measure the metric's noise
 MIN_RELATIVE_TOLERANCE = 0.05

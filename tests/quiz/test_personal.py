@@ -376,6 +376,27 @@ def test_the_worker_records_a_refusal_and_releases_the_lock(
     assert personal.card_request(user=alice, run=run).state == "queued"
 
 
+def test_a_broker_that_refuses_the_message_fails_the_request_with_a_reason(
+    alice_client, alice, monkeypatch, django_capture_on_commit_callbacks
+):
+    from quiz.tasks import card_make_task
+
+    def broker_down(*_args, **_kwargs):
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(card_make_task, "apply_async", broker_down)
+    make_heartbeat("sim")
+    run = finished_run(alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = alice_client.post(reverse("quiz:card-from-run", args=[run.pk]))
+    request = PersonalCardRequest.objects.get(owner=alice)
+    assert request.state == "failed"  # the lock is free, nothing waits forever
+    page = alice_client.get(response["Location"]).content.decode()
+    assert "No card was made from run" in page
+    assert "The lab queue is unavailable right now" in page
+    assert not Card.objects.filter(owner=alice).exists()
+
+
 def test_a_request_whose_worker_died_no_longer_holds_the_lock(alice, sent):
     make_heartbeat("sim")
     run = finished_run(alice)
