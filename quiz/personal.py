@@ -26,6 +26,7 @@ from functools import cache
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
@@ -158,9 +159,15 @@ def _simulate(params: Mapping[str, Any], key: str, seeds: list[int]) -> list[flo
     from labs.backends import get_backend
     from labs.metrics import summarize
 
+    # The lab worker's memory bound: refused by the O(1) estimate before anything is built, and
+    # the address space capped while it runs (labs/sizing.py).
+    backend = get_backend("sim", max_run_mb=settings.LABS_SIM_MAX_RUN_MB)
     values = []
     for seed in seeds:
-        record = get_backend("sim").run(parse_lab_params({**params, "seed": seed}), lambda _: None)
+        try:
+            record = backend.run(parse_lab_params({**params, "seed": seed}), lambda _: None)
+        except ParamError as exc:  # RunTooLarge among them
+            raise CardRefused(f"The neighbouring setting cannot be simulated: {exc}") from None
         value = results.dig(summarize(record), key)
         if not isinstance(value, int | float):
             raise CardRefused(f"The simulator measured no {key} at that setting.")
@@ -178,6 +185,17 @@ def _check_bounded(params: Mapping[str, Any]) -> None:
             f"output_tokens) = {work:,}; the limit is {MAX_SIM_TOKENS:,}). Make a card from a run "
             "with fewer num_prompts."
         )
+
+
+def _check_fits_worker(params: Mapping[str, Any]) -> None:
+    """The lab submit's O(1) memory estimate (labs/sizing.py), in the web before anything is
+    queued; the worker checks the neighbouring setting itself again."""
+    from labs.sizing import sim_precheck
+
+    try:
+        sim_precheck(parse_lab_params(params), max_run_mb=settings.LABS_SIM_MAX_RUN_MB)
+    except ParamError as exc:
+        raise CardRefused(f"This run is too large to re-simulate for a card: {exc}") from None
 
 
 def _predicted(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -493,6 +511,7 @@ def card_request(*, user: AbstractBaseUser, run: LabRun) -> PersonalCardRequest:
         )
     if run.sweep is None:  # a sweep may answer with the learner's own point, unsimulated
         _check_bounded(run.params)
+        _check_fits_worker(run.params)
     if not WorkerHeartbeat.objects.online().filter(backend="sim").exists():
         raise CardRefused(
             "No lab worker is online right now, so the card was not queued. Try again in a "

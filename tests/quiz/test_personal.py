@@ -397,6 +397,22 @@ def test_a_broker_that_refuses_the_message_fails_the_request_with_a_reason(
     assert not Card.objects.filter(owner=alice).exists()
 
 
+def test_the_lab_memory_bound_holds_in_the_web_and_on_the_worker(alice, sent, settings):
+    messages, simulated = sent
+    make_heartbeat("sim")
+    run = finished_run(alice)
+    settings.LABS_SIM_MAX_RUN_MB = 1  # nothing fits
+    with pytest.raises(personal.CardRefused, match="too large to re-simulate for a card"):
+        personal.card_request(user=alice, run=run)
+    assert messages == [] and not PersonalCardRequest.objects.exists()
+    # Queued while it fitted, simulated when it does not: refused with the reason, no card.
+    request = PersonalCardRequest.objects.create(owner=alice, run=run)
+    personal.card_request_execute(request_id=request.pk)
+    request.refresh_from_db()
+    assert request.state == "failed" and "cannot be simulated" in request.error
+    assert len(simulated) == 1 and not Card.objects.filter(owner=alice).exists()
+
+
 def test_a_request_whose_worker_died_no_longer_holds_the_lock(alice, sent):
     make_heartbeat("sim")
     run = finished_run(alice)
