@@ -18,7 +18,7 @@ from labs import results, selectors, services
 from labs.backends.vllm.fit import memory_problem, requirement
 from labs.forms import LabParamsForm, SweepForm
 from labs.params import FIELDS_BY_NAME, ParamError
-from labs.predict import predict
+from labs.predict import lab_prediction
 from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
 from labs.workers import gpu_offer
 
@@ -42,7 +42,7 @@ def _lab_or_404(slug: str) -> Lab:
 def _prediction(lab: Lab, form: LabParamsForm) -> list[dict[str, str]]:
     if form.params is None:
         return []
-    return results.predicted_items(predict(form.params).as_dict(), lab.predicted)
+    return results.predicted_items(lab_prediction(form.params), lab.predicted)
 
 
 def _lab_page(
