@@ -189,7 +189,7 @@ def _counters(
                     "prefix_cache_hit_rate",
                     hits,
                     1 if fewer else -1,
-                    f"prefix-cache hit rate {hits * 100:.0f}% (formula {expected_hits * 100:.0f}%)",
+                    f"Prefix-cache hit rate {hits * 100:.0f}% (formula {expected_hits * 100:.0f}%)",
                 )
             )
     preemptions = _finite(summary.get("preemptions"))
@@ -199,7 +199,7 @@ def _counters(
                 "preemptions",
                 preemptions,
                 1,
-                f"{preemptions:,.0f} preemptions (the formula never preempts)",
+                f"{_count(preemptions, 'preemption')} (the formula never preempts)",
             )
         )
     return found
@@ -341,17 +341,32 @@ def explain_counter(
     counters: list[Counter] = []
     usage = _finite(summary.get("kv_usage_peak")) or 0.0
     preemptions = _finite(summary.get("preemptions")) or 0.0
+    requests = (_finite(summary.get("completed")) or 0) + (_finite(summary.get("failed")) or 0)
+    if key == "max_running_seqs" and difference < 0 and 0 < requests < predicted:
+        counters.append(
+            Counter(
+                "requests",
+                requests,
+                -1,
+                f"The run had only {_count(requests, 'request')}; the formula's batch is "
+                f"{predicted:,.0f}",
+            )
+        )
     if key == "max_running_seqs" and difference < 0 and usage >= 0.95 and preemptions:
         counters.append(
             Counter(
-                "preemptions",
+                "kv_pool_full",
                 preemptions,
                 -1,
-                f"the KV pool filled (peak usage {usage * 100:.0f}%, "
-                f"{preemptions:,.0f} preemptions)",
+                f"The KV pool filled (peak usage {usage * 100:.0f}%, "
+                f"{_count(preemptions, 'preemption')})",
             )
         )
     return _assemble(difference, {"unexplained": difference}, NO_PARTS, fmt, counters)
+
+
+def _count(value: float, noun: str) -> str:
+    return f"{value:,.0f} {noun}" + ("" if value == 1 else "s")
 
 
 def _seconds(value: float) -> str:

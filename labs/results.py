@@ -96,12 +96,12 @@ PREDICTED_LABELS: dict[str, tuple[str, str]] = {
     "gpus_needed": ("GPUs needed", ""),
     "prefix_cached_tokens": ("Prompt tokens served from the prefix cache", "tokens"),
     "prefill_s": ("Prefill of one prompt", "s"),
-    "ttft_s": ("Time to first token", "s"),
+    "ttft_s": ("Time to first token, one request on an idle engine", "s"),
     "weight_read_s": ("Weight read per step", "s"),
     "kv_read_s": ("KV read per step", "s"),
     "decode_step_s": ("Decode step", "s"),
     "tpot_s": ("Time per output token", "s"),
-    "e2e_s": ("End-to-end latency", "s"),
+    "e2e_s": ("End-to-end latency, one request on an idle engine", "s"),
     "output_tokens_per_s": ("Output tokens per second", "tok/s"),
     "batch_speedup_vs_batch1": ("Throughput vs batch 1", "x"),
     "spec_tokens_per_step": ("Tokens per target pass", "tokens"),
@@ -115,6 +115,24 @@ PREDICTED_LABELS: dict[str, tuple[str, str]] = {
     "loaded_ttft_p50_s": ("Time to first token under this load (median)", "s"),
     "loaded_e2e_s": ("End-to-end latency under this load (mean)", "s"),
 }
+
+
+def load_label(params: Mapping[str, Any]) -> str:
+    """The load a prediction assumes, as the lab page, the run page and the CLI say it:
+    'under this load: concurrency 64, max_num_seqs 8, 128 prompts of 512 + 128 tokens'."""
+    rate = _finite(params.get("request_rate"))
+    in_flight = params.get("max_concurrency") or params.get("concurrency")
+    arrivals = (
+        f"Poisson arrivals at {format_value(rate, 'req/s')}"
+        if rate is not None
+        else f"concurrency {in_flight}"
+    )
+    prompts = _finite(params.get("num_prompts")) or 0
+    return (
+        f"under this load: {arrivals}, max_num_seqs {params.get('max_num_seqs')}, "
+        f"{prompts:,.0f} prompts of {params.get('prompt_tokens')} + "
+        f"{params.get('output_tokens')} tokens"
+    )
 
 
 def predicted_items(predicted: Mapping[str, Any], keys: tuple[str, ...]) -> list[dict[str, str]]:
@@ -160,6 +178,8 @@ def derived_predictions(predicted: Mapping[str, Any], params: Mapping[str, Any])
     """Predicted values the table compares that the predictor does not name directly (runs
     stored since labs.predict.lab_prediction have them; older rows get them here)."""
     extra: dict[str, Any] = dict(predicted)
+    if "breakdown" not in extra:
+        extra["breakdown"] = _predicted_breakdown(params)
     # Runs stored before the load-aware predictions compare with the idle numbers.
     extra.setdefault("loaded_ttft_p50_s", predicted.get("ttft_s"))
     extra.setdefault("loaded_e2e_s", predicted.get("e2e_s"))
@@ -173,6 +193,18 @@ def derived_predictions(predicted: Mapping[str, Any], params: Mapping[str, Any])
         # Accepted drafts per step are (tokens per step - 1); vLLM's rate divides by k drafted.
         extra["draft_acceptance_rate"] = (per_step - 1) / k
     return extra
+
+
+def _predicted_breakdown(params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The predicted parts of a run stored before they were (by today's formulas; a figure the
+    formulas have changed since shows as "not explained")."""
+    from labs.params import ParamError, parse_lab_params
+    from labs.predict import predicted_breakdown
+
+    try:
+        return predicted_breakdown(parse_lab_params(params, ignore_unknown=True))
+    except (ParamError, TypeError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)

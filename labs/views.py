@@ -45,6 +45,10 @@ def _prediction(lab: Lab, form: LabParamsForm) -> list[dict[str, str]]:
     return results.predicted_items(lab_prediction(form.params), lab.predicted)
 
 
+def _load(form: LabParamsForm) -> str:
+    return "" if form.params is None else results.load_label(form.params.as_dict())
+
+
 def _lab_page(
     request: HttpRequest,
     lab: Lab,
@@ -64,6 +68,7 @@ def _lab_page(
         "labs": LABS.values(),
         "form": form,
         "prediction": _prediction(lab, form),
+        "load": _load(form),
         "refusal": refusal,
         "preset": preset,
         "presets": [p for p in load_presets().values() if p.lab == lab.slug],
@@ -131,7 +136,12 @@ def lab_predict(request: HttpRequest, lab: str) -> HttpResponse:
     the_lab = _lab_or_404(lab)
     form = LabParamsForm(request.GET, lab=the_lab)
     valid = form.is_valid()
-    context = {"lab": the_lab, "form": form, "prediction": _prediction(the_lab, form)}
+    context = {
+        "lab": the_lab,
+        "form": form,
+        "prediction": _prediction(the_lab, form),
+        "load": _load(form),
+    }
     return render(request, "labs/lab_detail.html#prediction", context, status=200 if valid else 400)
 
 
@@ -211,6 +221,7 @@ def _run_context(run: Any) -> dict[str, Any]:
         "preset": run.preset if run.preset in load_presets() else "",
         "where": selectors.where_label(run),
         "rows": rows,
+        "load": results.load_label(run.params),
         "headline": results.headline(rows, breakdown),
         "breakdown": results.breakdown_bars(breakdown),
         "breakdown_source": (breakdown or {}).get("source"),

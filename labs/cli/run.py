@@ -23,6 +23,7 @@ from labs.cli import add_param_options, params_from_args
 from labs.metrics import SLO_KEYS, summarize
 from labs.params import ParamError, align_run_batch
 from labs.predict import lab_prediction
+from labs.results import load_label
 
 HELP = "run a workload on a backend (sim: simulated on CPU) and print measured vs predicted"
 
@@ -96,6 +97,7 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
         stdout.write(json.dumps(result) + "\n")
     else:
         stdout.write(format_table(record.where, measured, predicted))
+        stdout.write(f"  predicted {load_label(params.as_dict())}\n")
         stdout.write(format_breakdown(breakdown))
         stdout.write(why)
 
