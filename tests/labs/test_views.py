@@ -205,7 +205,7 @@ def test_a_finished_run_shows_measured_next_to_predicted(alice_client, done_run)
     html = response.content.decode()
     assert "simulated on CPU" in html
     rows = {r.label: r for r in response.context["rows"]}
-    ttft = rows["TTFT, median"]
+    ttft = rows["TTFT, mean"]
     assert ttft.measured.endswith("ms") and ttft.predicted.endswith("ms") and ttft.diff
     assert 'id="run-charts"' in html and 'data-chart="kv"' in html
     assert "hx-trigger" not in html  # nothing left to poll
@@ -268,7 +268,7 @@ def test_history_and_compare_two_runs(alice_client, alice, done_run):
     response = alice_client.get(reverse("labs:run-compare"), {"a": done_run.pk, "b": other.pk})
     assert response.status_code == 200
     assert ("block_size", 16, 64) in response.context["changed"]
-    assert any(r["label"] == "TTFT, median" for r in response.context["rows"])
+    assert any(r["label"] == "TTFT, mean" for r in response.context["rows"])
 
 
 def test_a_sweep_from_the_lab_page(alice_client, alice, no_broker):
