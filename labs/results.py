@@ -158,8 +158,10 @@ class Metric:
 
 METRICS: tuple[Metric, ...] = (
     Metric("TTFT, mean", "ttft_s.mean", "loaded_ttft_s", "s", "time"),
+    Metric("TTFT, median", "ttft_s.p50", None, "s"),
     Metric("TTFT, p99", "ttft_s.p99", None, "s"),
     Metric("TPOT, mean", "tpot_s.mean", "tpot_s", "s", "time"),
+    Metric("TPOT, median", "tpot_s.p50", None, "s"),
     Metric("ITL, p99", "itl_s.p99", None, "s"),
     Metric("E2E latency, mean", "e2e_s.mean", "loaded_e2e_s", "s", "time"),
     Metric("Output tokens/s", "output_tokens_per_s", "output_tokens_per_s", "tok/s", "throughput"),
