@@ -19,22 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from labs.sim.breakdown import PART_LABELS as BREAKDOWN_LABELS
+
 # A part is named when it moves the difference by at least this share of it.
 MIN_SHARE = 0.05
 # At most this many parts per explanation.
 MAX_CAUSES = 3
 
-PART_LABELS = {
-    "ideal": "ideal compute/memory",
-    "efficiency": "efficiency loss",
-    "overhead": "per-step overhead",
-    "communication": "tensor-parallel communication",
-    "queueing": "queueing before the first step",
-    "prefill_interference": "prefill sharing steps with decodes",
-    "preemption": "preemption and recompute",
-    "speculation": "speculation (drafts)",
-    "unexplained": "not explained by the engine model",
-}
+PART_LABELS = {**BREAKDOWN_LABELS, "unexplained": "not explained by the engine model"}
 NO_PARTS = {"unexplained": "not explained by the model"}
 # What the formulas assume about a part they never have.
 FORMULA_HAS_NONE = {

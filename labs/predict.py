@@ -573,10 +573,10 @@ def predict(params: LabParams) -> Prediction:
 
 # -- the prediction's parts ------------------------------------------------------------------------
 
-# The parts of the run's breakdown (labs/sim/breakdown.BREAKDOWN_PARTS) the formulas have. They
+# The parts of a run's breakdown (labs/sim/breakdown.py) and of the prediction's. The formulas
 # have no tensor-parallel communication, no prefill sharing a decode step, no preemption: those
 # are 0 on the predicted side by assumption.
-PREDICTED_PARTS = (
+BREAKDOWN_PARTS = (
     "ideal",
     "efficiency",
     "overhead",
@@ -589,7 +589,7 @@ PREDICTED_PARTS = (
 
 
 def _section(parts: dict[str, float]) -> dict[str, object]:
-    full = {name: float(parts.get(name, 0.0)) for name in PREDICTED_PARTS}
+    full = {name: float(parts.get(name, 0.0)) for name in BREAKDOWN_PARTS}
     return {"total": sum(full.values()), "parts": full}
 
 
@@ -659,7 +659,7 @@ def predicted_breakdown(params: LabParams) -> dict[str, object] | None:
         "ideal": peak[2] * tpot_plain,
         "speculation": peak[2] * (1 - tpot_plain),
     }
-    e2e = {name: ttft.get(name, 0.0) + decode.get(name, 0.0) for name in PREDICTED_PARTS}
+    e2e = {name: ttft.get(name, 0.0) + decode.get(name, 0.0) for name in BREAKDOWN_PARTS}
     return {
         "source": "formulas",
         "ttft_s": _section(ttft),

@@ -31,21 +31,13 @@ from typing import Any
 import numpy as np
 
 from labs.backends.base import RequestRecord
+
+# The breakdown's parts, in the order a stacked bar shows them (the predictor's parts too).
+from labs.predict import BREAKDOWN_PARTS
 from labs.sim.engine_model import PARTS
 from labs.sim.entities import RequestTable
 from labs.sim.scheduler import SchedulerOutput
 
-# The breakdown's parts, in the order a stacked bar shows them.
-BREAKDOWN_PARTS = (
-    "ideal",
-    "efficiency",
-    "overhead",
-    "communication",
-    "queueing",
-    "prefill_interference",
-    "preemption",
-    "speculation",
-)
 PART_LABELS = {
     "ideal": "ideal compute/memory",
     "efficiency": "efficiency loss",
