@@ -108,7 +108,8 @@ def _pick(contributions: dict[str, float], difference: float) -> list[str]:
         if covered >= 0.5 * abs(difference) and abs(contributions[key]) < 0.2 * abs(difference):
             break
         chosen.append(key)
-        covered += abs(contributions[key])
+        # What the model does not explain covers nothing: go on naming the parts it has.
+        covered += abs(contributions[key]) if key != "unexplained" else 0.0
     return chosen
 
 

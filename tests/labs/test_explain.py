@@ -63,7 +63,7 @@ def _random_params(rng: np.random.Generator) -> dict[str, object]:
         data["acceptance"] = float(rng.choice([0.3, 0.7, 0.9]))
         data["draft_cost"] = float(rng.choice([0.0, 0.05, 0.2]))
     if rng.random() < 0.2:
-        data["step_overhead_s"] = float(rng.choice([0.0005, 0.003]))
+        data["step_overhead_ms"] = float(rng.choice([0.5, 3.0]))
         data["compute_efficiency"] = float(rng.choice([0.5, 0.8]))
     return data
 
@@ -182,4 +182,26 @@ def test_a_difference_no_part_accounts_for_says_not_explained_with_its_size():
     # The stored mean is 2 s but its parts add up to 1 s: half of it has no part.
     e = explain_time("ttft_s", 2.0, 1.0, summary, prediction, lambda v: f"{v:.1f} s")
     assert e.text == "+1.0 s not explained by the engine model."
+    assert e.says_not_explained
+
+
+def test_a_vllm_runs_unexplained_part_is_named_as_not_explained_by_the_engine_model():
+    """A real run's breakdown is the engine model's expected parts plus what the GPU measured
+    beyond them (labs.backends.sim.run_breakdown): that rest is named as such."""
+    summary = {
+        "breakdown": {
+            "source": "expected",
+            "tpot_s": {
+                "total": 0.012,
+                "parts": {"ideal": 0.005, "efficiency": 0.001, "unexplained": 0.006},
+            },
+        }
+    }
+    prediction = {"breakdown": {"tpot_s": {"total": 0.005, "parts": {"ideal": 0.005}}}}
+    e = explain_time("tpot_s", 0.012, 0.005, summary, prediction, lambda v: f"{v * 1000:.1f} ms")
+    assert [c.key for c in e.causes] == ["unexplained", "efficiency"]
+    assert e.text == (
+        "+6.0 ms not explained by the engine model; "
+        "+1.0 ms efficiency loss (engine model expects 1.0 ms, formula 0.0 ms)."
+    )
     assert e.says_not_explained
