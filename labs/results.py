@@ -338,25 +338,32 @@ PART_WHY: dict[str, str] = {
 }
 
 
-def breakdown_bars(breakdown: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    """The stacked bars of a run page: for mean E2E and mean TPOT, each non-zero part with its
-    seconds and share of the total (a negative "unexplained" is listed, not drawn)."""
+def breakdown_bars(
+    breakdown: Mapping[str, Any] | None, predicted: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The stacked bars of a run page: for mean E2E, TTFT and TPOT, each non-zero part with its
+    seconds and share of the total (a negative "unexplained" is listed, not drawn), and beside
+    it the formulas' value of the same part (`predicted`: labs.predict.predicted_breakdown), so
+    that "why they differ" can be checked against both."""
     from labs.sim.breakdown import PART_LABELS
 
     bars = []
     for key, label in (
         ("e2e_s", "Mean end-to-end latency"),
+        ("ttft_s", "Mean time to first token"),
         ("tpot_s", "Mean time per output token"),
     ):
         section = (breakdown or {}).get(key)
         total = _finite((section or {}).get("total"))
         if not section or not total:
             continue
+        formula = ((predicted or {}).get(key) or {}).get("parts") or {}
         drawn = sum(max(0.0, _finite(v) or 0.0) for v in section["parts"].values()) or 1.0
         parts = []
-        for name, value in section["parts"].items():
-            seconds = _finite(value) or 0.0
-            if abs(seconds) < total * 1e-4:
+        for name in dict.fromkeys([*section["parts"], *formula]):
+            seconds = _finite(section["parts"].get(name)) or 0.0
+            expected = _finite(formula.get(name))
+            if abs(seconds) < total * 1e-4 and abs(expected or 0.0) < total * 1e-4:
                 continue
             parts.append(
                 {
@@ -365,9 +372,19 @@ def breakdown_bars(breakdown: Mapping[str, Any] | None) -> list[dict[str, Any]]:
                     "value": format_value(seconds, "s"),
                     "share": f"{seconds / total * 100:.0f}%",
                     "width": f"{max(seconds, 0.0) / drawn * 100:.2f}",
+                    "formula": "" if expected is None else format_value(expected, "s"),
                 }
             )
-        bars.append({"key": key, "label": label, "total": format_value(total, "s"), "parts": parts})
+        formula_total = ((predicted or {}).get(key) or {}).get("total")
+        bars.append(
+            {
+                "key": key,
+                "label": label,
+                "total": format_value(total, "s"),
+                "formula_total": "" if formula_total is None else format_value(formula_total, "s"),
+                "parts": parts,
+            }
+        )
     return bars
 
 

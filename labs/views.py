@@ -214,6 +214,7 @@ def _run_context(run: Any) -> dict[str, Any]:
     lab = LABS.get(run.lab) or LABS["sandbox"]
     rows = results.compare(run.result, run.predicted, run.params)
     breakdown = (run.result or {}).get("breakdown")
+    expected = results.derived_predictions(run.predicted, run.params) if run.result else {}
     return {
         "run": run,
         "lab": lab,
@@ -223,7 +224,7 @@ def _run_context(run: Any) -> dict[str, Any]:
         "rows": rows,
         "load": results.load_label(run.params),
         "headline": results.headline(rows, breakdown),
-        "breakdown": results.breakdown_bars(breakdown),
+        "breakdown": results.breakdown_bars(breakdown, expected.get("breakdown")),
         "breakdown_source": (breakdown or {}).get("source"),
         "charts": selectors.run_charts(run) if run.result else None,
         "shown_params": [(name, run.params.get(name)) for name in lab.fields],
