@@ -205,3 +205,39 @@ def test_a_vllm_runs_unexplained_part_is_named_as_not_explained_by_the_engine_mo
         "+1.0 ms efficiency loss (engine model expects 1.0 ms, formula 0.0 ms)."
     )
     assert e.says_not_explained
+
+
+def test_a_real_runs_rows_split_into_the_engine_models_parts_and_what_it_does_not_explain():
+    """A vLLM run 25% slower than the engine model expects: each latency row names the rest as
+    not explained by the engine model, with a size near the 20% of the measured mean it is."""
+    from labs.backends.base import RequestRecord
+    from labs.backends.sim import SimBackend
+
+    params = parse_lab_params(
+        {"num_prompts": 8, "max_concurrency": 2, "prompt_tokens": 128, "output_tokens": 16}
+    )
+    record = SimBackend().run(params)
+    record.simulated, record.backend = False, "vllm"
+    record.requests = [
+        RequestRecord(
+            req_id=r.req_id,
+            prompt_tokens=r.prompt_tokens,
+            max_tokens=r.max_tokens,
+            arrival_s=r.arrival_s,
+            chunks=[(r.arrival_s + 1.25 * (t - r.arrival_s), n) for t, n in r.chunks],
+            finish_s=r.arrival_s + 1.25 * (r.finish_s - r.arrival_s),
+        )
+        for r in record.requests
+    ]
+    summary = summarize(record)
+    summary["breakdown"] = run_breakdown(params, record, summary)
+    rows = {r.label: r for r in compare(summary, lab_prediction(params), params.as_dict())}
+    for label, key in TIME_KEYS.items():
+        e = rows[label].explanation
+        rest = summary["breakdown"][key]["parts"]["unexplained"]
+        assert rest == pytest.approx(0.2 * summary[key]["mean"], rel=0.05)
+        named = {c.key: c.size for c in e.causes}
+        assert named["unexplained"] == pytest.approx(rest, rel=1e-9)
+        assert "not explained by the engine model" in e.text
+        # And the engine model's own parts beside it, as it expects them.
+        assert len(named) > 1 and "engine model expects" in e.text

@@ -199,3 +199,22 @@ def test_a_real_gpu_run_gets_the_expected_parts_and_an_honest_unexplained_remain
     assert e2e["total"] == measured["e2e_s"]["mean"]
     assert sum(e2e["parts"].values()) == pytest.approx(e2e["total"], rel=1e-9)
     assert e2e["parts"]["unexplained"] == pytest.approx(0.2 * e2e["total"], rel=0.05)
+    ttft = breakdown["ttft_s"]
+    assert ttft["total"] == measured["ttft_s"]["mean"]
+    assert sum(ttft["parts"].values()) == pytest.approx(ttft["total"], rel=1e-9)
+
+
+def test_the_ttft_parts_add_up_to_the_measured_mean_ttft_and_e2e_adds_the_rest():
+    params = parse_lab_params(
+        {"num_prompts": 24, "max_concurrency": 8, "max_num_seqs": 4, "prompt_tokens": 700}
+    )
+    record = SimBackend().run(params)
+    measured = summarize(record)
+    breakdown = record.meta["breakdown"]
+    ttft, e2e = breakdown["ttft_s"], breakdown["e2e_s"]
+    assert ttft["total"] == pytest.approx(measured["ttft_s"]["mean"], rel=1e-6)
+    # Queueing happens before the first token only, so both sections carry all of it.
+    assert ttft["parts"]["queueing"] == pytest.approx(e2e["parts"]["queueing"], rel=1e-12)
+    assert ttft["parts"]["queueing"] > 0
+    for name, value in ttft["parts"].items():
+        assert 0 <= value <= e2e["parts"][name] + 1e-12
