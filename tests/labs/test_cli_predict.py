@@ -42,8 +42,10 @@ def test_it_prints_one_json_object_with_the_issues_keys():
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.strip().splitlines()) == 1
     result = json.loads(done.stdout)
-    # Every key of the prediction; test_predict checks that these include the issue's.
-    assert set(result) == PREDICTION_KEYS
+    # Every key of the prediction (test_predict checks that these include the issue's), and
+    # what the run page compares beside them: the one prediction (labs.predict.lab_prediction).
+    assert set(result) == PREDICTION_KEYS | {"prefix_hit_rate", "breakdown"}
+    assert result["breakdown"]["ttft_s"]["total"] == result["loaded_ttft_s"]
     # The seed numbers come through the command unchanged.
     assert result["kv_bytes_per_token"] == 128 * 1024
     assert (result["blocks_per_seq"], result["slots_wasted_per_seq"]) == (63, 8)
