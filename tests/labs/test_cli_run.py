@@ -110,6 +110,11 @@ def test_it_prints_a_table_labelled_simulated_without_json():
     text = out.getvalue()
     assert "simulated on CPU" in text
     assert "TTFT" in text and " ms" in text and "predicted" in text
+    # The run page's words for why they differ, and its reading, from the same functions.
+    assert "predicted under this load: concurrency 20, max_num_seqs 256, 20 prompts" in text
+    why = text.split("why they differ (measured vs predicted):\n", 1)[1]
+    assert "  TPOT, mean: " in why and "\nreading: " in why
+    assert "differs most" in why.split("\nreading: ", 1)[1]
 
 
 @pytest.mark.parametrize(
