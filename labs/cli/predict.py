@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import TextIO
 
 from labs.cli import add_param_options, params_from_args
-from labs.params import LabParams
+from labs.params import LabParams, align_run_batch
 from labs.predict import Prediction, lab_prediction, predict
 from labs.results import load_label
 
@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(options: Mapping[str, object], stdout: TextIO) -> None:
     """Print the prediction. Raises ParamError for bad options."""
-    params = params_from_args(options)
+    # One batch for prediction and run, as the lab pages and `lab run` take them.
+    params = params_from_args(align_run_batch(options))
     prediction = predict(params)
     if options.get("json"):
         # The one prediction the lab pages, runs and cards show (predict() plus its parts).

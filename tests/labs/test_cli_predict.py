@@ -134,3 +134,13 @@ def test_boolean_options_have_a_no_form():
         "--prompt-tokens", "1000", "--shared-prefix-tokens", "512", "--no-prefix-caching"
     )
     assert (on["prefix_cached_tokens"], off["prefix_cached_tokens"]) == (512, 0)
+
+
+def test_it_takes_one_batch_for_prediction_and_run_as_the_lab_page_does():
+    """`--max-concurrency 64` alone is the load the run keeps in flight; the lab page's form
+    makes it the predictor's concurrency too (align_run_batch), and so does `lab predict`."""
+    result = predict_json("--max-concurrency", "64", "--max-num-seqs", "8", "--num-prompts", "96")
+    assert result["running_seqs"] == 8
+    # 64 in flight on 8 slots wait for earlier waves; with concurrency 1 nothing would wait.
+    assert result["queue_wait_s"] > 0
+    assert result["loaded_ttft_s"] > result["ttft_s"]
