@@ -210,25 +210,12 @@ def test_a_vllm_runs_unexplained_part_is_named_as_not_explained_by_the_engine_mo
 def test_a_real_runs_rows_split_into_the_engine_models_parts_and_what_it_does_not_explain():
     """A vLLM run 25% slower than the engine model expects: each latency row names the rest as
     not explained by the engine model, with a size near the 20% of the measured mean it is."""
-    from labs.backends.base import RequestRecord
-    from labs.backends.sim import SimBackend
+    from tests.labs.factories import gpu_record_slower_than_the_model
 
     params = parse_lab_params(
         {"num_prompts": 8, "max_concurrency": 2, "prompt_tokens": 128, "output_tokens": 16}
     )
-    record = SimBackend().run(params)
-    record.simulated, record.backend = False, "vllm"
-    record.requests = [
-        RequestRecord(
-            req_id=r.req_id,
-            prompt_tokens=r.prompt_tokens,
-            max_tokens=r.max_tokens,
-            arrival_s=r.arrival_s,
-            chunks=[(r.arrival_s + 1.25 * (t - r.arrival_s), n) for t, n in r.chunks],
-            finish_s=r.arrival_s + 1.25 * (r.finish_s - r.arrival_s),
-        )
-        for r in record.requests
-    ]
+    record = gpu_record_slower_than_the_model(params, 1.25)
     summary = summarize(record)
     summary["breakdown"] = run_breakdown(params, record, summary)
     rows = {r.label: r for r in compare(summary, lab_prediction(params), params.as_dict())}

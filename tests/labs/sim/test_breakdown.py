@@ -172,26 +172,14 @@ def test_the_fast_path_entry_charges_decode_steps_to_their_requests():
 
 
 def test_a_real_gpu_run_gets_the_expected_parts_and_an_honest_unexplained_remainder():
-    from labs.backends.base import RequestRecord
     from labs.backends.sim import run_breakdown
+    from tests.labs.factories import gpu_record_slower_than_the_model
 
     params = parse_lab_params(
         {"num_prompts": 8, "max_concurrency": 2, "prompt_tokens": 128, "output_tokens": 16}
     )
-    record = SimBackend().run(params)
     # The same requests, as if a GPU had taken 25% longer than the engine model expects.
-    record.simulated, record.backend = False, "vllm"
-    record.requests = [
-        RequestRecord(
-            req_id=r.req_id,
-            prompt_tokens=r.prompt_tokens,
-            max_tokens=r.max_tokens,
-            arrival_s=r.arrival_s,
-            chunks=[(r.arrival_s + 1.25 * (t - r.arrival_s), n) for t, n in r.chunks],
-            finish_s=r.arrival_s + 1.25 * (r.finish_s - r.arrival_s),
-        )
-        for r in record.requests
-    ]
+    record = gpu_record_slower_than_the_model(params, 1.25)
     measured = summarize(record)
     breakdown = run_breakdown(params, record, measured)
     assert breakdown["source"] == "expected"
