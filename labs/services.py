@@ -69,9 +69,9 @@ def backend_queue(backend: str) -> str:
 
 
 def _predicted(params: LabParams) -> dict[str, object]:
-    from labs.predict import predict
+    from labs.predict import lab_prediction
 
-    return predict(params).as_dict()
+    return lab_prediction(params)
 
 
 def _precheck(backend: str, params: LabParams) -> None:

@@ -20,7 +20,7 @@ from labs.backends.vllm.cpu import CPU_LAB_SETTINGS
 from labs.backends.vllm.fit import memory_problem, requirement
 from labs.forms import LabParamsForm, SweepForm
 from labs.params import FIELDS_BY_NAME, ParamError
-from labs.predict import predict
+from labs.predict import lab_prediction
 from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
 from labs.workers import cpu_worker_hardware, gpu_offer
 
@@ -44,7 +44,11 @@ def _lab_or_404(slug: str) -> Lab:
 def _prediction(lab: Lab, form: LabParamsForm) -> list[dict[str, str]]:
     if form.params is None:
         return []
-    return results.predicted_items(predict(form.params).as_dict(), lab.predicted)
+    return results.predicted_items(lab_prediction(form.params), lab.predicted)
+
+
+def _load(form: LabParamsForm) -> str:
+    return "" if form.params is None else results.load_label(form.params.as_dict())
 
 
 def _lab_page(
@@ -66,6 +70,7 @@ def _lab_page(
         "labs": LABS.values(),
         "form": form,
         "prediction": _prediction(lab, form),
+        "load": _load(form),
         "refusal": refusal,
         "preset": preset,
         "presets": [p for p in load_presets().values() if p.lab == lab.slug],
@@ -152,7 +157,12 @@ def lab_predict(request: HttpRequest, lab: str) -> HttpResponse:
     the_lab = _lab_or_404(lab)
     form = LabParamsForm(request.GET, lab=the_lab)
     valid = form.is_valid()
-    context = {"lab": the_lab, "form": form, "prediction": _prediction(the_lab, form)}
+    context = {
+        "lab": the_lab,
+        "form": form,
+        "prediction": _prediction(the_lab, form),
+        "load": _load(form),
+    }
     return render(request, "labs/lab_detail.html#prediction", context, status=200 if valid else 400)
 
 
@@ -225,6 +235,7 @@ def _run_context(run: Any) -> dict[str, Any]:
     lab = LABS.get(run.lab) or LABS["sandbox"]
     rows = results.compare(run.result, run.predicted, run.params)
     breakdown = (run.result or {}).get("breakdown")
+    expected = results.derived_predictions(run.predicted, run.params) if run.result else {}
     return {
         "run": run,
         "lab": lab,
@@ -232,8 +243,9 @@ def _run_context(run: Any) -> dict[str, Any]:
         "preset": run.preset if run.preset in load_presets() else "",
         "where": selectors.where_label(run),
         "rows": rows,
+        "load": results.load_label(run.params),
         "headline": results.headline(rows, breakdown),
-        "breakdown": results.breakdown_bars(breakdown),
+        "breakdown": results.breakdown_bars(breakdown, expected.get("breakdown")),
         "breakdown_source": (breakdown or {}).get("source"),
         "charts": selectors.run_charts(run) if run.result else None,
         "shown_params": [(name, run.params.get(name)) for name in lab.fields],
