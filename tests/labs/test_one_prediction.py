@@ -84,7 +84,7 @@ def test_lab_page_run_page_cli_and_card_show_the_same_prediction(
     assert cli["loaded_ttft_p50_s"] != pytest.approx(cli["loaded_ttft_s"], rel=0.05)
 
     card = personal.card_from_run(user=alice, run=run)
-    step = next(s for s in card.steps if s.startswith("Predicted Output tokens/s"))
-    before = re.search(r": ([\d,.]+) →", step).group(1)
+    step = next(s for s in card.steps if s.startswith("Predicted output tokens/s"))
+    before = re.search(r": ([\d,.]+) at ", step).group(1)
     assert float(before.replace(",", "")) == pytest.approx(cli["output_tokens_per_s"], rel=5e-3)
     assert f"{cli['output_tokens_per_s']:,.0f}" == before
