@@ -27,7 +27,6 @@ def parameters_page(request: HttpRequest) -> HttpResponse:
         "in_use": fit is not None and fit.parameters == settings.fsrs_parameters,
         "current": settings.fsrs_parameters or list(scheduling.DEFAULT_PARAMETERS),
         "min_reviews": optimizer.MIN_REVIEWS,
-        "workload": parameters.workload(user=request.user),
     }
     return render(request, "quiz/parameters.html", context)
 

@@ -2,9 +2,12 @@
 
 "Optimize my parameters" creates a ParameterFit and sends it to the worker (default queue); the
 task calls `fit_run`, which reads the log, fits with quiz/optimizer.py and stores the figures.
-Nothing changes for the learner until they choose "Use these parameters"; the parameters they
-replace are kept, so "Go back" restores them. New reviews are scheduled with the parameters in
-force, and each log row records them (replay uses them).
+The fit also simulates the workload/retention trade-off (reviews a day at desired retention
+0.80-0.95, Anki's "Help me decide") for the learner's deck under both parameter sets: it takes
+about a second for a large deck, too long for a page. Nothing changes for the learner until they
+choose "Use these parameters"; the parameters they replace are kept, so "Go back" restores them.
+New reviews are scheduled with the parameters in force, and each log row records them (replay
+uses them).
 """
 
 from __future__ import annotations
@@ -72,9 +75,10 @@ def fit_run(*, fit_id: int) -> None:
         )
 
     settings = learner_settings_get(user=fit.user)
+    reviews = _reviews(fit.user_id)
     try:
         result = optimizer.fit(
-            _reviews(fit.user_id),
+            reviews,
             current=settings.fsrs_parameters,
             desired_retention=settings.desired_retention,
             progress=progress,
@@ -84,13 +88,24 @@ def fit_run(*, fit_id: int) -> None:
             status=ParameterFit.Status.FAILED, error=str(exc), finished_at=timezone.now()
         )
         return
+    progress(90, "Simulating your workload at each retention")
+    deck = len({review.card_id for review in reviews})
+    current = settings.fsrs_parameters or scheduling.DEFAULT_PARAMETERS
+    workload = [
+        {"retention": now["retention"], "current": now, "fitted": fitted}
+        for now, fitted in zip(
+            optimizer.workload(current, deck_size=deck, new_per_day=settings.new_per_day),
+            optimizer.workload(result.parameters, deck_size=deck, new_per_day=settings.new_per_day),
+            strict=True,
+        )
+    ]
     ParameterFit.objects.filter(pk=fit_id).update(
         status=ParameterFit.Status.DONE,
         progress=100,
         stage="Done",
         reviews=result.reviews,
         parameters=result.parameters,
-        evaluation={"current": result.current, "fitted": result.fitted},
+        evaluation={"current": result.current, "fitted": result.fitted, "workload": workload},
         intervals=result.intervals,
         finished_at=timezone.now(),
     )
@@ -125,15 +140,3 @@ def parameters_revert(*, user: AbstractBaseUser) -> LearnerSettings:
     settings.parameters_changed_at = None
     settings.save(update_fields=["previous_parameters", "fsrs_parameters", "parameters_changed_at"])
     return settings
-
-
-def workload(*, user: AbstractBaseUser) -> list[dict[str, float]]:
-    """Reviews a day at desired retention 0.80-0.95 for the learner's deck, simulated by fsrs-rs
-    with their parameters (Anki's "Help me decide" trade-off)."""
-    settings = learner_settings_get(user=user)
-    deck = max(1, ReviewLog.objects.filter(user=user).values("card").distinct().count())
-    return optimizer.workload(
-        settings.fsrs_parameters or scheduling.DEFAULT_PARAMETERS,
-        deck_size=deck,
-        new_per_day=settings.new_per_day,
-    )

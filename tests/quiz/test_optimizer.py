@@ -97,7 +97,10 @@ def test_optimizing_below_the_threshold_is_refused_and_nothing_is_queued(alice, 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_fit_runs_then_its_parameters_are_used_logged_and_can_be_undone(alice, monkeypatch):
+def test_a_fit_runs_then_its_parameters_are_used_logged_and_can_be_undone(
+    alice, client, monkeypatch
+):
+    client.force_login(alice)
     sent = []
     monkeypatch.setattr(
         "quiz.tasks.fit_parameters_task.apply_async", lambda args: sent.append(args)
@@ -111,6 +114,14 @@ def test_a_fit_runs_then_its_parameters_are_used_logged_and_can_be_undone(alice,
     fit.refresh_from_db()
     assert fit.status == "done" and fit.progress == 100 and len(fit.parameters) == 21
     assert fit.evaluation["fitted"]["log_loss"] < fit.evaluation["current"]["log_loss"]
+    workload = fit.evaluation["workload"]
+    assert [row["retention"] for row in workload] == [0.80, 0.85, 0.90, 0.95]
+    # A forgetful learner needs more reviews than the defaults assume, at every retention.
+    assert all(
+        row["fitted"]["reviews_per_day"] > row["current"]["reviews_per_day"] for row in workload
+    )
+    page = client.get(reverse("quiz:parameters")).content.decode()
+    assert "Use these parameters" in page and "Reviews a day now" in page
 
     parameters.parameters_use(user=alice, fit_id=fit.pk)
     card = make_card()
@@ -145,10 +156,10 @@ def test_a_fit_runs_then_its_parameters_are_used_logged_and_can_be_undone(alice,
 
 
 @pytest.mark.django_db
-def test_the_parameters_page_shows_the_refusal_and_the_workload(alice_client, monkeypatch):
+def test_the_parameters_page_refuses_a_learner_with_too_few_reviews(alice_client, monkeypatch):
     monkeypatch.setattr("quiz.tasks.fit_parameters_task.apply_async", lambda args: None)
     page = alice_client.get(reverse("quiz:parameters")).content.decode()
-    assert "Optimize my parameters" in page and "Reviews a day (simulated)" in page
+    assert "Optimize my parameters" in page and "default parameters" in page
     response = alice_client.post(reverse("quiz:parameters-optimize"), follow=True)
     assert "at least 512" in response.content.decode()
     assert not ParameterFit.objects.exists()
