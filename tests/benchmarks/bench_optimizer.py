@@ -36,6 +36,7 @@ def test_fitting_5000_reviews_in_process():
 def test_the_worker_fits_5000_reviews_while_pages_answer(alice, client, celery_worker):
     _store(alice, review_log("forgetful", 5000, 12))
     client.force_login(alice)
+    client.get(reverse("quiz:parameters"))  # warm: the first request of a process is slow
     started = time.perf_counter()
     fit = parameters.fit_start(user=alice)
     enqueued = time.perf_counter() - started
@@ -60,7 +61,7 @@ def test_the_worker_fits_5000_reviews_while_pages_answer(alice, client, celery_w
         warm.append(time.perf_counter() - t)
     print(
         f"\nworker: optimize -> done {total:.2f} s (the request itself {enqueued * 1000:.0f} ms);"
-        f" {pages} page loads meanwhile, slowest {slowest * 1000:.0f} ms (the first, cold);"
+        f" {pages} page loads meanwhile, slowest {slowest * 1000:.0f} ms;"
         f" the page afterwards: median {sorted(warm)[2] * 1000:.0f} ms"
     )
     assert fit.finished_at - fit.created_at < dt.timedelta(minutes=2)
