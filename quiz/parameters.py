@@ -122,21 +122,23 @@ def parameters_use(*, user: AbstractBaseUser, fit_id: int) -> LearnerSettings:
     fit = ParameterFit.objects.filter(user=user, pk=fit_id, status=ParameterFit.Status.DONE).first()
     if fit is None:
         raise ValidationError("That fit is not yours or has not finished.")
-    settings = learner_settings_get(user=user)
+    settings, _ = LearnerSettings.objects.get_or_create(user=user)
     settings.previous_parameters = settings.fsrs_parameters
     settings.fsrs_parameters = fit.parameters
     settings.parameters_changed_at = timezone.now()
     settings.save(update_fields=["previous_parameters", "fsrs_parameters", "parameters_changed_at"])
+    user.quiz_settings = settings  # what this request reads from now on
     return settings
 
 
 def parameters_revert(*, user: AbstractBaseUser) -> LearnerSettings:
     """Go back to the parameters in force before the last change (the defaults, if none)."""
-    settings = learner_settings_get(user=user)
+    settings, _ = LearnerSettings.objects.get_or_create(user=user)
     if settings.parameters_changed_at is None:
         raise ValidationError("Your parameters have not been changed, so there is nothing to undo.")
     settings.fsrs_parameters = settings.previous_parameters
     settings.previous_parameters = None
     settings.parameters_changed_at = None
     settings.save(update_fields=["previous_parameters", "fsrs_parameters", "parameters_changed_at"])
+    user.quiz_settings = settings
     return settings

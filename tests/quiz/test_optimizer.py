@@ -164,3 +164,17 @@ def test_the_parameters_page_refuses_a_learner_with_too_few_reviews(alice_client
     assert "at least 512" in response.content.decode()
     assert not ParameterFit.objects.exists()
     assert alice_client.post(reverse("quiz:parameters-use", args=[999])).status_code == 302
+    response = alice_client.post(reverse("quiz:parameters-revert"), follow=True)
+    assert "nothing to undo" in response.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_learner_without_saved_settings_can_use_a_fit_and_go_back(alice):
+    fitted = true_parameters("forgetful")
+    fit = ParameterFit.objects.create(
+        user=alice, status="done", created_at=at(2026, 6, 1, 9), parameters=fitted
+    )
+    parameters.parameters_use(user=alice, fit_id=fit.pk)
+    assert selectors.learner_settings_get(user=alice).fsrs_parameters == fitted
+    parameters.parameters_revert(user=alice)
+    assert selectors.learner_settings_get(user=alice).fsrs_parameters is None
