@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import time
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -178,3 +179,22 @@ def test_a_learner_without_saved_settings_can_use_a_fit_and_go_back(alice):
     assert selectors.learner_settings_get(user=alice).fsrs_parameters == fitted
     parameters.parameters_revert(user=alice)
     assert selectors.learner_settings_get(user=alice).fsrs_parameters is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_optimize_from_the_page_runs_on_a_real_worker(alice, alice_client, celery_worker):
+    _store(alice, review_log("steep", 900, 7))
+    response = alice_client.post(reverse("quiz:parameters-optimize"))
+    assert response.status_code == 302
+    fit = ParameterFit.objects.get(user=alice)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        page = alice_client.get(reverse("quiz:parameters"))
+        assert page.status_code == 200  # the page answers while the worker fits
+        fit.refresh_from_db()
+        if fit.status not in parameters.RUNNING:
+            break
+        time.sleep(0.2)
+    assert fit.status == ParameterFit.Status.DONE, f"{fit.error}\n{celery_worker.log()}"
+    page = alice_client.get(reverse("quiz:parameters")).content.decode()
+    assert "Use these parameters" in page and f"on {fit.reviews} reviews" in page
