@@ -22,7 +22,7 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import IntegrityError, connections, transaction
 
 from config import rows
-from labs import results
+from labs import ratios, results
 from labs.models import LabRun, RunState, Sweep
 from labs.params import ParamError, parse_lab_params
 from labs.presets import LABS, Lab
@@ -312,6 +312,10 @@ class YourNumber:
     value: str  # formatted, with its unit
     where: str
     gpu: str
+    # A ratio card: the run it divides by, or (not run yet) the link that runs it.
+    baseline: LabRun | None = None
+    baseline_url: str = ""
+    baseline_label: str = ""
 
 
 @cache
@@ -343,6 +347,9 @@ def your_number(*, user_id: int | None, card: Card) -> YourNumber | None:
     if run is None or not run.result:
         return None
     check = card.check_spec or {}
+    ratio = ratios.RATIO_CHECKS.get(str(check.get("key")))
+    if ratio is not None:
+        return _your_ratio(ratio, run)
     metric = next((m for m in results.METRICS if m.predicted == check.get("key")), None)
     key = metric.measured if metric else _lab(run).sweep_metrics[0][0]
     value = results.dig(run.result, key)
@@ -356,4 +363,30 @@ def your_number(*, user_id: int | None, card: Card) -> YourNumber | None:
         value=results.format_value(value, unit),
         where=run.where or run.backend,
         gpu=str(run.params.get("gpu") or ""),
+    )
+
+
+def _your_ratio(check: ratios.RatioCheck, run: LabRun) -> YourNumber | None:
+    """A ratio card's number: the run over its baseline run, in the card's unit (×); without a
+    baseline run, the run's own figure and the link that runs the baseline."""
+    baseline = ratios.find_baseline_run(check, run)
+    ratio = ratios.measured_ratio(check, run, baseline) if baseline is not None else None
+    if ratio is not None:
+        value, label = results.format_value(ratio, "x"), check.label
+    else:
+        figure = next((m for m in results.METRICS if m.measured == check.metric), None)
+        value = results.format_value(
+            (run.result or {}).get(check.metric), figure.unit if figure else ""
+        )
+        label = figure.label if figure else check.metric
+        baseline = None
+    return YourNumber(
+        run=run,
+        label=label,
+        value=value,
+        where=run.where or run.backend,
+        gpu=str(run.params.get("gpu") or ""),
+        baseline=baseline,
+        baseline_url="" if baseline is not None else ratios.baseline_url(check, run),
+        baseline_label=check.baseline_label,
     )

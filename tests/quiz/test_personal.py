@@ -15,7 +15,7 @@ from labs.backends import get_backend
 from labs.metrics import summarize
 from labs.models import LabRun, RunState, Sweep
 from labs.params import parse_lab_params
-from labs.presets import LABS, lab_initial
+from labs.presets import LABS, lab_initial, load_presets
 from quiz import personal, selectors
 from quiz.models import Card
 from quiz.selectors import content_snapshot
@@ -231,3 +231,36 @@ def test_a_deck_card_shows_the_learners_own_number_from_its_preset(alice_client,
     other = Client()
     other.force_login(bob)
     assert "You measured" not in _reveal(other)
+
+
+def test_a_ratio_card_shows_the_learners_measured_ratio_in_its_own_unit(alice_client, alice):
+    """The batch-32 card teaches "about 21x": its number is the batch-32 run over a batch-1 run
+    of the same workload, not the batch-32 run's tok/s next to a "x" answer."""
+    card = make_card(
+        "numeric",
+        slug="batch32-ratio",
+        lab_preset="batching-llama3-8b-h100-batch-32",
+        check_json='{"key": "batch_speedup_vs_batch1", "params": {}}',
+        numeric_value=21.0,
+        numeric_unit="x",
+    )
+    presets = load_presets()
+    batch32 = finished_run(alice, **presets[card.lab_preset].params)
+    LabRun.objects.filter(pk=batch32.pk).update(preset=card.lab_preset)
+
+    # One point only: its own figure, and the link that runs the other point.
+    html = _reveal(alice_client)
+    tok_s = f"{batch32.result['output_tokens_per_s']:,.0f} tok/s"
+    assert f"You measured <strong>{tok_s}</strong>" in html
+    assert "×</strong>" not in html
+    link = re.search(r'<a href="([^"]+)" data-baseline-link>run the same workload at batch 1', html)
+    assert link and "concurrency=1" in link.group(1).replace("&amp;", "&")
+
+    # Both points: the ratio, in the card's unit, from both runs.
+    batch1 = finished_run(alice, **presets["batching-llama3-8b-h100-batch-1"].params)
+    html = _reveal(alice_client)
+    ratio = batch32.result["output_tokens_per_s"] / batch1.result["output_tokens_per_s"]
+    assert f"You measured <strong>{ratio:.3g}×</strong>" in html
+    assert f"run #{batch32.pk}</a>" in html and f"run #{batch1.pk}</a>" in html
+    assert "data-baseline-link" not in html
+    assert 19 <= ratio <= 23  # the decode-heavy preset pair measures the card's claim
