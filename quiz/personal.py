@@ -316,6 +316,7 @@ class YourNumber:
     baseline: LabRun | None = None
     baseline_url: str = ""
     baseline_label: str = ""
+    card_quantity: bool = True  # False: the run's headline figure, not the card's quantity
 
 
 @cache
@@ -350,20 +351,49 @@ def your_number(*, user_id: int | None, card: Card) -> YourNumber | None:
     ratio = ratios.RATIO_CHECKS.get(str(check.get("key")))
     if ratio is not None:
         return _your_ratio(ratio, run)
-    metric = next((m for m in results.METRICS if m.predicted == check.get("key")), None)
-    key = metric.measured if metric else _lab(run).sweep_metrics[0][0]
+    figure = _card_figure(str(check.get("key") or ""))
+    key, label, unit = figure or _headline_figure(run)
     value = results.dig(run.result, key)
     if not isinstance(value, int | float):
         return None
-    figure = next((m for m in results.METRICS if m.measured == key), None)
-    label, unit = (figure.label, figure.unit) if figure else (key, "")
     return YourNumber(
         run=run,
         label=label,
         value=results.format_value(value, unit),
         where=run.where or run.backend,
         gpu=str(run.params.get("gpu") or ""),
+        # A numeric card whose quantity no run measures (KiB per token, GPUs needed): the run's
+        # headline figure, said not to be the card's number.
+        card_quantity=figure is not None or card.kind != Card.Kind.NUMERIC,
     )
+
+
+# Card quantities a run measures under another name: predictor key -> (summary key, label, unit).
+_MEASURED_AS: dict[str, tuple[str, str, str]] = {
+    "decode_step_s": ("tpot_s.p50", "one decode step: TPOT, median", "s"),
+    "spec_tokens_per_step": ("spec_acceptance_length", "tokens per target pass", "tokens"),
+    # The KV pool caps the batch: with more requests in flight than fit, the peak is the limit.
+    "max_concurrent_seqs": ("max_running_seqs", "sequences running at once, peak", "sequences"),
+}
+
+
+def _card_figure(predicted_key: str) -> tuple[str, str, str] | None:
+    """The measured figure that is the card's checked quantity, if a run measures it."""
+    if predicted_key in _MEASURED_AS:
+        return _MEASURED_AS[predicted_key]
+    metric = next(
+        (m for m in results.METRICS if predicted_key and m.predicted == predicted_key), None
+    )
+    return (metric.measured, metric.label, metric.unit) if metric else None
+
+
+def _measured_figure(key: str) -> tuple[str, str, str]:
+    metric = next((m for m in results.METRICS if m.measured == key), None)
+    return (key, metric.label, metric.unit) if metric else (key, key, "")
+
+
+def _headline_figure(run: LabRun) -> tuple[str, str, str]:
+    return _measured_figure(_lab(run).sweep_metrics[0][0])
 
 
 def _your_ratio(check: ratios.RatioCheck, run: LabRun) -> YourNumber | None:
@@ -374,11 +404,8 @@ def _your_ratio(check: ratios.RatioCheck, run: LabRun) -> YourNumber | None:
     if ratio is not None:
         value, label = results.format_value(ratio, "x"), check.label
     else:
-        figure = next((m for m in results.METRICS if m.measured == check.metric), None)
-        value = results.format_value(
-            (run.result or {}).get(check.metric), figure.unit if figure else ""
-        )
-        label = figure.label if figure else check.metric
+        _, label, unit = _measured_figure(check.metric)
+        value = results.format_value((run.result or {}).get(check.metric), unit)
         baseline = None
     return YourNumber(
         run=run,
