@@ -35,7 +35,7 @@ _LOAD_SIZE = frozenset({"num_prompts", "seed", "request_rate"})
 # By the predictor key a card's check names.
 RATIO_CHECKS: dict[str, RatioCheck] = {
     "batch_speedup_vs_batch1": RatioCheck(
-        label="output tok/s of this run ÷ the same workload at batch 1",
+        label="output tok/s at this batch ÷ at batch 1, same workload",
         baseline_label="the same workload at batch 1",
         metric="output_tokens_per_s",
         baseline={"concurrency": 1},
@@ -43,7 +43,7 @@ RATIO_CHECKS: dict[str, RatioCheck] = {
         quick={"max_concurrency": 1, "num_prompts": 8},
     ),
     "spec_speedup": RatioCheck(
-        label="output tok/s with speculation ÷ the same workload without",
+        label="output tok/s with speculation ÷ without, same workload",
         baseline_label="the same workload without speculation",
         metric="output_tokens_per_s",
         baseline={"spec_tokens": 0},

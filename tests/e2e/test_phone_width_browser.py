@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from pathlib import Path
 from unittest import mock
 
@@ -29,6 +30,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 SHOTS = Path(os.environ.get("SHOTS_DIR") or Path(settings.BASE_DIR) / "var/screenshots/phone")
 PRESET = "batching-llama3-8b-h100-batch-32"
+BASELINE = "batching-llama3-8b-h100-batch-1"
 # The widest elements sticking out past the viewport, named for the failure message.
 WIDE = """(limit) => [...document.querySelectorAll('body *')]
     .filter((e) => e.getBoundingClientRect().right > limit + 1)
@@ -44,18 +46,17 @@ def _finish(run: LabRun) -> LabRun:
 
 
 def _history(user) -> dict[str, object]:
-    """A run of the card's preset, a run of every lab, and a finished sweep."""
+    """Runs of two presets, a run of every lab, and a finished sweep."""
     make_heartbeat("sim")
     with mock.patch.object(services, "_enqueue"):  # run here, not through a broker
-        preset = load_presets()[PRESET]
-        data = {**LABS[preset.lab].defaults, **preset.params}
-        runs = [
-            _finish(
-                services.run_request(
-                    owner=user, lab=preset.lab, backend="sim", data=data, preset=PRESET
-                )
+        runs = []
+        for slug in (PRESET, BASELINE):  # the batch-32 card's two points: its ratio shows
+            preset = load_presets()[slug]
+            data = {**LABS[preset.lab].defaults, **preset.params}
+            made = services.run_request(
+                owner=user, lab=preset.lab, backend="sim", data=data, preset=slug
             )
-        ]
+            runs.append(_finish(made))
         for slug, lab in LABS.items():
             made = services.run_request(owner=user, lab=slug, backend="sim", data=lab.defaults)
             runs.append(_finish(made))
@@ -152,7 +153,7 @@ def test_every_learner_page_fits_a_phone(page):
     for card in Card.objects.filter(is_active=True, owner=None).order_by("slug"):
         check(f"/quiz/cards/{card.slug}/", f"card-{card.slug}")
 
-    assert "You measured" in _card_text(page, "batch32-speedup-llama3-8b-h100")
+    assert re.search(r"You measured [\d.]+×", _card_text(page, "batch32-speedup-llama3-8b-h100"))
     assert not wide, "pages scroll sideways at 390 px:\n" + "\n".join(
         f"{url}: {what}" for url, what in wide.items()
     )
