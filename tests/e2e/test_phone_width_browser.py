@@ -23,7 +23,7 @@ from labs import services
 from labs.models import LabRun, RunState
 from labs.presets import LABS, load_presets
 from quiz.models import Card
-from tests.e2e.conftest import PHONE, sign_up
+from tests.e2e.conftest import LAPTOP, PHONE, sign_up
 from tests.labs.factories import make_heartbeat
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -102,7 +102,7 @@ def test_every_learner_page_fits_a_phone(page):
         page.wait_for_load_state("load")
         found = _overflow(page)
         if found:
-            wide[url] = found
+            wide[f"{url} at {page.viewport_size['width']} px"] = found
         page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
     for url, name in (
@@ -134,6 +134,16 @@ def test_every_learner_page_fits_a_phone(page):
     for url, name in pages:
         check(url, name)
 
+    # The long provenance, opened under the run's badge, wraps within the screen.
+    page.goto(run.get_absolute_url())
+    page.locator("details.where summary").click()
+    long = page.locator(".where-long")
+    assert long.inner_text().startswith("simulated on CPU as H100 SXM (calibrated to ")
+    found = _overflow(page)
+    if found:
+        wide["run page, provenance open"] = found
+    page.screenshot(path=str(SHOTS / "run-provenance-open.png"))
+
     # The answer side of today's first card, then every card's own page (the preset's card
     # shows the learner's own number).
     page.goto("/quiz/")
@@ -153,8 +163,13 @@ def test_every_learner_page_fits_a_phone(page):
     for card in Card.objects.filter(is_active=True, owner=None).order_by("slug"):
         check(f"/quiz/cards/{card.slug}/", f"card-{card.slug}")
 
+    # The pages this change touched, on a laptop too.
+    page.set_viewport_size(LAPTOP)
+    for url, name in pages[4:9] + [("/quiz/cards/batch32-speedup-llama3-8b-h100/", "card")]:
+        check(url, f"laptop-{name}")
+
     assert re.search(r"You measured [\d.]+×", _card_text(page, "batch32-speedup-llama3-8b-h100"))
-    assert not wide, "pages scroll sideways at 390 px:\n" + "\n".join(
+    assert not wide, "pages scroll sideways:\n" + "\n".join(
         f"{url}: {what}" for url, what in wide.items()
     )
 
