@@ -8,6 +8,7 @@ var/screenshots/phone/), for a person to look at.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -18,6 +19,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
+from django.urls import NoReverseMatch, reverse
 
 from labs import services
 from labs.models import LabRun, RunState
@@ -131,6 +133,8 @@ def test_every_learner_page_fits_a_phone(page):
         (f"/labs/preset/{PRESET}/", "preset"),
     ]
     pages += [(f"/labs/{slug}/", f"lab-{slug}") for slug in LABS]
+    with contextlib.suppress(NoReverseMatch):  # "My cards", on branches that have it
+        pages.append((reverse("quiz:my-cards"), "my-cards"))
     for url, name in pages:
         check(url, name)
 
