@@ -26,13 +26,14 @@ from labs.models import LabRun, RunState
 from labs.presets import LABS, load_presets
 from quiz.models import Card
 from tests.e2e.conftest import LAPTOP, PHONE, sign_up
-from tests.labs.factories import make_heartbeat
+from tests.labs.factories import make_heartbeat, make_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 SHOTS = Path(os.environ.get("SHOTS_DIR") or Path(settings.BASE_DIR) / "var/screenshots/phone")
 PRESET = "batching-llama3-8b-h100-batch-32"
 BASELINE = "batching-llama3-8b-h100-batch-1"
+VLLM_ON_CPU = "vLLM 0.32.0 on CPU (Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz, 224 cores)"
 # The widest elements sticking out past the viewport, named for the failure message.
 WIDE = """(limit) => [...document.querySelectorAll('body *')]
     .filter((e) => e.getBoundingClientRect().right > limit + 1)
@@ -72,7 +73,18 @@ def _history(user) -> dict[str, object]:
         )
         for run in sweep.runs.all():
             _finish(run)
-    return {"run": runs[0], "other": runs[1], "sweep": sweep}
+    # A run measured on a real engine, labelled as such a worker labels a CPU engine: a long
+    # label of its own in history and compare.
+    gpu_run = make_run(
+        user,
+        lab="batching",
+        backend="vllm",
+        params=runs[1].params,
+        state=RunState.DONE,
+        result=runs[1].result,
+        where=VLLM_ON_CPU,
+    )
+    return {"run": runs[0], "other": gpu_run, "sweep": sweep}
 
 
 def _overflow(page) -> str | None:

@@ -532,7 +532,8 @@ def test_the_long_provenance_is_shown_once_per_run_and_the_badge_is_short(
     run_page = alice_client.get(done_run.get_absolute_url()).content.decode()
     # Once, under the badge, one click away; the caption, breakdown and charts say it short.
     assert _shown_text(run_page).count(long) == 1
-    assert re.search(r'<details class="where"><summary[^>]*><span class="badge sim">', run_page)
+    opener = r'<details class="where"><summary[^>]*><span class="badge where-badge sim">'
+    assert re.search(opener, run_page)
     assert f'Measured (<span title="{long}">{short}</span>)' in run_page
     assert run_page.count("(simulated)</span></figcaption>") == 5
 
@@ -545,3 +546,6 @@ def test_the_long_provenance_is_shown_once_per_run_and_the_badge_is_short(
         html = alice_client.get(url, data).content.decode()
         assert long not in _shown_text(html), url  # in a tooltip only
         assert _shown_text(html).count(short) >= 2, url
+    # Compare names both runs' provenance outside the table head, which a phone hides.
+    meta = html.split('<p class="run-meta">', 1)[1].split("</p>", 1)[0]
+    assert _shown_text(meta).count(short) == 2
