@@ -20,7 +20,6 @@ from labs.forms import LabParamsForm, SweepForm
 from labs.params import FIELDS_BY_NAME, ParamError
 from labs.predict import predict
 from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
-from labs.sim.engine_model import short_where_label
 from labs.workers import gpu_offer
 
 # A refusal is not the learner's mistake: no worker or no queue is the service being unavailable.
@@ -210,7 +209,7 @@ def _run_context(run: Any) -> dict[str, Any]:
         "lab": lab,
         # A row written before presets were checked may hold anything: link only real ones.
         "preset": run.preset if run.preset in load_presets() else "",
-        "where": short_where_label(selectors.where_label(run)),  # the badge; the long form once
+        "where": selectors.where_badge(run),  # short; the long form is shown once, on demand
         "where_long": selectors.where_label(run),
         "rows": rows,
         "headline": results.headline(rows, breakdown),
