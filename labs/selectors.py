@@ -17,6 +17,7 @@ from labs import results
 from labs.backends.vllm.gpus import GpuInventory
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.presets import LABS, Lab, load_presets
+from labs.sim.engine_model import short_where_label
 from labs.workers import start_command
 
 logger = logging.getLogger(__name__)
@@ -127,6 +128,11 @@ def where_label(run: LabRun) -> str:
         return "simulated on CPU"
     beat = WorkerHeartbeat.objects.filter(hostname=run.worker, backend=run.backend).first()
     return beat.where if beat else run.backend
+
+
+def where_badge(run: LabRun) -> str:
+    """The short form of `where_label`: "simulated · H100 SXM · calibrated"."""
+    return short_where_label(where_label(run))
 
 
 def cards_for_lab(lab_slug: str) -> list[dict[str, Any]]:

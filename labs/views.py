@@ -241,7 +241,8 @@ def _run_context(run: Any) -> dict[str, Any]:
         "lab": lab,
         # A row written before presets were checked may hold anything: link only real ones.
         "preset": run.preset if run.preset in load_presets() else "",
-        "where": selectors.where_label(run),
+        "where": selectors.where_badge(run),  # short; the long form is shown once, on demand
+        "where_long": selectors.where_label(run),
         "rows": rows,
         "load": results.load_label(run.params),
         "headline": results.headline(rows, breakdown),

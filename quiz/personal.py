@@ -32,7 +32,7 @@ from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
 from config import rows
-from labs import results
+from labs import ratios, results
 from labs.models import LabRun, RunState, Sweep
 from labs.params import ParamError, parse_lab_params
 from labs.presets import LABS, Lab
@@ -602,6 +602,11 @@ class YourNumber:
     value: str  # formatted, with its unit
     where: str
     gpu: str
+    # A ratio card: the run it divides by, or (not run yet) the link that runs it.
+    baseline: LabRun | None = None
+    baseline_url: str = ""
+    baseline_label: str = ""
+    card_quantity: bool = True  # False: the run's headline figure, not the card's quantity
 
 
 @cache
@@ -633,19 +638,74 @@ def your_number(*, user_id: int | None, card: Card) -> YourNumber | None:
     if run is None or not run.result:
         return None
     check = card.check_spec or {}
-    metric = next((m for m in results.METRICS if m.predicted == check.get("key")), None)
-    key = metric.measured if metric else _lab(run).sweep_metrics[0][0]
+    ratio = ratios.RATIO_CHECKS.get(str(check.get("key")))
+    if ratio is not None:
+        return _your_ratio(ratio, run)
+    figure = _card_figure(str(check.get("key") or ""))
+    key, label, unit = figure or _headline_figure(run)
     value = results.dig(run.result, key)
     if not isinstance(value, int | float):
         return None
-    figure = next((m for m in results.METRICS if m.measured == key), None)
-    label, unit = (figure.label, figure.unit) if figure else (key, "")
     return YourNumber(
         run=run,
         label=label,
         value=results.format_value(value, unit),
         where=run.where or run.backend,
         gpu=str(run.params.get("gpu") or ""),
+        # A numeric card whose quantity no run measures (KiB per token, GPUs needed): the run's
+        # headline figure, said not to be the card's number.
+        card_quantity=figure is not None or card.kind != Card.Kind.NUMERIC,
+    )
+
+
+# Card quantities a run measures under another name: predictor key -> (summary key, label, unit).
+_MEASURED_AS: dict[str, tuple[str, str, str]] = {
+    "decode_step_s": ("tpot_s.p50", "one decode step: TPOT, median", "s"),
+    "spec_tokens_per_step": ("spec_acceptance_length", "tokens per target pass", "tokens"),
+    # The KV pool caps the batch: with more requests in flight than fit, the peak is the limit.
+    "max_concurrent_seqs": ("max_running_seqs", "sequences running at once, peak", "sequences"),
+}
+
+
+def _card_figure(predicted_key: str) -> tuple[str, str, str] | None:
+    """The measured figure that is the card's checked quantity, if a run measures it."""
+    if predicted_key in _MEASURED_AS:
+        return _MEASURED_AS[predicted_key]
+    metric = next(
+        (m for m in results.METRICS if predicted_key and m.predicted == predicted_key), None
+    )
+    return (metric.measured, metric.label, metric.unit) if metric else None
+
+
+def _measured_figure(key: str) -> tuple[str, str, str]:
+    metric = next((m for m in results.METRICS if m.measured == key), None)
+    return (key, metric.label, metric.unit) if metric else (key, key, "")
+
+
+def _headline_figure(run: LabRun) -> tuple[str, str, str]:
+    return _measured_figure(_lab(run).sweep_metrics[0][0])
+
+
+def _your_ratio(check: ratios.RatioCheck, run: LabRun) -> YourNumber | None:
+    """A ratio card's number: the run over its baseline run, in the card's unit (×); without a
+    baseline run, the run's own figure and the link that runs the baseline."""
+    baseline = ratios.find_baseline_run(check, run)
+    ratio = ratios.measured_ratio(check, run, baseline) if baseline is not None else None
+    if ratio is not None:
+        value, label = results.format_value(ratio, "x"), check.label
+    else:
+        _, label, unit = _measured_figure(check.metric)
+        value = results.format_value((run.result or {}).get(check.metric), unit)
+        baseline = None
+    return YourNumber(
+        run=run,
+        label=label,
+        value=value,
+        where=run.where or run.backend,
+        gpu=str(run.params.get("gpu") or ""),
+        baseline=baseline,
+        baseline_url="" if baseline is not None else ratios.baseline_url(check, run),
+        baseline_label=check.baseline_label,
     )
 
 

@@ -31,6 +31,7 @@ Pure Python + numpy + PyYAML; never Django.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -189,6 +190,26 @@ def where_label(hardware: Hardware, profile: str) -> str:
         f"simulated on CPU as {name} (calibrated to {calibration.num_fitted} published vLLM runs,"
         f" checked against {calibration.num_held_out} more)"
     )
+
+
+def short_where_label(where: str) -> str:
+    """The badge for a stored `where_label`: "simulated · H100 SXM · calibrated". The long form
+    stays on the run's record (it is the provenance, shown on demand); a label this module did
+    not write (a vLLM engine, the worker's "simulated on CPU") is short already and kept."""
+    found = _WHERE_FORM.fullmatch(where)
+    if found is None:
+        return where
+    detail = found["detail"]
+    if detail.startswith("ideal"):
+        kind = "ideal hardware"
+    elif detail.startswith("(not calibrated"):
+        kind = "not calibrated"
+    else:
+        kind = "calibrated"
+    return f"simulated · {found['gpu']} · {kind}"
+
+
+_WHERE_FORM = re.compile(r"simulated on CPU as (?P<gpu>.+?),? (?P<detail>ideal hardware .*|\(.*\))")
 
 
 # -- the terms, one function each -----------------------------------------------------------------

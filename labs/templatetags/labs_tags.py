@@ -7,6 +7,7 @@ from typing import Any
 from django import template
 
 from labs.results import format_value
+from labs.sim.engine_model import short_where_label
 
 register = template.Library()
 
@@ -42,3 +43,9 @@ def index(sequence: Any, i: int) -> Any:
         return sequence[i]
     except (IndexError, TypeError, KeyError):
         return None
+
+
+@register.filter
+def short_where(where: Any) -> str:
+    """A run's provenance as its badge says it: "simulated · H100 SXM · calibrated"."""
+    return short_where_label(str(where or ""))

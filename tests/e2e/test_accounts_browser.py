@@ -18,5 +18,9 @@ def test_the_nav_fits_a_phone(page):
     page.wait_for_url("**/quiz/")
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= PHONE["width"], f"page scrolls sideways on a phone: {width}px"
+    tops = set()
     for label in ("Today's quiz", "Labs", "Stats"):
-        assert page.get_by_role("link", name=label).is_visible()
+        link = page.get_by_role("link", name=label)
+        assert link.is_visible()
+        tops.add(round(link.bounding_box()["y"]))
+    assert len(tops) == 1, f"the section links wrap onto {len(tops)} lines: {sorted(tops)}"

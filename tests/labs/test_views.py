@@ -366,6 +366,39 @@ def test_the_run_page_says_which_clock_each_time_is(alice_client, done_run):
     assert "of GPU time" in took.group(1)
 
 
+def _shown_text(html: str) -> str:
+    """The page as read: tags and their attributes (a title's tooltip among them) dropped."""
+    return re.sub(r"<[^>]+>", " ", html)
+
+
+def test_the_long_provenance_is_shown_once_per_run_and_the_badge_is_short(
+    alice_client, alice, done_run
+):
+    long = done_run.where
+    assert long.startswith("simulated on CPU as H100 SXM (calibrated to ")
+    short = "simulated · H100 SXM · calibrated"
+    run_page = alice_client.get(done_run.get_absolute_url()).content.decode()
+    # Once, under the badge, one click away; the caption, breakdown and charts say it short.
+    assert _shown_text(run_page).count(long) == 1
+    opener = r'<details class="where"><summary[^>]*><span class="badge where-badge sim">'
+    assert re.search(opener, run_page)
+    assert f"Measured ({short}) vs predicted" in run_page
+    assert run_page.count("(simulated)</span></figcaption>") == 5
+
+    other = make_run(alice, lab="paged-kv", params={**done_run.params, "block_size": 64})
+    LabRun.objects.filter(pk=other.pk).update(state=RunState.DONE, where=long)
+    for url, data in (
+        (reverse("labs:run-list"), {}),
+        (reverse("labs:run-compare"), {"a": done_run.pk, "b": other.pk}),
+    ):
+        html = alice_client.get(url, data).content.decode()
+        assert long not in _shown_text(html), url  # in a tooltip only
+        assert _shown_text(html).count(short) >= 2, url
+    # Compare names both runs' provenance outside the table head, which a phone hides.
+    meta = html.split('<p class="run-meta">', 1)[1].split("</p>", 1)[0]
+    assert _shown_text(meta).count(short) == 2
+
+
 def test_a_finished_run_shows_where_its_time_went_and_the_reading_names_the_largest_part(
     alice_client, done_run
 ):

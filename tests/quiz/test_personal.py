@@ -508,7 +508,7 @@ def test_a_deck_card_shows_the_learners_own_number_from_its_preset(alice_client,
     html = _reveal(alice_client)
     value = f"{run.result['output_tokens_per_s']:,.0f} tok/s"
     assert f"You measured <strong>{value}</strong>" in html
-    assert f"run #{run.pk}</a>" in html and "simulated" in html and "as h100-sxm" in html
+    assert f"run #{run.pk}</a>" in html and "simulated · H100 SXM · calibrated</span>" in html
     detail = alice_client.get(reverse("quiz:card-detail", args=[card.slug])).content.decode()
     assert value in detail
 

@@ -23,6 +23,7 @@ from labs.sim.engine_model import (
     gemm_efficiency,
     load_calibration,
     memory_read_s,
+    short_where_label,
     step_overhead_s,
     tp_communication_s,
     where_label,
@@ -230,6 +231,24 @@ def test_every_simulated_result_says_which_hardware_it_ran_on():
     assert where_label(A100, "ideal").startswith(
         "simulated on CPU as A100 80GB SXM, ideal hardware"
     )
+
+
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_the_badge_is_short_and_names_the_gpu_and_profile(gpu):
+    hardware = GPUS[gpu]
+    display = load_calibration().gpus[gpu].display
+    realistic = short_where_label(where_label(hardware, "realistic"))
+    calibrated = load_calibration().gpu(hardware).calibrated
+    kind = "calibrated" if calibrated else "not calibrated"
+    assert realistic == f"simulated · {display} · {kind}"
+    assert short_where_label(where_label(hardware, "ideal")) == (
+        f"simulated · {display} · ideal hardware"
+    )
+
+
+def test_a_label_the_simulator_did_not_write_is_kept_as_it_is():
+    for label in ("simulated on CPU", "vLLM 0.32.0 on NVIDIA H100 80GB HBM3", ""):
+        assert short_where_label(label) == label
 
 
 @settings(max_examples=80, deadline=None, derandomize=True)
