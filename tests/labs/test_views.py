@@ -593,4 +593,6 @@ def test_the_batch_32_presets_run_explains_itself_with_its_own_table(
             # "(run 4.61 ms, formula 0 ms)" in the reason; the same figures in the legend.
             assert f"{part} (run {ran}" in row.reading
             assert formula == "0 ms" or f"formula {formula}" in row.reading
-    assert "prefill sharing steps with decodes" in rows["Output tokens/s"].reading
+    # The preset is decode-heavy now (1,024-token prompts, 2,048 output tokens), so what is left
+    # of the gap to the formula is kernel efficiency, not prefill.
+    assert "efficiency loss" in rows["Output tokens/s"].reading
