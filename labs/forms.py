@@ -16,11 +16,13 @@ from django.conf import settings
 
 from labs.params import (
     FIELDS_BY_NAME,
+    FOLLOWS,
     PARAM_FIELDS,
     LabParams,
     ParamError,
     ParamField,
     align_run_batch,
+    follow_unshown,
     parse_lab_params,
 )
 from labs.presets import Lab
@@ -138,10 +140,14 @@ class LabParamsForm(forms.Form):
 
     def param_data(self) -> dict[str, object]:
         """The parameters given (cleaned text; empty ones mean the default), with one batch
-        for prediction and run (`labs.params.align_run_batch`)."""
+        for prediction and run (`labs.params.align_run_batch`) and the settings this lab does
+        not show following the ones it does (`labs.params.follow_unshown`)."""
         data = self.cleaned_data if hasattr(self, "cleaned_data") else {}
         given = {k: v for k, v in data.items() if k in FIELDS_BY_NAME and v not in ("", None)}
-        return align_run_batch(given)
+        return follow_unshown(align_run_batch(given), self.shown_names())
+
+    def shown_names(self) -> set[str]:
+        return {*self.lab.fields, *RUN_BAR_FIELDS}
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
@@ -152,7 +158,14 @@ class LabParamsForm(forms.Form):
         return cleaned
 
     def add_param_errors(self, errors: dict[str, str]) -> None:
+        """Each message on its field; one for a setting this lab does not show goes to the
+        shown setting it follows, where the learner can act on it."""
+        shown = self.shown_names()
         for name, message in errors.items():
+            leader = next((n for n in FOLLOWS.get(name, ()) if n in shown), None)
+            if name not in shown and leader is not None:
+                message = f"{message} ({name} is not shown here; it follows {leader})"
+                name = leader
             self.add_error(name if name in self.fields else None, message)
 
     def shown_fields(self) -> list[forms.BoundField]:
@@ -167,7 +180,7 @@ class LabParamsForm(forms.Form):
 
     def carried_fields(self) -> list[tuple[str, str]]:
         """Values of the settings this lab does not show, sent along as hidden inputs."""
-        shown = {*self.lab.fields, *RUN_BAR_FIELDS}
+        shown = self.shown_names()
         carried = []
         for f in PARAM_FIELDS:
             if f.name in shown:

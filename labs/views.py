@@ -196,6 +196,7 @@ def sweep_create(request: HttpRequest, lab: str) -> HttpResponse:
             data=form.param_data(),
             field=form.cleaned_data["sweep_field"] or the_lab.sweep_field,
             raw_values=form.cleaned_data["sweep_values"],
+            shown=form.shown_names(),
         ),
     )
 
