@@ -549,3 +549,32 @@ def test_a_refusal_of_a_hidden_setting_lands_on_the_shown_one_it_follows(alice_c
     assert "must fit llama-3-8b's context of 8,192 tokens" in errors["output_tokens"][0]
     assert "max_tokens is not shown here; it follows output_tokens" in errors["output_tokens"][0]
     assert not LabRun.objects.exists()
+
+
+def test_a_run_whose_worker_died_counts_only_the_time_it_was_worked_on(alice_client, alice):
+    """Ctrl-C on the worker at 6 s; the reaper fails the run 60 s of silence later."""
+    started = timezone.now() - timedelta(seconds=78)
+    run = make_run(
+        alice,
+        state=RunState.RUNNING,
+        started_at=started,
+        heartbeat_at=started + timedelta(seconds=6),
+        worker="sim@gone",
+    )
+    assert services.run_reap_stale(run_ids=[run.pk]) == 1
+    run.refresh_from_db()
+    assert run.finished_at - run.started_at >= timedelta(seconds=78)
+    assert run.duration == timedelta(seconds=6)
+    html = alice_client.get(run.get_absolute_url()).content.decode()
+    took = re.search(r'class="muted small run-took"[^>]*>([^<]*)<', html).group(1)
+    assert took == "worked on for 6.0 s of wall-clock time before its worker stopped"
+
+
+def test_a_run_that_failed_on_a_live_worker_counts_until_it_failed(alice_client, alice):
+    started = timezone.now() - timedelta(seconds=20)
+    run = make_run(alice, state=RunState.RUNNING, started_at=started, heartbeat_at=started)
+    services.run_fail(run_id=run.pk, error="The run took longer than the worker's time limit.")
+    run.refresh_from_db()
+    assert not run.worker_died
+    assert run.duration == run.finished_at - run.started_at
+    assert "took 20." in alice_client.get(run.get_absolute_url()).content.decode()
