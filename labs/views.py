@@ -209,7 +209,7 @@ def _run_context(run: Any) -> dict[str, Any]:
         "run": run,
         "lab": lab,
         # A row written before presets were checked may hold anything: link only real ones.
-        "preset": run.preset if run.preset in load_presets() else "",
+        "preset": load_presets().get(run.preset),
         "where": selectors.where_label(run),
         "rows": rows,
         "headline": results.headline(rows, breakdown),

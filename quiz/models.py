@@ -7,6 +7,7 @@ py-fsrs has no "new" state: a card is new for a learner while `last_review` is N
 
 from __future__ import annotations
 
+import html
 import json
 from typing import Any
 
@@ -14,6 +15,8 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.utils.html import strip_tags
+from django.utils.text import Truncator
 
 # The deck of personal cards (quiz/personal.py): never written to content/ or exported.
 PERSONAL_DECK = "my-runs"
@@ -46,6 +49,19 @@ class Tag(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+
+TITLE_CHARS = 90
+
+
+def card_title(prompt: str) -> str:
+    """A prompt's first non-empty line, Markdown marks and tags dropped, cut at a word."""
+    from quiz.templatetags.quiz_tags import render_markdown
+
+    line = next((ln.strip() for ln in prompt.splitlines() if ln.strip()), "")
+    text = strip_tags(render_markdown(line)) if line else ""
+    text = " ".join(html.unescape(text).split())
+    return Truncator(text).chars(TITLE_CHARS, truncate="\u2026")
 
 
 class Card(models.Model):
@@ -114,6 +130,11 @@ class Card(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    @property
+    def title(self) -> str:
+        """The prompt's first line as plain text, short enough for a list of cards."""
+        return card_title(self.prompt)
 
     @property
     def check_spec(self) -> dict[str, Any] | None:
