@@ -399,8 +399,8 @@ PARAM_FIELDS: tuple[ParamField, ...] = (
         1,
         _TOKENS,
         group="workload",
-        unit="sequences",
-        help="sequences decoding at the same time",
+        unit="requests",
+        help="requests in flight at once (the batch the prediction assumes)",
     ),
     _tokens(
         "context_tokens",

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 from django import template
+from django.utils import timezone
+from django.utils.timesince import timesince
 
 from labs.results import format_value
 
@@ -42,3 +45,13 @@ def index(sequence: Any, i: int) -> Any:
         return sequence[i]
     except (IndexError, TypeError, KeyError):
         return None
+
+
+@register.filter
+def ago(when: datetime | None) -> str:
+    """'just now' under a minute (timesince says '0 minutes'), else '3 minutes ago'."""
+    if when is None:
+        return ""
+    if timezone.now() - when < timedelta(minutes=1):
+        return "just now"
+    return f"{timesince(when)} ago"

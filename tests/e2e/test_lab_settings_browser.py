@@ -78,3 +78,28 @@ def test_from_the_deck_lists_cards_by_title(page):
     link = box.get_by_role("link", name="How many blocks does a 1,000-token sequence take?")
     assert link.count() == 1
     assert "draft-000" not in box.inner_text()
+
+
+def test_the_live_prediction_sends_only_the_settings_and_concurrency_says_requests(page):
+    sign_up(page, "predictor")
+    page.wait_for_url("**/quiz/")
+    page.goto("/labs/batching/")
+    help_text = page.locator(".field", has=page.locator("#id_concurrency")).locator(".helptext")
+    assert "requests in flight" in help_text.inner_text()
+    assert "sequences decoding" not in help_text.inner_text()
+    with page.expect_request(lambda r: "/predict/" in r.url) as sent:
+        page.fill("#id_concurrency", "16")
+    url = sent.value.url
+    assert "concurrency=16" in url
+    for name in ("csrfmiddlewaretoken", "sweep_field", "sweep_values"):
+        assert f"{name}=" not in url, url
+
+
+def test_history_says_just_now_for_a_run_made_this_minute(page):
+    sign_up(page, "historian")
+    page.wait_for_url("**/quiz/")
+    make_run(get_user_model().objects.get(username="historian"), lab="paged-kv")
+    page.goto("/labs/runs/")
+    when = page.locator("td[data-label=When]").first.inner_text()
+    assert when == "just now"
+    assert "0 minutes" not in page.locator("main").inner_text()
