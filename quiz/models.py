@@ -18,6 +18,8 @@ from django.db.models import Q
 from django.utils.html import strip_tags
 from django.utils.text import Truncator
 
+from quiz import numeric
+
 # The deck of personal cards (quiz/personal.py): never written to content/ or exported.
 PERSONAL_DECK = "my-runs"
 
@@ -141,9 +143,16 @@ class Card(models.Model):
         return json.loads(self.check_json) if self.check_json else None
 
     def numeric_accepts(self, value: float) -> bool:
-        if self.numeric_value is None:
-            return False
-        return abs(value - self.numeric_value) <= (self.numeric_tolerance or 0.0)
+        return numeric.answer_accepted(
+            value, self.numeric_value, self.numeric_tolerance, self.prompt
+        )
+
+    @property
+    def tolerance_text(self) -> str:
+        """How close an answer must be, as pages say it: '±0.5 KiB', '±5 %' (quiz/numeric.py)."""
+        return numeric.tolerance_text(
+            self.numeric_value, self.numeric_tolerance, self.prompt, self.numeric_unit
+        )
 
 
 class CardTag(models.Model):
