@@ -471,3 +471,12 @@ def test_a_card_state_round_trips_through_json_with_every_field():
         assert json.loads(json.dumps(data)) == data
         assert CardState.from_json(data) == state
     assert learning.to_json()["due"] == "2026-03-01T08:30:00+00:00"
+
+
+def test_a_new_card_answered_good_is_shown_a_few_times_in_its_first_month():
+    # Two learning steps on the first day, then reviews whose intervals grow.
+    shown = scheduling.reviews_in_first_days(0.9, 30)
+    assert 3 <= shown <= 8
+    assert scheduling.reviews_in_first_days(0.8, 30) <= shown
+    assert scheduling.reviews_in_first_days(0.97, 30) > shown
+    assert scheduling.reviews_in_first_days(0.9, 1) == 2
