@@ -12,7 +12,7 @@ from django.utils import timezone
 from labs import services
 from labs.models import LabRun, RunState
 from labs.presets import load_presets
-from tests.e2e.conftest import sign_up
+from tests.e2e.conftest import PHONE, sign_up
 from tests.labs.factories import make_heartbeat, make_run
 from tests.quiz.factories import make_card
 
@@ -78,6 +78,8 @@ def test_from_the_deck_lists_cards_by_title(page):
     link = box.get_by_role("link", name="How many blocks does a 1,000-token sequence take?")
     assert link.count() == 1
     assert "draft-000" not in box.inner_text()
+    page.set_viewport_size(PHONE)  # a title is longer than a slug: it wraps, nothing sticks out
+    page.wait_for_function("() => document.documentElement.scrollWidth <= window.innerWidth")
 
 
 def test_the_live_prediction_sends_only_the_settings_and_concurrency_says_requests(page):
