@@ -140,19 +140,15 @@ class LabParamsForm(forms.Form):
 
     def param_data(self) -> dict[str, object]:
         """The parameters given (cleaned text; empty ones mean the default), with one batch
-        for prediction and run (`labs.params.align_run_batch`) and the settings this lab does
-        not show following the ones it does (`labs.params.follow_unshown`)."""
+        for prediction and run (`labs.params.align_run_batch`)."""
         data = self.cleaned_data if hasattr(self, "cleaned_data") else {}
         given = {k: v for k, v in data.items() if k in FIELDS_BY_NAME and v not in ("", None)}
-        return follow_unshown(align_run_batch(given), self.shown_names())
-
-    def shown_names(self) -> set[str]:
-        return {*self.lab.fields, *RUN_BAR_FIELDS}
+        return align_run_batch(given)
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
         try:
-            self.params = parse_lab_params(self.param_data())
+            self.params = parse_lab_params(self.settings_data())
         except ParamError as exc:
             self.add_param_errors(exc.errors)
         return cleaned
@@ -170,6 +166,14 @@ class LabParamsForm(forms.Form):
 
     def shown_fields(self) -> list[forms.BoundField]:
         return [self[name] for name in self.lab.fields]
+
+    def shown_names(self) -> set[str]:
+        return {*self.lab.fields, *RUN_BAR_FIELDS}
+
+    def settings_data(self) -> dict[str, object]:
+        """What the prediction and the run use: `param_data` with the settings this lab does not
+        show following the ones it does (`labs.params.follow_unshown`)."""
+        return follow_unshown(self.param_data(), self.shown_names())
 
     def unshown_errors(self) -> list[str]:
         """Errors of no field, or of a setting this lab carries hidden (gpu and tp on most

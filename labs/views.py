@@ -177,7 +177,7 @@ def run_create(request: HttpRequest, lab: str) -> HttpResponse:
             owner=request.user,
             lab=the_lab.slug,
             backend=form.cleaned_data["backend"] or "sim",
-            data=form.param_data(),
+            data=form.settings_data(),
             preset=request.POST.get("preset", ""),
         ),
     )
@@ -193,7 +193,7 @@ def sweep_create(request: HttpRequest, lab: str) -> HttpResponse:
             owner=request.user,
             lab=the_lab.slug,
             backend=form.cleaned_data["backend"] or "sim",
-            data=form.param_data(),
+            data=form.settings_data(),
             field=form.cleaned_data["sweep_field"] or the_lab.sweep_field,
             raw_values=form.cleaned_data["sweep_values"],
             shown=form.shown_names(),

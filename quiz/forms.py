@@ -86,6 +86,10 @@ class LearnerSettingsForm(forms.ModelForm):
             "rollover_hour": forms.NumberInput(attrs={"min": "0", "max": "23"}),
         }
 
+    def show_workload(self, workload: Workload, new_per_day: int) -> None:
+        """The new-cards help says what this learner's deck will ask of them."""
+        self.fields["new_per_day"].help_text = workload_help(workload, new_per_day)
+
 
 def workload_help(workload: Workload, new_per_day: int) -> str:
     """The new-cards help, from the learner's own deck (quiz.selectors.workload_estimate)."""

@@ -22,7 +22,7 @@ from labs import selectors as labs_selectors
 from labs.models import LabRun
 from quiz import personal, scheduling, selectors, services
 from quiz.anki import deck_apkg
-from quiz.forms import AnswerForm, GradeForm, LearnerSettingsForm, workload_help
+from quiz.forms import AnswerForm, GradeForm, LearnerSettingsForm
 from quiz.models import Card, LearnerSettings, Showing
 
 RATING_NAMES = {1: "Again", 2: "Hard", 3: "Good", 4: "Easy"}
@@ -306,7 +306,7 @@ def settings_edit(request: HttpRequest) -> HttpResponse:
     current = selectors.learner_settings_get(user=request.user)
     form = LearnerSettingsForm(request.POST or None, instance=current)
     workload = selectors.workload_estimate(user=request.user, settings=current, now=timezone.now())
-    form.fields["new_per_day"].help_text = workload_help(workload, current.new_per_day)
+    form.show_workload(workload, current.new_per_day)
     if request.method == "POST":
         if form.is_valid():
             services.learner_settings_update(user=request.user, **form.cleaned_data)
