@@ -54,7 +54,7 @@ port-free:
 worker: setup
 	$(VENV)/bin/celery -A config worker -Q labs.sim,default --loglevel=INFO
 
-test: setup browsers lint
+test: $(STAMP) browsers lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # Speed and timing-accuracy checks (tests/benchmarks/bench_*.py): not in `make test`, whose

@@ -17,11 +17,13 @@ from django.conf import settings
 from labs.catalog import CPU_KIND
 from labs.params import (
     FIELDS_BY_NAME,
+    FOLLOWS,
     PARAM_FIELDS,
     LabParams,
     ParamError,
     ParamField,
     align_run_batch,
+    follow_unshown,
     parse_lab_params,
 )
 from labs.presets import Lab
@@ -156,17 +158,32 @@ class LabParamsForm(forms.Form):
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
         try:
-            self.params = parse_lab_params(self.param_data())
+            self.params = parse_lab_params(self.settings_data())
         except ParamError as exc:
             self.add_param_errors(exc.errors)
         return cleaned
 
     def add_param_errors(self, errors: dict[str, str]) -> None:
+        """Each message on its field; one for a setting this lab does not show goes to the
+        shown setting it follows, where the learner can act on it."""
+        shown = self.shown_names()
         for name, message in errors.items():
+            leader = next((n for n in FOLLOWS.get(name, ()) if n in shown), None)
+            if name not in shown and leader is not None:
+                message = f"{message} ({name} is not shown here; it follows {leader})"
+                name = leader
             self.add_error(name if name in self.fields else None, message)
 
     def shown_fields(self) -> list[forms.BoundField]:
         return [self[name] for name in self.lab.fields]
+
+    def shown_names(self) -> set[str]:
+        return {*self.lab.fields, *RUN_BAR_FIELDS}
+
+    def settings_data(self) -> dict[str, object]:
+        """What the prediction and the run use: `param_data` with the settings this lab does not
+        show following the ones it does (`labs.params.follow_unshown`)."""
+        return follow_unshown(self.param_data(), self.shown_names())
 
     def unshown_errors(self) -> list[str]:
         """Errors of no field, or of a setting this lab carries hidden (gpu and tp on most
@@ -177,7 +194,7 @@ class LabParamsForm(forms.Form):
 
     def carried_fields(self) -> list[tuple[str, str]]:
         """Values of the settings this lab does not show, sent along as hidden inputs."""
-        shown = {*self.lab.fields, *RUN_BAR_FIELDS}
+        shown = self.shown_names()
         carried = []
         for f in PARAM_FIELDS:
             if f.name in shown:

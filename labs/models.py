@@ -114,10 +114,21 @@ class LabRun(models.Model):
         return round(self.progress * 100)
 
     @property
+    def worker_died(self) -> bool:
+        """Failed after its heartbeat fell silent (the reaper's verdict on a killed worker)."""
+        if self.state != RunState.FAILED or not (self.heartbeat_at and self.finished_at):
+            return False
+        silence = self.finished_at - self.heartbeat_at
+        return silence >= timedelta(seconds=settings.LABS_RUN_STALE_S)
+
+    @property
     def duration(self) -> timedelta | None:
-        if self.started_at and self.finished_at:
-            return self.finished_at - self.started_at
-        return None
+        """The wall-clock time the run was worked on: until it stored its result or failed, or,
+        when its worker died, until the worker's last heartbeat (not the silence after it)."""
+        if not (self.started_at and self.finished_at):
+            return None
+        end = self.heartbeat_at if self.worker_died else self.finished_at
+        return max(end - self.started_at, timedelta(0))
 
 
 class WorkerHeartbeatQuerySet(models.QuerySet["WorkerHeartbeat"]):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -401,8 +401,8 @@ PARAM_FIELDS: tuple[ParamField, ...] = (
         1,
         _TOKENS,
         group="workload",
-        unit="sequences",
-        help="sequences decoding at the same time",
+        unit="requests",
+        help="requests in flight at once (the batch the prediction assumes)",
     ),
     _tokens(
         "context_tokens",
@@ -901,4 +901,51 @@ def align_run_batch(data: Mapping[str, object]) -> dict[str, object]:
     # A value that is not a whole number is left for parse_lab_params to name.
     with contextlib.suppress(ValueError):
         values["concurrency"] = min(int(str(in_flight)), int(str(prompts)))
+    return values
+
+
+# A setting a lab does not show that another one needs: it follows the shown settings named here,
+# and a refusal it still gets is shown on the first of them (labs/forms.py).
+FOLLOWS: dict[str, tuple[str, ...]] = {
+    "max_tokens": ("output_tokens", "prompt_tokens", "model"),
+    "max_num_batched_tokens": ("max_num_seqs", "prompt_tokens"),
+    "shared_prefix_tokens": ("prompt_tokens",),
+}
+
+
+def follow_unshown(data: Mapping[str, object], shown: Collection[str]) -> dict[str, object]:
+    """The settings a lab does not show, moved to values the shown ones need.
+
+    A learner who raises output_tokens in a lab without max_tokens cannot lower the hidden cap
+    that refuses it; so, when not shown: max_tokens covers the longest output (and, when it can,
+    leaves the longest prompt room in the model's context), max_num_batched_tokens holds
+    max_num_seqs (and the longest prompt without chunked prefill), shared_prefix_tokens fits the
+    shortest prompt. Values a learner can see are never changed; bad values are left for
+    `parse_lab_params` to name.
+    """
+    values = dict(data)
+    errors: dict[str, str] = {}
+    given = _read_given(values, True, errors)
+    model = _resolve_model(given, errors)
+    if errors:
+        return values
+    v = {f.name: given.get(f.name, f.default) for f in PARAM_FIELDS}
+    shortest_prompt, longest_prompt = _length_range(v["prompt_tokens"], v["input_range_ratio"])
+    longest_output = _length_range(v["output_tokens"], v["output_range_ratio"])[1]
+
+    def set_unshown(name: str, value: int) -> None:
+        f = FIELDS_BY_NAME[name]
+        if name not in shown and value != v[name] and _in_range(f, value):
+            values[name] = value
+
+    max_tokens = max(v["max_tokens"], longest_output)
+    context = model.max_context if model is not None else None
+    if context is not None and longest_prompt + max_tokens > context:
+        max_tokens = max(longest_output, context - longest_prompt)
+    set_unshown("max_tokens", max_tokens)
+    budget_needs = (
+        v["max_num_seqs"] if v["chunked_prefill"] else max(v["max_num_seqs"], longest_prompt)
+    )
+    set_unshown("max_num_batched_tokens", max(v["max_num_batched_tokens"], budget_needs))
+    set_unshown("shared_prefix_tokens", min(v["shared_prefix_tokens"], shortest_prompt))
     return values

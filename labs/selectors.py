@@ -146,7 +146,13 @@ def cards_for_lab(lab_slug: str) -> list[dict[str, Any]]:
         return []
     cards = Card.objects.filter(lab_preset__in=slugs, is_active=True).order_by("slug")
     return [
-        {"slug": c.slug, "prompt": c.prompt, "url": _card_url(c.slug), "preset": c.lab_preset}
+        {
+            "slug": c.slug,
+            "title": c.title,
+            "prompt": c.prompt,
+            "url": _card_url(c.slug),
+            "preset": c.lab_preset,
+        }
         for c in cards[:12]
     ]
 

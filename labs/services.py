@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TypeVar
@@ -26,7 +26,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
-from labs.params import FIELDS_BY_NAME, LabParams, ParamError, parse_lab_params
+from labs.params import FIELDS_BY_NAME, LabParams, ParamError, follow_unshown, parse_lab_params
 from labs.sizing import RunTooLarge, sim_precheck
 from labs.tasks import run_execute_task
 from labs.workers import start_command
@@ -304,8 +304,12 @@ def sweep_request(
     data: Mapping[str, object],
     field: str,
     raw_values: str,
+    shown: Collection[str] | None = None,
 ) -> Sweep:
     """Validate every point of the sweep, then queue one run per value as a Celery group.
+
+    `shown`: the settings the lab shows; the others follow each point's values
+    (`labs.params.follow_unshown`). None: every setting is as given (the `lab` command).
 
     Raises:
         ParamError: bad base parameters, field or values; a bad value names itself.
@@ -319,7 +323,10 @@ def sweep_request(
     errors: dict[str, str] = {}
     for item in items:
         try:
-            point = parse_lab_params({**data, field: item}, ignore_unknown=True)
+            point_data = {**data, field: item}
+            if shown is not None:
+                point_data = follow_unshown(point_data, shown)
+            point = parse_lab_params(point_data, ignore_unknown=True)
             _precheck(backend, point)
             points.append(point)
         except ParamError as exc:

@@ -208,7 +208,7 @@ def run_create(request: HttpRequest, lab: str) -> HttpResponse:
             owner=request.user,
             lab=the_lab.slug,
             backend=form.cleaned_data["backend"] or "sim",
-            data=form.param_data(),
+            data=form.settings_data(),
             preset=request.POST.get("preset", ""),
         ),
     )
@@ -224,9 +224,10 @@ def sweep_create(request: HttpRequest, lab: str) -> HttpResponse:
             owner=request.user,
             lab=the_lab.slug,
             backend=form.cleaned_data["backend"] or "sim",
-            data=form.param_data(),
+            data=form.settings_data(),
             field=form.cleaned_data["sweep_field"] or the_lab.sweep_field,
             raw_values=form.cleaned_data["sweep_values"],
+            shown=form.shown_names(),
         ),
     )
 
@@ -240,7 +241,7 @@ def _run_context(run: Any) -> dict[str, Any]:
         "run": run,
         "lab": lab,
         # A row written before presets were checked may hold anything: link only real ones.
-        "preset": run.preset if run.preset in load_presets() else "",
+        "preset": load_presets().get(run.preset),
         "where": selectors.where_badge(run),  # short; the long form is shown once, on demand
         "where_long": selectors.where_label(run),
         "rows": rows,

@@ -137,8 +137,29 @@ class CardAdmin(admin.ModelAdmin):
         (None, {"fields": ["edited_since_load", "created_at", "updated_at"]}),
     ]
 
+    actions = ["publish_drafts"]
+
     def get_readonly_fields(self, request: HttpRequest, obj: Card | None = None) -> list[str]:
+        # An imported draft is in no file yet: staff may name it before publishing it.
+        if obj is not None and documents.is_draft(obj):
+            return list(self.readonly_fields)
         return _slug_fixed_once_saved(self.readonly_fields, obj)
+
+    @admin.action(description="Publish selected drafts (a real slug from the prompt, active)")
+    def publish_drafts(self, request: HttpRequest, queryset: QuerySet[Card]) -> None:
+        cards = list(queryset.order_by("pk"))
+        try:
+            documents.publish_drafts(cards)
+        except documents.PublishRefused as exc:
+            self.message_user(request, f"Nothing was published. {exc}", messages.ERROR)
+            return
+        names = ", ".join(card.slug for card in cards)
+        self.message_user(
+            request,
+            f"Published {len(cards)} card(s): {names}. Run export_content to write them to "
+            "content/.",
+            messages.SUCCESS,
+        )
 
     def save_related(self, request: HttpRequest, form, formsets, change: bool) -> None:
         super().save_related(request, form, formsets, change)

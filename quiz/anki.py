@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import html
 import itertools
+import re
 import sqlite3
 import tempfile
 import time
@@ -23,9 +24,11 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import genanki
+from django.utils.html import strip_tags
 
+from quiz import numeric
 from quiz.content import CardSpec, ContentTree
-from quiz.templatetags.quiz_tags import num, render_markdown
+from quiz.templatetags.quiz_tags import num, render_markdown, with_unit
 
 # Fixed once: Anki matches a note type by id, so changing it would fork every learner's notes.
 MODEL_ID = 1_607_392_319
@@ -132,14 +135,41 @@ def _reasons(card: CardSpec) -> str:
 
 
 def numeric_text(card: CardSpec) -> str:
-    """'1,748 slots (± 10 slots)': the answer, tolerance and units as the quiz accepts them."""
+    """'21× (±5 %)', '1,748 slots (±10 slots)': the answer and how close an answer must be, in
+    the app's own units and words and by its own grading rule (quiz/numeric.py)."""
     if card.numeric_value is None:
         return ""
-    unit = f" {card.numeric_unit}" if card.numeric_unit else ""
-    text = f"{num(card.numeric_value)}{unit}"
-    if card.numeric_tolerance:
-        text += f" (± {num(card.numeric_tolerance)}{unit})"
+    text = with_unit(num(card.numeric_value), card.numeric_unit)
+    tolerance = numeric.tolerance_text(
+        card.numeric_value, card.numeric_tolerance, card.prompt, card.numeric_unit
+    )
+    if tolerance:
+        text += f" ({tolerance})"
     return html.escape(text)
+
+
+# "001_ff1e534f04acf2ef.txt#q11": the study document a card was drafted from. The app never
+# shows it to a learner, so neither does the export.
+_INTERNAL_SOURCE = re.compile(r"^[\w.-]+\.\w{1,5}([#:]\S*)?$")
+
+
+def learner_source(source: str) -> str:
+    """The card's source as a learner may read it: '' for an internal file name."""
+    source = source.strip()
+    return "" if _INTERNAL_SOURCE.match(source) else html.escape(source)
+
+
+def deck_name(title: str) -> str:
+    """'Serving School::<title>' as plain text: no markup, and no '::' (Anki would read it as
+    a sub-deck)."""
+    plain = strip_tags(title).replace("<", "").replace(">", "")
+    plain = " ".join(plain.replace("::", ":").split())
+    return f"Serving School::{plain or 'deck'}"
+
+
+def deck_description(description: str) -> str:
+    """Anki shows a deck's description as HTML: the text, escaped, its line breaks kept."""
+    return html.escape(description).replace("\n", "<br>")
 
 
 def _steps(card: CardSpec) -> str:
@@ -167,7 +197,7 @@ def card_fields(card: CardSpec) -> list[str]:
         "Steps": _steps(card),
         "Explanation": _md(card.explanation),
         "FollowUp": _follow_up(card),
-        "Source": html.escape(card.source),
+        "Source": learner_source(card.source),
     }
     return [values[name] for name in FIELDS]
 
@@ -181,7 +211,9 @@ def build_package(
     decks: dict[str, genanki.Deck] = {}
     for deck in tree.decks:
         decks[deck.slug] = genanki.Deck(
-            deck_id_for(deck.slug), f"Serving School::{deck.title}", description=deck.description
+            deck_id_for(deck.slug),
+            deck_name(deck.title),
+            description=deck_description(deck.description),
         )
     for card in tree.cards:
         note = _StableNote(

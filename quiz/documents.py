@@ -238,9 +238,73 @@ def decode_upload(data: bytes) -> str:
         raise DocumentError(line, "the file must be UTF-8 text") from None
 
 
+DRAFT_PREFIX = "draft-"
+# A published card's slug: the first words of its prompt, short enough to read in a link.
+PUBLISHED_SLUG_CHARS = 60
+
+
 def draft_slug(name: str, line: int) -> str:
     stem = slugify(name.rsplit(".", 1)[0].replace("_", "-"))[:80] or "document"
-    return f"draft-{stem}-l{line}"
+    return f"{DRAFT_PREFIX}{stem}-l{line}"
+
+
+def is_draft(card: Card) -> bool:
+    """An imported card not yet published: inactive, shared, still named by its source line.
+    Its slug may change until it is published (nothing in content/ names it yet)."""
+    return card.owner_id is None and not card.is_active and card.slug.startswith(DRAFT_PREFIX)
+
+
+def published_slug(card: Card, taken: set[str]) -> str:
+    """A name from the card's own words ("how-many-blocks-does-a-1-000-token-sequence-take"),
+    cut at a word, with -2, -3 ... when another card has it."""
+    words = slugify(card.title.replace("\u2026", "").replace("_", " ")).split("-")
+    stem = ""
+    for word in words:
+        if len(stem) + len(word) + 1 > PUBLISHED_SLUG_CHARS:
+            break
+        stem = f"{stem}-{word}" if stem else word
+    stem = stem or slugify(card.kind) or "card"
+    slug, n = stem, 2
+    while slug in taken:
+        slug, n = f"{stem}-{n}", n + 1
+    return slug
+
+
+class PublishRefused(ValueError):
+    """Cards that cannot be published yet, with the reason for each."""
+
+    def __init__(self, reasons: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{slug}: {why}" for slug, why in reasons.items()))
+        self.reasons = reasons
+
+
+@transaction.atomic
+def publish_drafts(cards: list[Card]) -> list[Card]:
+    """Give each draft a real slug (the one staff typed, or one from its prompt) and make it
+    active. Marked as edited in the admin, so load_content keeps it until export_content writes
+    it to content/. All or nothing.
+
+    Raises:
+        PublishRefused: a card that is not a draft, or has no prompt or answer to show.
+    """
+    reasons: dict[str, str] = {}
+    for card in cards:
+        if card.is_active or card.owner_id is not None:
+            reasons[card.slug] = "not an unpublished draft (only inactive shared cards publish)"
+        elif not card.prompt.strip() or not card.answer.strip():
+            reasons[card.slug] = "write its prompt and answer first"
+    if reasons:
+        raise PublishRefused(reasons)
+    taken = set(Card.objects.values_list("slug", flat=True))
+    for card in cards:
+        if card.slug.startswith(DRAFT_PREFIX):
+            taken.discard(card.slug)
+            card.slug = published_slug(card, taken)
+        taken.add(card.slug)
+        card.is_active = True
+        card.edited_since_load = True
+        card.save(update_fields=["slug", "is_active", "edited_since_load", "updated_at"])
+    return cards
 
 
 @transaction.atomic

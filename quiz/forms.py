@@ -9,6 +9,7 @@ from functools import cache
 from django import forms
 
 from quiz.models import LearnerSettings
+from quiz.selectors import Workload
 from quiz.services import Answer
 
 # Thousands separators a learner may type: "1,748", "1 748", "1_748" (and thin spaces).
@@ -76,7 +77,6 @@ class LearnerSettingsForm(forms.ModelForm):
             "desired_retention": "Desired retention",
         }
         help_texts = {
-            "new_per_day": "20 new cards a day lead to about 200 reviews a day after a while.",
             "reviews_per_day": "New cards stop for the day once reviews reach this.",
         }
         widgets = {
@@ -85,3 +85,24 @@ class LearnerSettingsForm(forms.ModelForm):
             ),
             "rollover_hour": forms.NumberInput(attrs={"min": "0", "max": "23"}),
         }
+
+    def show_workload(self, workload: Workload, new_per_day: int) -> None:
+        """The new-cards help says what this learner's deck will ask of them."""
+        self.fields["new_per_day"].help_text = workload_help(workload, new_per_day)
+
+
+def workload_help(workload: Workload, new_per_day: int) -> str:
+    """The new-cards help, from the learner's own deck (quiz.selectors.workload_estimate)."""
+    if not workload.not_started:
+        return (
+            f"You have started every card. About {workload.reviews_per_day} reviews a day over "
+            f"the next {workload.days} days."
+        )
+    if not new_per_day:
+        return f"{workload.not_started} cards not started; 0 new a day starts none of them."
+    return (
+        f"{workload.not_started} cards not started: at {new_per_day} a day they are all started "
+        f"in {workload.days_to_start} day{'s' if workload.days_to_start != 1 else ''}. About "
+        f"{workload.reviews_per_day} reviews a day over the next {workload.days} days, answering "
+        "Good; fewer after, as intervals grow."
+    )

@@ -7,6 +7,7 @@ py-fsrs has no "new" state: a card is new for a learner while `last_review` is N
 
 from __future__ import annotations
 
+import html
 import json
 from typing import Any
 
@@ -14,6 +15,10 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.utils.html import strip_tags
+from django.utils.text import Truncator
+
+from quiz import numeric
 
 # The deck of personal cards (quiz/personal.py): never written to content/ or exported.
 PERSONAL_DECK = "my-runs"
@@ -46,6 +51,19 @@ class Tag(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+
+TITLE_CHARS = 90
+
+
+def card_title(prompt: str) -> str:
+    """A prompt's first non-empty line, Markdown marks and tags dropped, cut at a word."""
+    from quiz.templatetags.quiz_tags import render_markdown
+
+    line = next((ln.strip() for ln in prompt.splitlines() if ln.strip()), "")
+    text = strip_tags(render_markdown(line)) if line else ""
+    text = " ".join(html.unescape(text).split())
+    return Truncator(text).chars(TITLE_CHARS, truncate="\u2026")
 
 
 class Card(models.Model):
@@ -116,13 +134,25 @@ class Card(models.Model):
         return self.slug
 
     @property
+    def title(self) -> str:
+        """The prompt's first line as plain text, short enough for a list of cards."""
+        return card_title(self.prompt)
+
+    @property
     def check_spec(self) -> dict[str, Any] | None:
         return json.loads(self.check_json) if self.check_json else None
 
     def numeric_accepts(self, value: float) -> bool:
-        if self.numeric_value is None:
-            return False
-        return abs(value - self.numeric_value) <= (self.numeric_tolerance or 0.0)
+        return numeric.answer_accepted(
+            value, self.numeric_value, self.numeric_tolerance, self.prompt
+        )
+
+    @property
+    def tolerance_text(self) -> str:
+        """How close an answer must be, as pages say it: '±0.5 KiB', '±5 %' (quiz/numeric.py)."""
+        return numeric.tolerance_text(
+            self.numeric_value, self.numeric_tolerance, self.prompt, self.numeric_unit
+        )
 
 
 class CardTag(models.Model):

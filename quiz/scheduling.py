@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -310,3 +311,18 @@ def format_interval(delta: dt.timedelta) -> str:
     if days < 365:
         return f"{days / 30:.1f}mo".replace(".0mo", "mo")
     return f"{days / 365:.1f}y".replace(".0y", "y")
+
+
+@functools.lru_cache(maxsize=64)
+def reviews_in_first_days(desired_retention: float, days: int = 30) -> int:
+    """How many times one new card is shown in its first `days` days when every answer is
+    Good: its learning steps, then each review the scheduler gives it (no fuzz). The settings
+    page's workload estimate rests on this, not on a rule of thumb."""
+    scheduler = make_scheduler(desired_retention, fuzz=False)
+    start = dt.datetime(2026, 1, 1, tzinfo=UTC)
+    end = start + dt.timedelta(days=days)
+    state, shown = new_card_state(start), 0
+    while state.due < end:
+        shown += 1
+        state = outcomes(state, card_id=1, now=state.due, scheduler=scheduler)[int(Rating.Good)]
+    return shown

@@ -86,6 +86,9 @@ class TodayQueue:
     next_learning_due: dt.datetime | None
     # Reviews logged this study day, any kind (there is something to undo when > 0).
     reviewed_today: int = 0
+    # Learning and relearning cards that come back before the day ends, due now or not: the
+    # "learning" counter (a card just failed with Again counts at once, as in Anki).
+    learning_today: int = 0
 
     @property
     def total_left(self) -> int:
@@ -120,7 +123,7 @@ _NEW_CARDS = f"""
 _QUEUE_COUNTS = """
 SELECT d.done_new, d.done_review, d.done_total,
   s.learning_now, s.learning_ahead, s.review_due, s.learning_next,
-  n.new_cards, COALESCE(n.first_own, n.first_shared)"""
+  n.new_cards, COALESCE(n.first_own, n.first_shared), s.learning_today"""
 # The next learning or review card: the earliest due (then the oldest state).
 _QUEUE_PICKS = f""",
   (SELECT rs.card_id {_LIVE_STATES} AND {_INTRADAY_SQL} AND rs.due <= %(now)s
@@ -135,7 +138,8 @@ FROM (
     COUNT(CASE WHEN {_INTRADAY_SQL} AND rs.due <= %(now)s THEN 1 END) AS learning_now,
     COUNT(CASE WHEN {_INTRADAY_SQL} AND rs.due <= %(ahead)s THEN 1 END) AS learning_ahead,
     COUNT(CASE WHEN rs.state = {FsrsState.REVIEW} AND rs.due < %(end)s THEN 1 END) AS review_due,
-    MIN(CASE WHEN {_INTRADAY_SQL} AND rs.due < %(end)s THEN rs.due END) AS learning_next
+    MIN(CASE WHEN {_INTRADAY_SQL} AND rs.due < %(end)s THEN rs.due END) AS learning_next,
+    COUNT(CASE WHEN {_INTRADAY_SQL} AND rs.due < %(end)s THEN 1 END) AS learning_today
   {_LIVE_STATES}
 ) s CROSS JOIN (
   SELECT
@@ -193,7 +197,8 @@ def queue_today(
     row = _queue_row(user_id=user.pk, day=day, now=now, pick_next=pick_next)
     done_new, done_review, done_total = row[0], row[1], row[2]
     learning_now, learning_ahead, review_due, learning_next, new_cards, first_new = row[3:9]
-    picks = row[9:] if pick_next else (None, None, None)
+    learning_today = row[9]
+    picks = row[10:] if pick_next else (None, None, None)
 
     review_quota = max(0, settings.reviews_per_day - done_review)
     review_left = min(review_due, review_quota)
@@ -222,6 +227,7 @@ def queue_today(
         next_card_id=next_id,
         next_learning_due=_as_datetime(learning_next) if nothing_now else None,
         reviewed_today=done_total,
+        learning_today=learning_today,
     )
 
 
@@ -552,4 +558,43 @@ def _card_spec(card: Card) -> CardSpec:
         related=[rel.to_card.slug for rel in card.relations_out.all()],
         lab_preset=card.lab_preset,
         check=json.loads(card.check_json) if card.check_json else None,
+    )
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The settings page's estimate of the next `days` days, from this learner's own deck."""
+
+    not_started: int  # cards the learner can study and has not started
+    days_to_start: int  # at new_per_day
+    reviews_per_day: int  # over the next `days` days, answered Good
+    days: int = 30
+
+
+def workload_estimate(
+    *, user: AbstractBaseUser, settings: LearnerSettings, now: dt.datetime, days: int = 30
+) -> Workload:
+    """Cards not started yet, each shown `reviews_in_first_days` times once started (as many as
+    new_per_day allows within `days`), plus the reviews already due within `days`."""
+    started = ReviewState.objects.filter(user=user, last_review__isnull=False).values("card_id")
+    not_started = (
+        Card.objects.filter(_visible_to(user), is_active=True).exclude(pk__in=started).count()
+    )
+    per_day = max(1, settings.new_per_day)
+    days_to_start = -(-not_started // per_day) if settings.new_per_day else 0
+    starting = min(not_started, settings.new_per_day * days)
+    shows = scheduling.reviews_in_first_days(settings.desired_retention, days)
+    already_due = ReviewState.objects.filter(
+        user=user,
+        suspended=False,
+        card__is_active=True,
+        last_review__isnull=False,
+        due__lt=now + dt.timedelta(days=days),
+    ).count()
+    total = starting * shows + already_due
+    return Workload(
+        not_started=not_started,
+        days_to_start=days_to_start,
+        reviews_per_day=-(-total // days),
+        days=days,
     )

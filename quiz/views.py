@@ -336,6 +336,8 @@ def anki_export(request: HttpRequest) -> HttpResponse:
 def settings_edit(request: HttpRequest) -> HttpResponse:
     current = selectors.learner_settings_get(user=request.user)
     form = LearnerSettingsForm(request.POST or None, instance=current)
+    workload = selectors.workload_estimate(user=request.user, settings=current, now=timezone.now())
+    form.show_workload(workload, current.new_per_day)
     if request.method == "POST":
         if form.is_valid():
             services.learner_settings_update(user=request.user, **form.cleaned_data)

@@ -13,6 +13,17 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
 
 
+def pytest_sessionstart(session):
+    # The suite's filesystem broker is a new folder (tests/settings.py): make its queue folders
+    # as `make setup` does for the app's, or a run sent before any worker starts is lost.
+    from django.conf import settings
+
+    if settings.BROKER_DIR is not None:
+        from config.preflight import check_broker
+
+        check_broker()
+
+
 def pytest_sessionfinish(session, exitstatus):
     # pytest-django deletes the SQLite test database file but not its WAL side files.
     from django.conf import settings

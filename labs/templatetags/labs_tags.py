@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 from django import template
+from django.utils import timezone
+from django.utils.timesince import timesince
 
 from labs.results import format_value
 from labs.sim.engine_model import short_where_label
@@ -49,3 +52,13 @@ def index(sequence: Any, i: int) -> Any:
 def short_where(where: Any) -> str:
     """A run's provenance as its badge says it: "simulated · H100 SXM · calibrated"."""
     return short_where_label(str(where or ""))
+
+
+@register.filter
+def ago(when: datetime | None) -> str:
+    """'just now' under a minute (timesince says '0 minutes'), else '3 minutes ago'."""
+    if when is None:
+        return ""
+    if timezone.now() - when < timedelta(minutes=1):
+        return "just now"
+    return f"{timesince(when)} ago"

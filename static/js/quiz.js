@@ -179,7 +179,20 @@
       plugins: { legend: { position: "bottom", labels: { boxWidth: 12 } } },
       scales: { x: { grid: { display: false }, ticks: { maxRotation: 0, autoSkipPadding: 8 } } },
     };
-    const days = data.days.map(shortDay);
+    // The last day is today; weekly labels counted back from it, so today's bar has its own
+    // label under it (Chart.js's auto-skip counts from the first day and could leave it bare).
+    const days = data.days.map(function (d, i) {
+      return i === data.days.length - 1 ? "today" : shortDay(d);
+    });
+    const weeklyFromToday = Object.assign({}, base.scales.x, {
+      ticks: {
+        maxRotation: 0,
+        autoSkip: false,
+        callback: function (value, index) {
+          return (days.length - 1 - index) % 7 === 0 ? this.getLabelForValue(value) : null;
+        },
+      },
+    });
 
     new Chart(document.getElementById("chart-reviews"), {
       type: "bar",
@@ -197,13 +210,14 @@
       },
       options: Object.assign({}, base, {
         scales: Object.assign({}, base.scales, {
-          x: Object.assign({}, base.scales.x, { stacked: true }),
+          x: Object.assign({}, weeklyFromToday, { stacked: true }),
           y: { stacked: true, beginAtZero: true, ticks: { precision: 0 } },
         }),
       }),
     });
 
-    new Chart(document.getElementById("chart-retention"), {
+    const retention = document.getElementById("chart-retention");
+    if (retention) new Chart(retention, {
       type: "line",
       data: {
         labels: days,
@@ -229,6 +243,7 @@
       },
       options: Object.assign({}, base, {
         scales: Object.assign({}, base.scales, {
+          x: weeklyFromToday,
           y: {
             suggestedMin: 0.5,
             max: 1,

@@ -158,3 +158,13 @@ def test_it_refuses_an_env_file_that_does_not_exist(tmp_path, monkeypatch):
     monkeypatch.setenv("ENV_FILE", str(tmp_path / "missing.env"))
     with pytest.raises(ImproperlyConfigured, match="ENV_FILE"):
         load_env_file(tmp_path / ".env")
+
+
+def test_git_ignores_the_env_file_the_readme_asks_for():
+    """README says `cp .env.example .env`; its secrets must not be committed by `git add .`."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    ignored = subprocess.run(["git", "check-ignore", "-q", ".env"], cwd=ROOT, check=False)
+    assert ignored.returncode == 0, ".env is not in .gitignore"
+    example = subprocess.run(["git", "check-ignore", "-q", ".env.example"], cwd=ROOT, check=False)
+    assert example.returncode == 1, ".env.example must stay tracked"

@@ -59,7 +59,8 @@ def test_it_answers_one_card_of_each_kind_with_the_keyboard(page):
     page.keyboard.type("128.2")
     page.keyboard.press("Enter")
     wait_for(page, "answer", "numeric")
-    assert "within ±0.5 of 128" in page.locator(f"{PANEL} .numeric-result").inner_text()
+    verdict = page.locator(f"{PANEL} .numeric-result").inner_text().replace("\u00a0", " ")
+    assert "within ±0.5 KiB of 128 KiB" in verdict
     grade_with(page, "3")
 
     # Recall: Space shows the answer, 4 grades Easy.

@@ -14,6 +14,7 @@ from labs.params import (
     PARAM_FIELDS,
     ParamError,
     align_run_batch,
+    follow_unshown,
     parse_lab_params,
 )
 
@@ -403,3 +404,54 @@ def test_a_derived_context_tokens_above_its_maximum_is_refused_naming_it():
     # At the maximum it is accepted, and what is saved parses again (as the worker does).
     ok = parse_lab_params({**data, "prompt_tokens": 8_000_000})
     assert parse_lab_params(ok.as_dict()) == ok
+
+
+# -- settings a lab does not show follow the ones it does ---------------------------------------
+
+BATCHING_SHOWN = {"max_num_seqs", "concurrency", "num_prompts", "prompt_tokens", "output_tokens"}
+
+
+def test_a_hidden_max_tokens_follows_a_longer_output():
+    data = {"output_tokens": "1000", "max_tokens": "512", "prompt_tokens": "512"}
+    with pytest.raises(ParamError) as refused:
+        parse_lab_params(data)
+    assert set(refused.value.errors) == {"max_tokens"}
+    followed = follow_unshown(data, BATCHING_SHOWN)
+    assert followed["max_tokens"] == 1000
+    assert parse_lab_params(followed).values["max_tokens"] == 1000
+
+
+def test_a_hidden_max_tokens_covers_the_longest_output_of_a_range():
+    data = {"output_tokens": "1000", "output_range_ratio": "0.5", "max_tokens": "512"}
+    assert follow_unshown(data, BATCHING_SHOWN)["max_tokens"] == 1500
+
+
+def test_a_hidden_max_tokens_leaves_the_prompt_room_in_the_context():
+    # llama-3-8b has 8,192 tokens of context: 7,000 + the default 2,048 would not fit.
+    data = {"prompt_tokens": "7000", "output_tokens": "100"}
+    followed = follow_unshown(data, BATCHING_SHOWN)
+    assert followed["max_tokens"] == 1192
+    parse_lab_params(followed)
+
+
+def test_a_shown_setting_is_never_moved():
+    data = {"output_tokens": "1000", "max_tokens": "512"}
+    assert follow_unshown(data, {*BATCHING_SHOWN, "max_tokens"}) == data
+
+
+def test_hidden_batch_budget_and_shared_prefix_follow_what_needs_them():
+    data = {
+        "max_num_seqs": "1024",
+        "max_num_batched_tokens": "512",
+        "prompt_tokens": "256",
+        "shared_prefix_tokens": "1536",
+    }
+    followed = follow_unshown(data, {"max_num_seqs", "prompt_tokens"})
+    assert followed["max_num_batched_tokens"] == 1024
+    assert followed["shared_prefix_tokens"] == 256
+    parse_lab_params(followed)
+
+
+def test_bad_values_are_left_for_the_parser_to_name():
+    data = {"output_tokens": "lots", "max_tokens": "512"}
+    assert follow_unshown(data, BATCHING_SHOWN) == data

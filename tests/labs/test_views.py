@@ -299,6 +299,68 @@ def test_a_bad_sweep_value_is_400_naming_it(alice_client, no_broker):
     assert not Sweep.objects.exists()
 
 
+def test_a_long_output_in_a_lab_without_max_tokens_runs(alice_client, no_broker):
+    """Batching does not show max_tokens (its hidden value is 512): output_tokens 1000 must not
+    be refused by it."""
+    make_heartbeat("sim")
+    assert "max_tokens" not in LABS["batching"].fields
+    data = {"backend": "sim", "output_tokens": "1000", "max_tokens": "512", "num_prompts": "8"}
+    response = alice_client.post(reverse("labs:run-create", args=["batching"]), data)
+    assert response.status_code == 302, response.context["form"].errors
+    assert LabRun.objects.get().params["max_tokens"] == 1000
+    sweep = alice_client.post(
+        reverse("labs:sweep-create", args=["speculative"]),
+        {**data, "sweep_field": "output_tokens", "sweep_values": "256, 2000"},
+    )
+    assert sweep.status_code == 302
+    points = Sweep.objects.get().runs.order_by("sweep_index")
+    assert [r.params["output_tokens"] for r in points] == [256, 2000]
+    assert points[1].params["max_tokens"] == 2000
+
+
+def test_a_refusal_of_a_hidden_setting_lands_on_the_shown_one_it_follows(alice_client, no_broker):
+    make_heartbeat("sim")
+    response = alice_client.post(
+        reverse("labs:run-create", args=["batching"]),
+        {"backend": "sim", "prompt_tokens": "8000", "output_tokens": "1000"},
+    )
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert "max_tokens" not in errors
+    assert "must fit llama-3-8b's context of 8,192 tokens" in errors["output_tokens"][0]
+    assert "max_tokens is not shown here; it follows output_tokens" in errors["output_tokens"][0]
+    assert not LabRun.objects.exists()
+
+
+def test_a_run_whose_worker_died_counts_only_the_time_it_was_worked_on(alice_client, alice):
+    """Ctrl-C on the worker at 6 s; the reaper fails the run 60 s of silence later."""
+    started = timezone.now() - timedelta(seconds=78)
+    run = make_run(
+        alice,
+        state=RunState.RUNNING,
+        started_at=started,
+        heartbeat_at=started + timedelta(seconds=6),
+        worker="sim@gone",
+    )
+    assert services.run_reap_stale(run_ids=[run.pk]) == 1
+    run.refresh_from_db()
+    assert run.finished_at - run.started_at >= timedelta(seconds=78)
+    assert run.duration == timedelta(seconds=6)
+    html = alice_client.get(run.get_absolute_url()).content.decode()
+    took = re.search(r'class="muted small run-took"[^>]*>([^<]*)<', html).group(1)
+    assert took == "worked on for 6.0 s of wall-clock time before its worker stopped"
+
+
+def test_a_run_that_failed_on_a_live_worker_counts_until_it_failed(alice_client, alice):
+    started = timezone.now() - timedelta(seconds=20)
+    run = make_run(alice, state=RunState.RUNNING, started_at=started, heartbeat_at=started)
+    services.run_fail(run_id=run.pk, error="The run took longer than the worker's time limit.")
+    run.refresh_from_db()
+    assert not run.worker_died
+    assert run.duration == run.finished_at - run.started_at
+    assert "took 20." in alice_client.get(run.get_absolute_url()).content.decode()
+
+
 def test_a_lab_links_to_the_cards_whose_presets_open_it(alice_client):
     from tests.quiz.factories import make_card
 

@@ -13,8 +13,9 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from quiz.anki import FIELDS, numeric_text
-from quiz.models import Card
+from quiz.models import Card, Deck
 from quiz.selectors import content_snapshot
+from quiz.templatetags.quiz_tags import unit_symbol
 from tests.quiz.factories import make_card
 
 
@@ -92,7 +93,7 @@ def test_it_imports_every_card_of_the_deck_with_its_fields(deck, tmp_path):
                 assert "(right)" in note["Reasons"]
             if spec.kind == "numeric":
                 assert note["Numeric"] == numeric_text(spec)
-                assert spec.numeric_unit in note["Numeric"]
+                assert unit_symbol(spec.numeric_unit) in note["Numeric"]
                 if spec.numeric_tolerance:
                     assert "±" in note["Numeric"]
         # The back template shows the worked answer: Anki renders it on the answer side.
@@ -149,3 +150,40 @@ def test_stats_offers_the_download_and_it_is_an_apkg(alice_client):
 def test_anonymous_visitors_cannot_download(client, db):
     response = client.get(reverse("quiz:anki-export"))
     assert response.status_code == 302
+
+
+def test_a_learners_card_reads_as_the_app_does_without_internal_file_names(deck, tmp_path):
+    col = _import(tmp_path / "learner.anki2", _export(tmp_path, "deck.apkg"))
+    try:
+        notes = _notes_by_slug(col)
+        # The app says "21×" and, for a "roughly what factor" question, accepts 20× and 22×.
+        speedup = notes["batch32-speedup-llama3-8b-h100"]
+        assert speedup["Numeric"] == "21\u00d7 (\u00b15\u00a0%)"
+        app_card = Card.objects.get(slug="batch32-speedup-llama3-8b-h100")
+        assert app_card.tolerance_text == "\u00b15\u00a0%"
+        assert app_card.numeric_accepts(20) and app_card.numeric_accepts(22)
+        assert not app_card.numeric_accepts(19)
+        for card_id in col.find_cards(""):
+            card = col.get_card(card_id)
+            back = card.answer()
+            assert ".txt#" not in back and ".txt" not in card.note()["Source"], card.note()["Slug"]
+            assert " x (" not in back
+    finally:
+        col.close()
+
+
+def test_the_deck_title_and_description_are_escaped(deck, tmp_path):
+    Deck.objects.filter(slug="llm-serving").update(
+        title="<b>LLM</b> serving & more::hidden",
+        description="<script>alert(1)</script>\nSecond line & more.",
+    )
+    col = _import(tmp_path / "learner.anki2", _export(tmp_path, "deck.apkg"))
+    try:
+        names = {d.name for d in col.decks.all_names_and_ids()}
+        assert "Serving School::LLM serving & more:hidden" in names
+        exported = col.decks.by_name("Serving School::LLM serving & more:hidden")
+        assert exported["desc"] == (
+            "&lt;script&gt;alert(1)&lt;/script&gt;<br>Second line &amp; more."
+        )
+    finally:
+        col.close()

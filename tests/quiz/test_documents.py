@@ -13,7 +13,13 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from quiz.documents import DocumentError, document_import, parse_document
+from quiz.documents import (
+    DocumentError,
+    PublishRefused,
+    document_import,
+    parse_document,
+    publish_drafts,
+)
 from quiz.models import Card
 from tests.conftest import make_user
 from tests.quiz.factories import make_deck
@@ -185,3 +191,63 @@ def test_non_staff_cannot_import(client, db):
     response = client.post(url, {"document": _upload(WORKED, b"What?\n")})
     assert response.status_code == 302 and "/login/" in response["Location"]
     assert Card.objects.count() == 0
+
+
+# -- publishing: a draft gets a real slug ---------------------------------------------------------
+
+
+def test_publishing_drafts_names_them_from_their_prompts_and_keeps_their_links(imported):
+    choice, *related = imported[CHOICE]
+    follow_up = next(c for c in imported[WORKED] if c.prompt.startswith("Two samples (n = 2)"))
+    published = publish_drafts([choice, follow_up])
+    for card in published:
+        card.refresh_from_db()
+        assert not card.slug.startswith("draft-") and len(card.slug) <= 60
+        assert card.is_active and card.edited_since_load
+    assert follow_up.slug == "two-samples-n-2-from-the-same-prompt-how-many-prompt-blocks"
+    # Related links follow the card by id, whatever its name.
+    assert set(choice.relations_out.values_list("to_card_id", flat=True)) == {c.pk for c in related}
+
+
+def _answered_drafts(text: str) -> list[Card]:
+    cards = document_import(deck=make_deck(), name="doc.txt", text=text)
+    Card.objects.filter(pk__in=[c.pk for c in cards]).update(answer="Staff wrote this.")
+    return [Card.objects.get(pk=c.pk) for c in cards]
+
+
+def test_a_published_name_taken_by_another_card_gets_a_number(db):
+    published = publish_drafts(_answered_drafts("Why page KV?\n\nWhy page KV?\n"))
+    assert [c.slug for c in published] == ["why-page-kv", "why-page-kv-2"]
+
+
+def test_publishing_refuses_a_draft_without_a_prompt_and_publishes_nothing(imported):
+    worked = imported[WORKED]
+    empty = next(c for c in worked if not c.prompt.strip())  # a worked answer's implied question
+    with pytest.raises(PublishRefused) as refused:
+        publish_drafts([worked[0], empty])
+    assert refused.value.reasons == {empty.slug: "write its prompt and answer first"}
+    assert not Card.objects.filter(is_active=True).exists()
+
+
+def test_staff_publish_drafts_from_the_card_list_and_may_name_one_first(staff_client):
+    first, second = _answered_drafts("Why page KV?\n\nWhat is TTFT?\n")
+    page = staff_client.get(reverse("admin:quiz_card_change", args=[first.pk]))
+    assert "slug" in page.context["adminform"].form.fields  # a draft may be named
+    response = staff_client.post(
+        reverse("admin:quiz_card_changelist"),
+        {"action": "publish_drafts", "_selected_action": [first.pk, second.pk]},
+        follow=True,
+    )
+    assert "Published 2 card(s): why-page-kv, what-is-ttft" in response.content.decode()
+    assert set(Card.objects.filter(is_active=True).values_list("slug", flat=True)) == {
+        "why-page-kv",
+        "what-is-ttft",
+    }
+    page = staff_client.get(reverse("admin:quiz_card_change", args=[first.pk]))
+    assert "slug" not in page.context["adminform"].form.fields  # published: fixed again
+    again = staff_client.post(
+        reverse("admin:quiz_card_changelist"),
+        {"action": "publish_drafts", "_selected_action": [first.pk]},
+        follow=True,
+    )
+    assert "Nothing was published. why-page-kv: not an unpublished draft" in again.content.decode()

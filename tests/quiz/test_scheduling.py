@@ -96,6 +96,15 @@ def test_it_applies_exactly_the_outcome_each_button_showed_even_with_fuzz(alice)
         assert scheduling.format_interval(state.due - now) == label
 
 
+def test_a_new_card_answered_good_is_shown_a_few_times_in_its_first_month():
+    # Two learning steps on the first day, then reviews whose intervals grow.
+    shown = scheduling.reviews_in_first_days(0.9, 30)
+    assert 3 <= shown <= 8
+    assert scheduling.reviews_in_first_days(0.8, 30) <= shown
+    assert scheduling.reviews_in_first_days(0.97, 30) > shown
+    assert scheduling.reviews_in_first_days(0.9, 1) == 2
+
+
 def test_it_rejects_zoneinfo_utc_by_converting_it_first():
     # py-fsrs refuses ZoneInfo("UTC"); our layer always hands it datetime.UTC.
     now = dt.datetime(2026, 1, 1, 12, tzinfo=ZoneInfo("UTC"))

@@ -62,6 +62,14 @@ def test_it_shows_learning_cards_early_only_when_nothing_else_is_left(alice):
     assert (queue.next_card_id, queue.learning_left) == (learning.pk, 1)
 
 
+def test_a_card_failed_with_again_counts_as_learning_at_once(alice):
+    failed, other = make_card(), make_card()
+    review(alice, failed, 1, NOW)  # Again: back in a minute or more, not due this instant
+    queue = selectors.queue_today(user=alice, now=NOW)
+    assert queue.next_card_id == other.pk and queue.learning_left == 0
+    assert queue.learning_today == 1
+
+
 def test_it_says_when_a_learning_card_comes_back_beyond_the_learn_ahead_limit(alice):
     card = make_card()
     make_review_state(

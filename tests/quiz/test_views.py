@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from quiz import scheduling, selectors
 from quiz.models import Card, ReviewLog, ReviewState, Showing
-from tests.quiz.factories import make_card
+from tests.quiz.factories import make_card, make_settings
 
 pytestmark = pytest.mark.django_db
 HX = {"HTTP_HX_REQUEST": "true"}
@@ -372,3 +372,19 @@ def test_it_tells_the_browser_not_to_keep_todays_page(alice_client):
     make_card()
     response = alice_client.get(reverse("quiz:today"))
     assert "no-store" in response["Cache-Control"]
+
+
+def test_the_settings_help_estimates_reviews_from_this_learners_deck(alice_client, alice):
+    from quiz.scheduling import reviews_in_first_days
+
+    for _ in range(79):
+        make_card()
+    make_settings(alice, new_per_day=20, desired_retention=0.9)
+    html = alice_client.get(reverse("quiz:settings-edit")).content.decode()
+    per_day = -(-79 * reviews_in_first_days(0.9, 30) // 30)
+    assert (
+        f"79 cards not started: at 20 a day they are all started in 4 days. About {per_day} "
+        "reviews a day over the next 30 days"
+    ) in html
+    assert "about 200 reviews a day" not in html
+    assert per_day < 79  # a 79-card deck cannot bring more reviews a day than it has cards
