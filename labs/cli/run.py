@@ -98,10 +98,12 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
             "predicted_for": None if no_prediction else predicted_for(params),
             "no_prediction": no_prediction,
             "breakdown": breakdown,
+            "definitions": record.meta.get("definitions"),
         }
         stdout.write(json.dumps(result) + "\n")
     else:
         stdout.write(format_table(record.where, measured, predicted, no_prediction, params))
+        stdout.write(format_definitions(record.meta.get("definitions")))
         stdout.write(format_breakdown(breakdown))
 
 
@@ -166,11 +168,14 @@ def format_table(
     lines.append(header)
     for key, label, pred_key in (
         ("ttft_s", "TTFT", "loaded_ttft_s"),
+        ("ttft_bench_s", "TTFT (bench's stamps)", None),
         ("tpot_s", "TPOT", "tpot_s"),
         ("itl_s", "ITL", None),
         ("e2e_s", "E2E", "loaded_e2e_s"),
     ):
-        d = measured[key]
+        d = measured.get(key)
+        if d is None:
+            continue  # bench's TTFT: only a real engine's requests carry its stamp
         pred = _ms(predicted.get(pred_key)) if pred_key and has_prediction else ""
         lines.append(
             f"  {label:<24}{_ms(d['mean']):>13}{_ms(d['p50']):>13}{_ms(d['p99']):>13}{pred:>15}"
@@ -196,6 +201,17 @@ def format_table(
             shown = fmt(measured[key])
             pred = fmt(predicted.get(pred_key)) if pred_key and has_prediction else ""
         lines.append(f"  {label:<24}{shown:>39}{pred:>15}")
+    return "\n".join(lines) + "\n"
+
+
+def format_definitions(said: Mapping[str, Any] | None) -> str:
+    """How TTFT was stamped (and bench's beside it) and which sampling the requests used."""
+    if not said:
+        return ""
+    lines = [f"  TTFT: {said['ttft']}"]
+    if said.get("ttft_bench"):
+        lines.append(f"  TTFT (bench's stamps): {said['ttft_bench']}")
+    lines.append(f"  sampling: {said['sampling']}")
     return "\n".join(lines) + "\n"
 
 

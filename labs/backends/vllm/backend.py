@@ -58,6 +58,7 @@ from labs.backends.vllm.server import (
     ServerManager,
     build_plan,
 )
+from labs.definitions import definitions
 from labs.params import LabParams, ParamError
 
 logger = logging.getLogger(__name__)
@@ -285,7 +286,11 @@ class VLLMBackend:
         report = on_progress or (lambda fraction: None)
         began = time.monotonic()
         manager: ServerManager | None = None
-        meta: dict[str, Any] = {"seed": params.workload.seed, "params": params.as_dict()}
+        meta: dict[str, Any] = {
+            "seed": params.workload.seed,
+            "params": params.as_dict(),
+            "definitions": definitions(self.name, params.workload.temperature),
+        }
         if self.base_url is not None:
             base_url = self.base_url
             served = self.served_model()
@@ -322,6 +327,7 @@ class VLLMBackend:
                 read_timeout_s=self.read_timeout_s,
                 metrics_poll_s=self.metrics_poll_s,
                 cache_salt=uuid.uuid4().hex,
+                temperature=params.workload.temperature,
             )
             driver = _Driver(
                 lambda progress: run_load(base_url, model, planned, options, progress),

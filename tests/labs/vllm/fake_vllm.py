@@ -590,6 +590,7 @@ class Conn:
         stream = Stream(self, xid, body, behaviour)
         stream.log["recv_s"] = arrived
         stream.log["ignored_fields"] = sorted(getattr(request, "model_extra", None) or {})
+        stream.log["temperature"] = body.get("temperature")
         engine.submit(stream)
 
 
