@@ -143,8 +143,8 @@ def where_label(version: str | None, gpu: str | None, tp: int, base_url: str | N
     if base_url and not _is_local(base_url):
         return f"{label} at {httpx.URL(base_url).host}"
     if base_url and (gpu is None or cpu.device() == "cpu"):
-        # A server on this machine, which has no GPU that nvidia-smi or torch can see: vLLM's
-        # CPU build, labelled as the CPU worker labels its own runs.
+        # A server on this machine, a CPU worker's or one with no GPU that nvidia-smi or torch
+        # can see: vLLM's CPU build, labelled as the CPU worker labels its own runs.
         return cpu.where_label(version, {"name": cpu.cpu_inventory().name, "cores": cpu.cores()})
     if gpu is None:
         return f"{label} on an unknown GPU"
