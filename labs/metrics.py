@@ -2,7 +2,10 @@
 
 Definitions are those of `vllm bench serve` (shared/vllm-notes.md, section 3):
 
-- TTFT = first chunk - issue time. E2E = last chunk (finish) - issue time.
+- TTFT = first chunk - issue time. E2E = last chunk (finish) - issue time. For vLLM the issue
+  time is the request's first byte on the socket (arrival_s), so TTFT is stamped at the socket;
+  `ttft_bench_s` measures from just before the POST (issued_s), as bench does, and is None for
+  a record without that stamp (the simulator, older runs).
 - ITL = the gaps between successive chunks of a request, pooled over all requests (a chunk may
   hold several tokens, e.g. accepted drafts).
 - TPOT = (E2E - TTFT) / (output tokens - 1), only for requests with more than one output token.
@@ -109,7 +112,8 @@ def summarize(record: RunRecord, slo_ms: Mapping[str, float] | None = None) -> d
         slo_ms: optional SLOs in milliseconds, keys among ttft, tpot, e2el.
 
     Returns:
-        ttft_s, tpot_s, itl_s, e2e_s ({mean, p50, p90, p95, p99} each), output_tokens_per_s,
+        ttft_s, tpot_s, itl_s, e2e_s ({mean, p50, p90, p95, p99} each), ttft_bench_s (the
+        same, or None), output_tokens_per_s,
         total_tokens_per_s, requests_per_s, goodput_requests_per_s (None without SLOs),
         completed, failed, max_running_seqs, preemptions, kv_usage_peak, prefix_cache_hit_rate,
         spec_acceptance_rate, spec_acceptance_length, simulated_s (None unless simulated),
@@ -123,6 +127,12 @@ def summarize(record: RunRecord, slo_ms: Mapping[str, float] | None = None) -> d
     finish = np.array([r.finish_s for r in done], dtype=np.float64)
     ttft = first - arrival
     e2e = finish - arrival
+    issued = [r.issued_s for r in done]
+    ttft_bench = (
+        distribution(first - np.array(issued, dtype=np.float64))
+        if done and None not in issued
+        else None
+    )
     multi = output > 1
     tpot = (e2e[multi] - ttft[multi]) / (output[multi] - 1)
 
@@ -142,6 +152,7 @@ def summarize(record: RunRecord, slo_ms: Mapping[str, float] | None = None) -> d
     c = record.counters
     return {
         "ttft_s": distribution(ttft),
+        "ttft_bench_s": ttft_bench,
         "tpot_s": distribution(tpot),
         "itl_s": distribution(itl, reorder=len(itl) > MAX_SERIES_POINTS),
         "e2e_s": distribution(e2e),

@@ -463,6 +463,16 @@ PARAM_FIELDS: tuple[ParamField, ...] = (
         help="output lengths drawn uniformly from output_tokens x [1 - r, 1 + r]",
     ),
     _int("seed", 0, 0, 2**32 - 1, group="workload", help="random seed of a simulated run"),
+    _float(
+        "temperature",
+        0.0,
+        0,
+        2,
+        group="workload",
+        help="sampling temperature of a real engine's requests (0: greedy); only with"
+        " speculation, where it decides whether ngram drafts are accepted (greedy accepts most"
+        " of them, vllm bench serve's default of 1 almost none); the simulator uses acceptance",
+    ),
 )
 
 FIELDS_BY_NAME: dict[str, ParamField] = {f.name: f for f in PARAM_FIELDS}
@@ -518,6 +528,7 @@ class Workload:
     input_range_ratio: float = 0.0
     output_range_ratio: float = 0.0
     seed: int = 0
+    temperature: float = 0.0  # the requests' sampling on a real engine (0: greedy)
 
     @property
     def prompt_range(self) -> tuple[int, int]:
@@ -816,6 +827,12 @@ def _resolve_spec(v: dict[str, Any], errors: dict[str, str]) -> None:
         errors["spec_tokens"] = f"spec_tokens must be at least 1 when spec_method is {method}"
     if v["draft_cost"] is None:
         v["draft_cost"] = DEFAULT_DRAFT_COST[method]
+    if method == "none" and v["temperature"] != 0:
+        # Without drafts the sampled tokens change no timing (ignore_eos fixes every length).
+        errors["temperature"] = (
+            f"temperature must be 0 (greedy) when spec_method is none: it is a setting of "
+            f"speculative runs, where it decides draft acceptance, got {v['temperature']:g}"
+        )
 
 
 def parse_lab_params(data: Mapping[str, object], *, ignore_unknown: bool = False) -> LabParams:

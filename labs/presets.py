@@ -163,6 +163,7 @@ LABS: dict[str, Lab] = {
                 "spec_tokens",
                 "acceptance",
                 "draft_cost",
+                "temperature",
                 "concurrency",
                 "output_tokens",
                 "model",

@@ -15,7 +15,7 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
-from labs import results, selectors, services
+from labs import definitions, results, selectors, services
 from labs.backends.vllm.cpu import CPU_LAB_SETTINGS
 from labs.backends.vllm.fit import memory_problem, requirement
 from labs.forms import LabParamsForm, SweepForm
@@ -251,6 +251,7 @@ def _run_context(run: Any) -> dict[str, Any]:
         "breakdown_source": (breakdown or {}).get("source"),
         "charts": selectors.run_charts(run) if run.result else None,
         "shown_params": [(name, run.params.get(name)) for name in lab.fields],
+        "definitions": definitions.shown(run.backend, run.params or {}, run.result),
         "next_url": reverse("labs:lab-detail", args=[lab.slug])
         + "?"
         + urlencode({k: _text(v) for k, v in rerun_values(lab, run.params).items()}),

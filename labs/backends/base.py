@@ -128,6 +128,9 @@ class RequestRecord:
     error: str | None = None  # why it failed ("HTTP 500: ...", "stream cut after 37 tokens")
     cached_prompt_tokens: int = 0  # prefix-cache hit, where the backend knows it
     preemptions: int = 0  # where the backend knows it
+    # vLLM: just before the POST, as `vllm bench serve` stamps its start (arrival_s is the
+    # socket's first byte); bench's TTFT is measured from here. None for the simulator.
+    issued_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.chunks, Chunks):
@@ -201,6 +204,7 @@ class RunRecord:
                 "error": r.error,
                 "cached_prompt_tokens": r.cached_prompt_tokens,
                 "preemptions": r.preemptions,
+                "issued_s": r.issued_s,
             }
             for r in requests
         ]

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from labs.backends.base import ProgressCallback, RunRecord
+from labs.definitions import definitions
 from labs.params import LabParams, ParamError
 from labs.predict import kv_capacity_tokens
 from labs.sim.cost_model import build_cost_model
@@ -114,6 +115,7 @@ class SimBackend:
                 "params": params.as_dict(),
                 "num_gpu_blocks": config.num_gpu_blocks,
                 "kv_capacity_tokens": config.num_gpu_blocks * config.block_size,
+                "definitions": definitions(self.name, params.workload.temperature),
             }
         )
         return record

@@ -19,9 +19,10 @@ from typing import Any, TextIO
 
 from labs.backends import BACKENDS, get_backend
 from labs.backends.sim import run_breakdown
+from labs.backends.vllm.served import ServedModel
 from labs.cli import add_param_options, params_from_args
 from labs.metrics import SLO_KEYS, summarize
-from labs.params import ParamError, align_run_batch
+from labs.params import LabParams, ParamError, align_run_batch
 from labs.predict import lab_prediction
 from labs.results import load_label
 
@@ -76,15 +77,24 @@ def parse_goodput(items: list[str] | None) -> dict[str, float] | None:
 
 def run(options: Mapping[str, Any], stdout: TextIO) -> None:
     """Run and print. Raises ParamError for bad options."""
-    params = params_from_args(align_run_batch(options))
+    values = align_run_batch(options)
+    params = params_from_args(values)
     slo_ms = parse_goodput(options.get("goodput"))
     name = options.get("backend") or "sim"
     extra = {k: options[k] for k in BACKEND_OPTIONS.get(name, ()) if options.get(k) is not None}
-    record = get_backend(name, **extra).run(params, lambda fraction: None)
+    backend = get_backend(name, **extra)
+    no_prediction = None
+    if getattr(backend, "base_url", None):
+        params, no_prediction = for_served_model(values, params, backend.served_model())
+    record = backend.run(params, lambda fraction: None)
     measured = summarize(record, slo_ms)
-    predicted = lab_prediction(params)
-    breakdown = run_breakdown(params, record, measured)
-    why = format_why({**measured, "breakdown": breakdown}, predicted, params.as_dict())
+    predicted = None if no_prediction else lab_prediction(params)
+    breakdown = None if no_prediction else run_breakdown(params, record, measured)
+    why = (
+        ""
+        if predicted is None
+        else format_why({**measured, "breakdown": breakdown}, predicted, params.as_dict())
+    )
     measured.pop("series")
     if options.get("json"):
         result = {
@@ -92,14 +102,48 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
             "where": record.where,
             "measured": measured,
             "predicted": predicted,
+            "predicted_for": None if no_prediction else predicted_for(params),
+            "no_prediction": no_prediction,
             "breakdown": breakdown,
+            "definitions": record.meta.get("definitions"),
         }
         stdout.write(json.dumps(result) + "\n")
     else:
-        stdout.write(format_table(record.where, measured, predicted))
-        stdout.write(f"  predicted {load_label(params.as_dict())}\n")
+        stdout.write(format_table(record.where, measured, predicted, no_prediction, params))
+        if predicted is not None:
+            stdout.write(f"  predicted {load_label(params.as_dict())}\n")
+        stdout.write(format_definitions(record.meta.get("definitions")))
         stdout.write(format_breakdown(breakdown))
         stdout.write(why)
+
+
+def predicted_for(params: LabParams) -> str:
+    """Which model and hardware the prediction prices: 'lab-llama-20m on h100-sxm'."""
+    return f"{params.model.name} on {params.hardware.name}"
+
+
+def for_served_model(
+    values: Mapping[str, Any], params: LabParams, served: ServedModel
+) -> tuple[LabParams, str | None]:
+    """The lab's parameters for the model a running server serves, and why nothing is predicted
+    (None when the served model is a catalog model). A prediction is for the served model on the
+    hardware the learner names, never for the lab's default model.
+
+    Raises:
+        ParamError: --model names another model than the one the server serves.
+    """
+    slug = served.catalog_slug
+    if slug is None:
+        return params, served.why_no_prediction()
+    named = str(values.get("model") or "").strip().lower()
+    if named and named != slug:
+        raise ParamError(
+            {
+                "model": f"model must be {slug} (what the server serves: {served.id} from "
+                f"{served.root}) or left out, got {named[:40]}"
+            }
+        )
+    return params_from_args({**values, "model": slug}), None
 
 
 def _ms(value: float | None) -> str:
@@ -110,22 +154,39 @@ def _num(fmt: str) -> Any:
     return lambda value: "-" if value is None else format(value, fmt)
 
 
-def format_table(where: str, measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> str:
-    """Measured (mean, p50, p99) beside predicted, in ms and tokens/s."""
-    lines = [
-        f"measured: {where}; predicted: closed-form formulas (labs/predict.py), TTFT and E2E"
-        " under this load (queueing included)"
-    ]
-    header = f"  {'':<24}{'mean':>13}{'p50':>13}{'p99':>13}{'predicted':>15}"
+def format_table(
+    where: str,
+    measured: Mapping[str, Any],
+    predicted: Mapping[str, Any] | None,
+    no_prediction: str | None = None,
+    params: LabParams | None = None,
+) -> str:
+    """Measured (mean, p50, p99) beside predicted, in ms and tokens/s; without a prediction, the
+    reason instead of the column."""
+    has_prediction = predicted is not None
+    if predicted is None:
+        lines = [f"measured: {where}", f"{no_prediction or 'no prediction'}"]
+        predicted = {}
+    else:
+        pricing = f" for {predicted_for(params)}" if params is not None else ""
+        lines = [
+            f"measured: {where}; predicted{pricing}: closed-form formulas (labs/predict.py),"
+            " TTFT and E2E under this load (queueing included)"
+        ]
+    column = "predicted" if has_prediction else ""
+    header = f"  {'':<24}{'mean':>13}{'p50':>13}{'p99':>13}{column:>15}"
     lines.append(header)
     for key, label, pred_key in (
         ("ttft_s", "TTFT", "loaded_ttft_s"),
+        ("ttft_bench_s", "TTFT (bench's stamps)", None),
         ("tpot_s", "TPOT", "tpot_s"),
         ("itl_s", "ITL", None),
         ("e2e_s", "E2E", "loaded_e2e_s"),
     ):
-        d = measured[key]
-        pred = _ms(predicted.get(pred_key)) if pred_key else ""
+        d = measured.get(key)
+        if d is None:
+            continue  # bench's TTFT: only a real engine's requests carry its stamp
+        pred = _ms(predicted.get(pred_key)) if pred_key and has_prediction else ""
         lines.append(
             f"  {label:<24}{_ms(d['mean']):>13}{_ms(d['p50']):>13}{_ms(d['p99']):>13}{pred:>15}"
         )
@@ -148,8 +209,19 @@ def format_table(where: str, measured: Mapping[str, Any], predicted: Mapping[str
             pred = ""
         else:
             shown = fmt(measured[key])
-            pred = fmt(predicted.get(pred_key)) if pred_key else ""
+            pred = fmt(predicted.get(pred_key)) if pred_key and has_prediction else ""
         lines.append(f"  {label:<24}{shown:>39}{pred:>15}")
+    return "\n".join(lines) + "\n"
+
+
+def format_definitions(said: Mapping[str, Any] | None) -> str:
+    """How TTFT was stamped (and bench's beside it) and which sampling the requests used."""
+    if not said:
+        return ""
+    lines = [f"  TTFT: {said['ttft']}"]
+    if said.get("ttft_bench"):
+        lines.append(f"  TTFT (bench's stamps): {said['ttft_bench']}")
+    lines.append(f"  sampling: {said['sampling']}")
     return "\n".join(lines) + "\n"
 
 

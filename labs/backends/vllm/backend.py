@@ -51,12 +51,14 @@ from labs.backends.vllm.loadgen import (
     plan_requests,
     run_load,
 )
+from labs.backends.vllm.served import ServedModel, read_served_model
 from labs.backends.vllm.server import (
     SERVED_MODEL_NAME,
     ServerError,
     ServerManager,
     build_plan,
 )
+from labs.definitions import definitions
 from labs.params import LabParams, ParamError
 
 logger = logging.getLogger(__name__)
@@ -140,6 +142,10 @@ def where_label(version: str | None, gpu: str | None, tp: int, base_url: str | N
     label = f"vLLM {version or '(version unknown)'}"
     if base_url and not _is_local(base_url):
         return f"{label} at {httpx.URL(base_url).host}"
+    if base_url and (gpu is None or cpu.device() == "cpu"):
+        # A server on this machine, a CPU worker's or one with no GPU that nvidia-smi or torch
+        # can see: vLLM's CPU build, labelled as the CPU worker labels its own runs.
+        return cpu.where_label(version, {"name": cpu.cpu_inventory().name, "cores": cpu.cores()})
     if gpu is None:
         return f"{label} on an unknown GPU"
     return f"{label} on {tp}\u00d7 {gpu}" if tp > 1 else f"{label} on {gpu}"
@@ -279,17 +285,28 @@ class VLLMBackend:
         """
         report = on_progress or (lambda fraction: None)
         began = time.monotonic()
-        planned = plan_requests(params.workload, vocab_size=params.model.vocab_size)
         manager: ServerManager | None = None
-        meta: dict[str, Any] = {"seed": params.workload.seed, "params": params.as_dict()}
+        meta: dict[str, Any] = {
+            "seed": params.workload.seed,
+            "params": params.as_dict(),
+            "definitions": definitions(self.name, params.workload.temperature),
+        }
         if self.base_url is not None:
             base_url = self.base_url
-            model, max_model_len = self._served_model(base_url)
-            # Someone else's server: its context length is its own. Refuse here what vLLM would
-            # refuse request by request (a run of 400s, or worse, a run missing its longest).
-            refuse_what_does_not_fit(planned, max_model_len)
-            meta.update(base_url=base_url, server="already running (base_url)")
+            served = self.served_model()
+            model = served.id
+            # Someone else's server: its model and context length are its own. Token ids are
+            # drawn within its vocabulary, and what vLLM would refuse request by request (a
+            # run of 400s, or worse, a run missing its longest) is refused here.
+            planned = plan_requests(params.workload, vocab_size=served.vocab_size)
+            refuse_what_does_not_fit(planned, served.max_model_len)
+            meta.update(
+                base_url=base_url,
+                server="already running (base_url)",
+                served_model=served.as_dict(),
+            )
         else:
+            planned = plan_requests(params.workload, vocab_size=params.model.vocab_size)
             plan = build_plan(params, model_path=self.model_path)
             manager = server_manager()
             server, reused = manager.ensure(plan, on_wait=lambda: report(0.0))
@@ -310,6 +327,7 @@ class VLLMBackend:
                 read_timeout_s=self.read_timeout_s,
                 metrics_poll_s=self.metrics_poll_s,
                 cache_salt=uuid.uuid4().hex,
+                temperature=params.workload.temperature,
             )
             driver = _Driver(
                 lambda progress: run_load(base_url, model, planned, options, progress),
@@ -345,14 +363,15 @@ class VLLMBackend:
         meta.update(vllm_version=version, gpu_name=gpu)
         return self._record(params, planned, driver.result, meta, began, version, gpu, base_url)
 
-    def _served_model(self, base_url: str) -> tuple[str, int | None]:
-        """The served model's name and its max_model_len (None if the server does not say)."""
+    def served_model(self) -> ServedModel:
+        """What the server at base_url serves (labs/backends/vllm/served.py).
+
+        Raises:
+            ServerError: no server answers /v1/models there as vLLM does.
+        """
+        base_url = self.base_url or ""
         try:
-            response = httpx.get(f"{base_url}/v1/models", timeout=10.0, trust_env=False)
-            response.raise_for_status()
-            card = response.json()["data"][0]
-            length = card.get("max_model_len")
-            return str(card["id"]), length if isinstance(length, int) else None
+            return read_served_model(base_url)
         except (
             httpx.HTTPError,
             ValueError,

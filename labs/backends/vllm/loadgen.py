@@ -1,11 +1,15 @@
 """The load generator: a lab's workload as streaming `/v1/completions` requests, timed per chunk.
 
-Measured the way `vllm bench serve` measures (vllm-notes.md section 3), client side:
+Measured with `vllm bench serve`'s definitions (vllm-notes.md section 3), client side, except where
+said below (TTFT is stamped at the socket; bench's TTFT is kept beside it):
 
 - A request is sent with its prompt as token ids (the server runs with --skip-tokenizer-init),
-  `max_tokens` = its output length, `ignore_eos`, greedy sampling, `stream` with usage.
+  `max_tokens` = its output length, `ignore_eos`, the lab's temperature (0, greedy, unless a
+  speculative lab sets it), `stream` with usage.
 - Its arrival is when its first byte went to the socket; each chunk's time is when its last byte
-  reached this machine (see netstream.py). Times are seconds from the start of the run.
+  reached this machine (see netstream.py). Times are seconds from the start of the run. TTFT is
+  therefore stamped at the socket; `issued_s`, taken just before the POST as bench takes its
+  start, gives bench's TTFT beside it (connecting and the client's own wait included).
 - The body is JSON and says so (`Content-Type: application/json`): vLLM's FastAPI refuses a body
   without that header before vLLM sees it.
 - Tokens per chunk are counted from ONE source per request, chosen at its first content chunk:
@@ -118,6 +122,7 @@ class LoadOptions:
     metrics_poll_s: float = 0.5  # 0: no /metrics at all
     # Blocks cached by an earlier run on the same server must not count as hits for this one.
     cache_salt: str | None = None
+    temperature: float = 0.0  # 0: greedy (the lab's `temperature`)
 
 
 @dataclass
@@ -283,6 +288,7 @@ async def _send(
         arrival_s=issued - t0,
         chunks=[],
         finish_s=None,
+        issued_s=issued - t0,
     )
     stream = _Stream(record, t0)
     try:
@@ -332,16 +338,18 @@ def _error_message(text: str) -> str:
 JSON_HEADERS = {"content-type": "application/json"}
 
 
-def request_body(model: str, planned: PlannedRequest, cache_salt: str | None) -> bytes:
+def request_body(
+    model: str, planned: PlannedRequest, cache_salt: str | None, temperature: float = 0.0
+) -> bytes:
     body: dict[str, Any] = {
         "model": model,
         "prompt": planned.prompt,
         "max_tokens": planned.output_tokens,
         "ignore_eos": True,
-        # Greedy, so a rerun on the same server yields the same tokens; bench samples at
-        # temperature 1 (docs/run-record.md). With random weights and ignore_eos the token
-        # count and timing do not depend on it.
-        "temperature": 0.0,
+        # Greedy by default, so a rerun on the same server yields the same tokens; bench
+        # samples at temperature 1 (docs/run-record.md). With ignore_eos the token count does
+        # not depend on it; with ngram speculation the acceptance does.
+        "temperature": temperature,
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
@@ -400,7 +408,7 @@ async def run_load(
         pool=None,  # a request may wait for a free connection; its clock starts at the socket
     )
     run_tag = uuid.uuid4().hex[:12]
-    bodies = [request_body(model, p, options.cache_salt) for p in planned]
+    bodies = [request_body(model, p, options.cache_salt, options.temperature) for p in planned]
     result = LoadResult(t0=0.0, requests=[])
     gate = asyncio.Semaphore(limit)
     async with (

@@ -11,10 +11,11 @@ HTTP/1.1 (keep-alive, chunked server-sent events) and mimics what the vllm backe
   param "input_tokens"; or "max_tokens" when max_tokens alone exceeds it);
 - refuses a `cache_salt` that breaks vLLM 0.33's rules (a non-empty string of at most 128
   characters, without '@', '/', a backslash or NUL), and keeps prefix-cache blocks apart per salt;
-- `GET /health`, `GET /version`, `GET /v1/models` (with `max_model_len`, as vLLM's model card has
-  it), and `GET /metrics` in vLLM's Prometheus format, with counters that follow what it served
-  (prefix-cache hits at block granularity, speculative drafts from multi-token chunks,
-  preemptions, running and waiting requests, KV usage);
+- refuses a prompt token id outside `vocab_size` when that is set, as vLLM's renderer does;
+- `GET /health`, `GET /version`, `GET /v1/models` (with `root` and `max_model_len`, as vLLM's
+  model card has them), and `GET /metrics` in vLLM's Prometheus format, with counters that
+  follow what it served (prefix-cache hits at block granularity, speculative drafts from
+  multi-token chunks, preemptions, running and waiting requests, KV usage);
 - `GET /fake/log`: what it really did, per request: when the request arrived (the kernel's
   receive stamp) and, for each chunk, monotonic readings just before and just after writing it,
   with its token count. The tests compare the load generator's numbers with these,
@@ -85,6 +86,12 @@ DEFAULTS: dict[str, Any] = {
     # vLLM always has one (--max-model-len, else config.json's max_position_embeddings) and
     # refuses a request whose prompt + max_tokens exceed it; the stand-in passes the flag on.
     "max_model_len": 32768,
+    # The model card's root (vLLM: the path the model was loaded from; None: the model name).
+    # A test points it at a folder with a config.json, as a server on the same machine has.
+    "root": None,
+    # The model's vocabulary: a token id at or above it is refused as vLLM's renderer refuses
+    # it (validate_token_ids). None: any id is served.
+    "vocab_size": None,
     "max_num_seqs": 100_000,
     "healthy_after_s": 0.0,
     "never_healthy": False,
@@ -528,7 +535,7 @@ class Conn:
                 "id": engine.config["model"],
                 "object": "model",
                 "owned_by": "vllm",
-                "root": engine.config["model"],
+                "root": engine.config["root"] or engine.config["model"],
                 "max_model_len": int(engine.config["max_model_len"]),
             }
             models = {"object": "list", "data": [card]}
@@ -583,6 +590,7 @@ class Conn:
         stream = Stream(self, xid, body, behaviour)
         stream.log["recv_s"] = arrived
         stream.log["ignored_fields"] = sorted(getattr(request, "model_extra", None) or {})
+        stream.log["temperature"] = body.get("temperature")
         engine.submit(stream)
 
 
@@ -771,6 +779,7 @@ def _refusal(body: dict[str, Any], config: dict[str, Any]) -> tuple[int, bytes] 
         return 404, error_json(message, "NotFoundError", 404, "model")
     try:
         _check_serving(body, int(config["max_model_len"]))
+        _check_vocabulary(body["prompt"], config["vocab_size"])
     except RequestError as exc:
         return 400, error_json(str(exc), "BadRequestError", 400, exc.parameter)
     return None
@@ -810,6 +819,14 @@ def _check_serving(body: dict[str, Any], max_model_len: int) -> None:
             "prompt.",
             parameter="input_tokens",
             value=len(prompt),
+        )
+
+
+def _check_vocabulary(prompt: list[int], vocab_size: int | None) -> None:
+    """vLLM's renderer (renderers/base.py validate_token_ids): every id below the vocabulary."""
+    if vocab_size is not None and prompt and max(prompt) >= vocab_size:
+        raise RequestError(
+            f"Token id {max(prompt)} is out of vocabulary", parameter="prompt", value=max(prompt)
         )
 
 

@@ -1,0 +1,129 @@
+"""What an already-running vLLM server serves, and which catalog model that is (if any).
+
+vLLM's `GET /v1/models` gives each served model's card: `id` (the served name), `root` (the
+model path it was started with) and `max_model_len` (vllm/entrypoints/openai/models/serving.py).
+When `root` is a folder readable from here (a server on this machine, or a shared disk), its
+config.json gives the architecture and the vocabulary. The served model is a catalog model only
+when that config has the catalog model's shape: a served name proves nothing ("lab" is any
+model), so without a readable config nothing is predicted for it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from labs.catalog import MODELS
+
+NOT_IN_CATALOG = "no prediction: the served model is not in the catalog"
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One served model as the server describes it, and what the lab makes of it."""
+
+    id: str
+    root: str | None
+    max_model_len: int | None
+    config: dict[str, Any] | None  # root/config.json, when readable from here
+    catalog_slug: str | None  # the catalog model with the config's shape, if any
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The model's vocabulary: its config's, else (never reached today) the catalog's."""
+        value = (self.config or {}).get("vocab_size")
+        if isinstance(value, int) and value > 0:
+            return value
+        return MODELS[self.catalog_slug].vocab_size if self.catalog_slug else None
+
+    def why_no_prediction(self) -> str | None:
+        """None when the lab can predict for this model, else the sentence the CLI shows."""
+        if self.catalog_slug is not None:
+            return None
+        if self.config is None:
+            return (
+                f"{NOT_IN_CATALOG} (it serves {self.id!r} from {self.root!r}, whose config.json "
+                "is not readable from here, so its architecture is unknown)"
+            )
+        return f"{NOT_IN_CATALOG} (it serves {self.id!r}, a {_shape_text(self.config)})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "root": self.root,
+            "max_model_len": self.max_model_len,
+            "vocab_size": self.vocab_size,
+            "catalog_model": self.catalog_slug,
+        }
+
+
+def _shape(config: dict[str, Any]) -> dict[str, Any]:
+    """The architecture facts a catalog entry has, as a Hugging Face config.json names them."""
+    heads = config.get("num_attention_heads")
+    hidden = config.get("hidden_size")
+    head_dim = config.get("head_dim")
+    if head_dim is None and isinstance(hidden, int) and isinstance(heads, int) and heads:
+        head_dim = hidden // heads
+    return {
+        "layers": config.get("num_hidden_layers"),
+        "hidden_size": hidden,
+        "heads": heads,
+        "kv_heads": config.get("num_key_value_heads", heads),
+        "head_dim": head_dim,
+        "vocab_size": config.get("vocab_size"),
+        "num_experts": config.get("num_local_experts", 1),
+    }
+
+
+def _shape_text(config: dict[str, Any]) -> str:
+    s = _shape(config)
+    return (
+        f"{s['layers']}-layer model, hidden size {s['hidden_size']}, {s['heads']} heads, "
+        f"vocabulary {s['vocab_size']}"
+    )
+
+
+def catalog_match(config: dict[str, Any]) -> str | None:
+    """The catalog model whose architecture the config describes, or None."""
+    shape = _shape(config)
+    for slug, model in MODELS.items():
+        if all(shape[k] == getattr(model, k) for k in shape):
+            return slug
+    return None
+
+
+def _read_config(root: str | None) -> dict[str, Any] | None:
+    if not root:
+        return None
+    try:
+        config = json.loads((Path(root).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def read_served_model(base_url: str, timeout_s: float = 10.0) -> ServedModel:
+    """The first model the server at `base_url` serves.
+
+    Raises:
+        httpx.HTTPError, ValueError, KeyError, IndexError, TypeError: the server did not answer
+            `/v1/models` as vLLM does (the backend turns these into a ServerError).
+    """
+    response = httpx.get(f"{base_url}/v1/models", timeout=timeout_s, trust_env=False)
+    response.raise_for_status()
+    card = response.json()["data"][0]
+    length = card.get("max_model_len")
+    root = card.get("root")
+    root = str(root) if isinstance(root, str) and root else None
+    config = _read_config(root)
+    return ServedModel(
+        id=str(card["id"]),
+        root=root,
+        max_model_len=length if isinstance(length, int) else None,
+        config=config,
+        catalog_slug=catalog_match(config) if config is not None else None,
+    )

@@ -1,0 +1,75 @@
+"""How a run's numbers are defined: said in the run record (meta["definitions"]) and on the run
+page, so a learner comparing with `vllm bench serve` knows what differs.
+
+The vLLM harness stamps TTFT at the socket (first byte sent to the last byte of the first
+content chunk received); bench starts its clock just before the POST, so its TTFT also holds
+connecting and the client's own wait, typically a few milliseconds more (vllm-notes.md section
+3). Both are measured; the record keeps bench's as `ttft_bench_s`. Sampling is the lab's
+`temperature`: 0 (greedy) unless a speculative lab sets it, where it decides whether ngram
+drafts are accepted. Pure Python, no Django.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+TTFT_SOCKET = (
+    "stamped at the socket: from the request's first byte sent to the last byte of its first "
+    "content chunk received, on this machine's clock"
+)
+TTFT_BENCH = (
+    "as vllm bench serve stamps it: from just before the POST (connecting and the client's own "
+    "wait included) to the first content chunk"
+)
+TTFT_SIM = (
+    "simulated: from the request's arrival to the end of the engine step that produced its "
+    "first token"
+)
+SAMPLING_SIM = "not simulated: drafts are accepted at the lab's acceptance, whatever the tokens"
+
+
+def sampling(temperature: float) -> str:
+    """Which sampling a real engine's requests used, and what it means for speculation."""
+    if temperature == 0:
+        return (
+            "greedy (temperature 0): a rerun gives the same tokens, and ngram drafts that "
+            "match are accepted (vllm bench serve samples at the server's default, 1)"
+        )
+    return (
+        f"sampled at temperature {temperature:g}: fewer ngram drafts match the sampled tokens "
+        "than greedily"
+    )
+
+
+def definitions(backend: str, temperature: float) -> dict[str, Any]:
+    """What the run record's meta["definitions"] holds for a run on `backend`."""
+    if backend == "sim":
+        return {"ttft": TTFT_SIM, "sampling": SAMPLING_SIM}
+    return {
+        "ttft": TTFT_SOCKET,
+        "ttft_bench": TTFT_BENCH,
+        "sampling": sampling(temperature),
+        "temperature": temperature,
+    }
+
+
+def _ms(value: object) -> str:
+    return f"{value * 1000:,.2f} ms" if isinstance(value, int | float) else "not measured"
+
+
+def shown(
+    backend: str, params: Mapping[str, Any], result: Mapping[str, Any] | None
+) -> list[tuple[str, str]]:
+    """The run page's definitions, as (term, text): how TTFT was stamped with its mean, bench's
+    TTFT side by side (a real engine's run), and the sampling used."""
+    temperature = params.get("temperature") or 0.0
+    said = definitions(backend, float(temperature))
+    result = result or {}
+    ttft = (result.get("ttft_s") or {}).get("mean")
+    lines = [("TTFT", f"{said['ttft']}; mean {_ms(ttft)}")]
+    if "ttft_bench" in said:
+        bench = (result.get("ttft_bench_s") or {}).get("mean")
+        lines.append(("TTFT (vllm bench serve)", f"{said['ttft_bench']}; mean {_ms(bench)}"))
+    lines.append(("Sampling", said["sampling"]))
+    return lines

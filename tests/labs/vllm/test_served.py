@@ -1,0 +1,176 @@
+"""Measuring a server that is already running: what it serves decides what is predicted, the
+token ids it is sent, and how its engine is labelled (labs/backends/vllm/served.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from labs.backends.vllm import backend as vllm_backend
+from labs.backends.vllm import cpu
+from labs.backends.vllm.backend import VLLMBackend, where_label
+from labs.backends.vllm.served import NOT_IN_CATALOG, catalog_match, read_served_model
+from labs.catalog import LAB_MODEL_SHAPES
+from labs.params import parse_lab_params
+from labs.predict import predict
+
+SMALL = ("--num-prompts", "4", "--prompt-tokens", "64", "--output-tokens", "8")
+SMALL += ("--max-tokens", "16", "--seed", "5")
+# A model the catalog does not have, with a vocabulary far below the 32,000 ids drawn by default.
+MYSTERY = {
+    "architectures": ["LlamaForCausalLM"],
+    "num_hidden_layers": 3,
+    "hidden_size": 192,
+    "num_attention_heads": 3,
+    "num_key_value_heads": 3,
+    "vocab_size": 3000,
+    "max_position_embeddings": 2048,
+}
+
+
+def model_dir(tmp_path: Path, name: str, config: dict[str, Any]) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def lab_llama_20m_config() -> dict[str, Any]:
+    """config.json as `lab make-model lab-llama-20m` writes it (the facts that matter)."""
+    shape = LAB_MODEL_SHAPES["lab-llama-20m"]
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": shape.layers,
+        "hidden_size": shape.hidden_size,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "vocab_size": shape.vocab_size,
+        "max_position_embeddings": shape.max_context,
+    }
+
+
+def lab_run(*options: str) -> str:
+    out = io.StringIO()
+    call_command("lab", "run", "--backend", "vllm", *options, stdout=out)
+    return out.getvalue()
+
+
+def test_a_model_not_in_the_catalog_gets_no_prediction_and_ids_within_its_vocabulary(
+    fake_server: Any, tmp_path: Path
+) -> None:
+    root = model_dir(tmp_path, "mystery", MYSTERY)
+    server = fake_server(
+        {"model": "mystery", "root": str(root), "vocab_size": 3000, "ttft_ms": 5, "itl_ms": [2]}
+    )
+    result = json.loads(lab_run("--base-url", server.base_url, "--json", *SMALL))
+
+    assert result["predicted"] is None and result["breakdown"] is None
+    assert result["predicted_for"] is None
+    assert result["no_prediction"].startswith(NOT_IN_CATALOG)
+    assert "'mystery'" in result["no_prediction"]
+    # The stand-in refuses ids at or above 3,000, as vLLM does: every request was served, so
+    # every id was drawn within the served model's vocabulary (not the default 1,000-32,000).
+    assert (result["measured"]["completed"], result["measured"]["failed"]) == (4, 0)
+    assert len(server.get("/fake/log")) == 4
+
+
+def test_the_table_shows_the_reason_and_no_predicted_column(
+    fake_server: Any, tmp_path: Path
+) -> None:
+    root = model_dir(tmp_path, "mystery", MYSTERY)
+    server = fake_server({"model": "mystery", "root": str(root), "vocab_size": 3000})
+    default_model = predict(parse_lab_params({"model": "llama-3-8b"}))
+    text = lab_run("--base-url", server.base_url, *SMALL)
+
+    lines = text.splitlines()
+    assert lines[1].startswith(NOT_IN_CATALOG)
+    assert not any("predicted" in line for line in lines)
+    assert f"{default_model.tpot_s * 1000:,.2f} ms" not in text
+    assert "where the time went" not in text
+
+
+def test_a_served_catalog_model_is_predicted_for_itself_on_the_named_hardware(
+    fake_server: Any, tmp_path: Path
+) -> None:
+    root = model_dir(tmp_path, "lab-llama-20m", lab_llama_20m_config())
+    server = fake_server({"model": "lab", "root": str(root), "vocab_size": 32000})
+    result = json.loads(
+        lab_run("--base-url", server.base_url, "--json", "--gpu", "a100-80gb", *SMALL)
+    )
+
+    expected = parse_lab_params(
+        {"model": "lab-llama-20m", "gpu": "a100-80gb", "num_prompts": 4, "prompt_tokens": 64}
+        | {"output_tokens": 8, "max_tokens": 16, "seed": 5, "concurrency": 4}
+    )
+    assert result["no_prediction"] is None
+    assert result["predicted_for"] == "lab-llama-20m on a100-80gb"
+    assert result["predicted"] == json.loads(json.dumps(predict(expected).as_dict()))
+
+
+def test_naming_another_model_than_the_served_one_is_refused(
+    fake_server: Any, tmp_path: Path
+) -> None:
+    root = model_dir(tmp_path, "lab-llama-20m", lab_llama_20m_config())
+    server = fake_server({"model": "lab", "root": str(root)})
+    with pytest.raises(CommandError, match="model must be lab-llama-20m .*got llama-3-8b"):
+        lab_run("--base-url", server.base_url, "--model", "llama-3-8b", *SMALL)
+    assert server.get("/fake/log") == {}
+
+
+def test_a_served_name_alone_proves_nothing(fake_server: Any) -> None:
+    # The card's root is not a folder here (a server on another machine): whatever its name,
+    # the architecture is unknown, so nothing is predicted.
+    server = fake_server({"model": "lab-llama-20m", "root": "/nowhere/lab-llama-20m"})
+    served = read_served_model(server.base_url)
+    assert (served.id, served.root, served.config, served.catalog_slug) == (
+        "lab-llama-20m",
+        "/nowhere/lab-llama-20m",
+        None,
+        None,
+    )
+    assert served.max_model_len == 32768
+    assert served.why_no_prediction().startswith(NOT_IN_CATALOG)
+    assert "not readable from here" in served.why_no_prediction()
+
+
+def test_catalog_match_needs_every_architecture_fact() -> None:
+    config = lab_llama_20m_config()
+    assert catalog_match(config) == "lab-llama-20m"
+    assert catalog_match({**config, "vocab_size": 31999}) is None
+    assert catalog_match({**config, "num_key_value_heads": 2}) is None
+    assert catalog_match(MYSTERY) is None
+
+
+def test_a_local_engine_without_a_gpu_is_labelled_a_cpu_engine() -> None:
+    label = where_label("0.32.0+cpu", None, 1, "http://127.0.0.1:8000")
+    name, cores = cpu.cpu_inventory().name, cpu.cores()
+    assert label == f"vLLM 0.32.0 on CPU ({name}, {cores} core{'s' if cores != 1 else ''})"
+    # A remote server's device is not known from here; a worker's own server keeps its label.
+    assert where_label("0.32.0", None, 1, "http://gpu-box:8000") == "vLLM 0.32.0 at gpu-box"
+    assert where_label("0.33.0", None, 1, None) == "vLLM 0.33.0 on an unknown GPU"
+
+
+def test_a_run_on_a_local_cpu_engine_is_labelled_as_one(
+    fake_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vllm_backend, "gpu_name", lambda: None)  # no GPU on this machine
+    root = model_dir(tmp_path, "lab-llama-20m", lab_llama_20m_config())
+    server = fake_server({"model": "lab", "root": str(root), "version": "0.32.0"})
+    params = parse_lab_params({"model": "lab-llama-20m", "num_prompts": 2, "prompt_tokens": 32})
+    record = VLLMBackend(base_url=server.base_url, metrics_poll_s=0).run(params)
+    assert record.where.startswith("vLLM 0.32.0 on CPU (")
+    assert "GPU" not in record.where
+    assert record.meta["served_model"] == {
+        "id": "lab",
+        "root": str(root),
+        "max_model_len": 32768,
+        "vocab_size": 32000,
+        "catalog_model": "lab-llama-20m",
+    }
