@@ -36,6 +36,7 @@ import httpx
 
 from labs.backends.base import (
     BackendError,
+    Device,
     EngineSample,
     ProgressCallback,
     RequestRecord,
@@ -57,6 +58,7 @@ from labs.backends.vllm.server import (
     ServerManager,
     build_plan,
 )
+from labs.backends.vllm.start import check_can_start
 from labs.params import LabParams, ParamError
 
 logger = logging.getLogger(__name__)
@@ -157,7 +159,10 @@ def all_failed(requests: Sequence[RequestRecord]) -> str | None:
 
 def refuse_what_does_not_fit(planned: Sequence[PlannedRequest], max_model_len: int | None) -> None:
     """Refuse a workload whose longest request (prompt + output tokens, the max_tokens it asks
-    for) is longer than the server's max_model_len: vLLM answers such a request with 400.
+    for) is longer than the server's max_model_len. vLLM 0.33 would not refuse all of them: it
+    answers 400 only when max_tokens alone exceeds max_model_len or the prompt alone reaches
+    it, and otherwise lowers max_tokens to what is left, so the run would silently measure
+    fewer output tokens than the workload asks for.
 
     Raises:
         ParamError: naming prompt_tokens, with the numbers.
@@ -277,6 +282,10 @@ class VLLMBackend:
             refuse_what_does_not_fit(planned, max_model_len)
             meta.update(base_url=base_url, server="already running (base_url)")
         else:
+            # The same start-up check as at submit, now with this worker's own GPUs.
+            inventory = gpu_inventory()
+            device = Device.from_announced(inventory.as_dict() if inventory else None)
+            check_can_start(params, [device] if device else [])
             plan = build_plan(params, model_path=self.model_path)
             manager = server_manager()
             server, reused = manager.ensure(plan, on_wait=lambda: report(0.0))
