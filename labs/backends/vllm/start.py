@@ -67,7 +67,8 @@ def gpu_refusals(params: LabParams, device: Device) -> dict[str, str]:
         )
     memory = gpu_memory(params, device.memory_bytes)
     most = max_gpu_memory_utilization(memory)
-    if engine.gpu_memory_utilization > most:
+    # With a fixed pool the server passes no utilization (vLLM's default 0.9 applies).
+    if engine.kv_capacity_tokens is None and engine.gpu_memory_utilization > most:
         errors["gpu_memory_utilization"] = (
             f"gpu_memory_utilization must be at most {most:.2f} on {device.kind}: vLLM refuses to "
             "start when free memory is below that share, and the CUDA context takes about "
