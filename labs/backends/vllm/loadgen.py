@@ -265,6 +265,9 @@ class _Stream:
             return f"aborted by the server after {got} tokens"
         if self.finish_reason is None and got < self.record.max_tokens:
             return f"stream ended after {got} of {self.record.max_tokens} tokens"
+        if got == 0:
+            # Nothing to time: bench fails it too ("Never received a valid chunk").
+            return f"finished ({self.finish_reason or 'no reason given'}) with no output tokens"
         return None
 
 
