@@ -541,3 +541,29 @@ def test_a_finished_run_stores_its_breakdown_once(alice):
     assert run.result["breakdown"]["source"] == "simulated"
     assert "breakdown" not in run.result["meta"]
     assert run.result["meta"]["steps"] > 0  # the rest of the record's meta is kept
+
+
+def test_the_draft_model_reproduction_is_refused_at_submit_with_each_part(alice, sent):
+    # Issue 24 item 2: it passed the old fit (pool over the target's layers only) and needed
+    # 100.3 GiB on one H100.
+    gpu_worker("h100-sxm", 8, "h100@box")
+    data = {
+        "model": "llama-3-8b",
+        "gpu": "h100-sxm",
+        "spec_tokens": 3,
+        "draft_cost": 0.5,
+        "kv_capacity_tokens": 420000,
+    }
+    with pytest.raises(ParamError) as info:
+        services.run_request(owner=alice, lab="sandbox", backend="vllm", data=data)
+    message = info.value.errors["tp"]
+    for part in (
+        "weights 16.1 GB (bf16)",
+        "draft model 9.1 GB",
+        "420,000-token KV pool 82.6 GB",
+        "activation reserve 0.0 GB",
+        "CUDA context 0.5 GB = 108.3 GB",
+        "tp 2 would fit",
+    ):
+        assert part in message
+    assert not LabRun.objects.exists() and sent == []
