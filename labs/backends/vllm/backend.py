@@ -45,6 +45,7 @@ from labs.backends.base import (
 from labs.backends.vllm import prom
 from labs.backends.vllm.gpus import GpuInventory, read_gpus
 from labs.backends.vllm.loadgen import (
+    DEFINITIONS,
     LoadOptions,
     LoadResult,
     PlannedRequest,
@@ -273,7 +274,11 @@ class VLLMBackend:
         began = time.monotonic()
         planned = plan_requests(params.workload, vocab_size=params.model.vocab_size)
         manager: ServerManager | None = None
-        meta: dict[str, Any] = {"seed": params.workload.seed, "params": params.as_dict()}
+        meta: dict[str, Any] = {
+            "seed": params.workload.seed,
+            "params": params.as_dict(),
+            "definitions": dict(DEFINITIONS),
+        }
         if self.base_url is not None:
             base_url = self.base_url
             model, max_model_len = self._served_model(base_url)

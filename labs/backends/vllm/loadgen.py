@@ -1,6 +1,7 @@
 """The load generator: a lab's workload as streaming `/v1/completions` requests, timed per chunk.
 
-Measured the way `vllm bench serve` measures (vllm-notes.md section 3), client side:
+Measured with `vllm bench serve`'s definitions (vllm-notes.md section 3), client side, but stamped
+at the socket (DEFINITIONS below: bench's TTFT on the same server is 1-10 ms higher):
 
 - A request is sent with its prompt as token ids (the server runs with --skip-tokenizer-init),
   `max_tokens` = its output length, `ignore_eos`, greedy sampling, `stream` with usage.
@@ -23,6 +24,8 @@ Measured the way `vllm bench serve` measures (vllm-notes.md section 3), client s
   sent at n / rate; the run lasts until every request has returned, failed ones included.
 - A request that fails (HTTP error, a stream cut off, a timeout, an error event) is recorded with
   the reason and the tokens it got; the others carry on.
+
+DEFINITIONS (stored in every vLLM run's meta) says so to the learner.
 
 The workload is drawn exactly as the simulator draws it (labs.sim.workload, same seed streams),
 so a lab compares the two backends on the same requests.
@@ -155,6 +158,18 @@ def _raise_open_files(wanted: int) -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return wanted if soft == resource.RLIM_INFINITY else max(1, min(wanted, soft - 64))
+
+
+# How this load generator's numbers are defined, where they differ from `vllm bench serve`.
+DEFINITIONS: dict[str, str] = {
+    "ttft": "stamped at the socket: from the request's first byte leaving this machine to the "
+    "last byte of its first chunk with tokens arriving (netstream.py). vllm bench serve stamps "
+    "perf_counter() before the POST and after the chunk is parsed, so its TTFT on the same "
+    "server is about 1-10 ms higher",
+    "sampling": "greedy (temperature 0): a rerun produces the same tokens. vllm bench serve "
+    "uses the server's default sampling (temperature 1); with ngram speculation that decides "
+    "whether drafts are accepted, with synthetic acceptance it does not",
+}
 
 
 class _Stream:
