@@ -81,20 +81,38 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
     record = get_backend(name, **extra).run(params, lambda fraction: None)
     measured = summarize(record, slo_ms)
     measured.pop("series")
-    predicted = predict(params).as_dict()
-    breakdown = run_breakdown(params, record, measured)
+    predicted, no_prediction = predicted_for_served(params, record.meta)
+    breakdown = run_breakdown(params, record, measured) if not no_prediction else None
     if options.get("json"):
         result = {
             "backend": record.backend,
             "where": record.where,
             "measured": measured,
             "predicted": predicted,
+            "no_prediction": no_prediction or None,
             "breakdown": breakdown,
         }
         stdout.write(json.dumps(result) + "\n")
     else:
         stdout.write(format_table(record.where, measured, predicted))
-        stdout.write(format_breakdown(breakdown))
+        if no_prediction:
+            stdout.write(f"no prediction: {no_prediction}\n")
+        else:
+            stdout.write(format_breakdown(breakdown))
+
+
+def predicted_for_served(params: Any, meta: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """The prediction for the model a running server serves (base_url), or none with why: never
+    one for another model. Runs that started their own server predict for the lab's model."""
+    served = meta.get("served_model")
+    if not served:
+        return predict(params).as_dict(), ""
+    slug = served.get("catalog_model")
+    if slug is None:
+        return {}, f"the served model {served.get('id')!s:.80} is not in the catalog"
+    if slug != params.model.name:
+        params = params_from_args({**params.as_dict(), "model": slug})
+    return predict(params).as_dict(), ""
 
 
 def _ms(value: float | None) -> str:

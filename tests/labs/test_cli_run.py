@@ -13,6 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from labs.predict import Prediction
+from tests.labs.vllm.conftest import fake_server  # noqa: F401 - the fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 MEASURED_KEYS = {
@@ -173,3 +174,21 @@ def test_a_bad_profile_is_refused_naming_the_option():
     out = StringIO()
     with pytest.raises(CommandError, match="sim_profile must be one of realistic, ideal"):
         call_command("lab", "run", *SMALL, "--sim-profile", "fast", stdout=out)
+
+
+def test_a_running_server_gets_a_prediction_for_its_own_model_or_none(fake_server):  # noqa: F811
+    # Issue 23 item 7: never a prediction for another model than the one served.
+    unknown = fake_server({"ttft_ms": 1, "itl_ms": [1], "model": "tiny-19m"})
+    options = ("--backend", "vllm", "--base-url", unknown.base_url, *SMALL, "--model", "llama-3-8b")
+    result = run_json(*options)
+    assert result["predicted"] == {} and result["breakdown"] is None
+    assert result["no_prediction"] == "the served model tiny-19m is not in the catalog"
+    out = StringIO()
+    call_command("lab", "run", *options, stdout=out)
+    assert "no prediction: the served model tiny-19m is not in the catalog" in out.getvalue()
+    # A catalog model served under its Hugging Face name: predicted for it, not the lab's 8B.
+    qwen = fake_server({"ttft_ms": 1, "itl_ms": [1], "model": "Qwen/Qwen2.5-0.5B"})
+    served = run_json("--backend", "vllm", "--base-url", qwen.base_url, *SMALL)
+    expected = run_json(*SMALL, "--model", "qwen2.5-0.5b")["predicted"]
+    assert served["predicted"]["tpot_s"] == expected["tpot_s"]
+    assert served["predicted"]["tpot_s"] != run_json(*SMALL)["predicted"]["tpot_s"]

@@ -21,6 +21,7 @@ import asyncio
 import atexit
 import contextlib
 import functools
+import json
 import logging
 import os
 import subprocess
@@ -30,6 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -184,6 +186,37 @@ def refuse_what_does_not_fit(planned: Sequence[PlannedRequest], max_model_len: i
         )
 
 
+def catalog_model_of(card: dict[str, Any]) -> str | None:
+    """The catalog model a server's model card (GET /v1/models) names, or None: its `root` or
+    `id` is a catalog slug or the Hugging Face repository the catalog took it from, or a local
+    directory whose config.json has a catalog model's shape."""
+    from labs.catalog import MODELS
+
+    names = {str(card.get(k) or "").rstrip("/") for k in ("root", "id")} - {""}
+    for slug, spec in MODELS.items():
+        repo = spec.source.split(" ", 1)[0].lower()
+        for name in names:
+            if name.lower() in (slug, repo) or name.lower().endswith("/" + slug):
+                return slug
+    for name in names:
+        try:
+            config = json.loads((Path(name) / "config.json").read_text())
+        except (OSError, ValueError):
+            continue
+        heads = config.get("num_attention_heads")
+        shape = (
+            config.get("num_hidden_layers"),
+            config.get("hidden_size"),
+            heads,
+            config.get("num_key_value_heads", heads),
+            config.get("vocab_size"),
+        )
+        for slug, spec in MODELS.items():
+            if shape == (spec.layers, spec.hidden_size, spec.heads, spec.kv_heads, spec.vocab_size):
+                return slug
+    return None
+
+
 class _Driver:
     """Runs run_load on its own thread and event loop; the caller's thread waits on it."""
 
@@ -281,7 +314,13 @@ class VLLMBackend:
         }
         if self.base_url is not None:
             base_url = self.base_url
-            model, max_model_len = self._served_model(base_url)
+            model, max_model_len, card = self._served_model(base_url)
+            # What the server serves, so a prediction is made for that model or not at all.
+            meta["served_model"] = {
+                "id": model,
+                "root": str(card.get("root") or model),
+                "catalog_model": catalog_model_of(card),
+            }
             # Someone else's server: its context length is its own. Refuse here what vLLM would
             # refuse request by request (a run of 400s, or worse, a run missing its longest).
             refuse_what_does_not_fit(planned, max_model_len)
@@ -346,14 +385,15 @@ class VLLMBackend:
         meta.update(vllm_version=version, gpu_name=gpu)
         return self._record(params, planned, driver.result, meta, began, version, gpu, base_url)
 
-    def _served_model(self, base_url: str) -> tuple[str, int | None]:
-        """The served model's name and its max_model_len (None if the server does not say)."""
+    def _served_model(self, base_url: str) -> tuple[str, int | None, dict[str, Any]]:
+        """The served model's name, its max_model_len (None if the server does not say) and its
+        model card."""
         try:
             response = httpx.get(f"{base_url}/v1/models", timeout=10.0, trust_env=False)
             response.raise_for_status()
             card = response.json()["data"][0]
             length = card.get("max_model_len")
-            return str(card["id"]), length if isinstance(length, int) else None
+            return str(card["id"]), length if isinstance(length, int) else None, dict(card)
         except (
             httpx.HTTPError,
             ValueError,
