@@ -313,8 +313,9 @@ QUIZ_CARD_CACHE_MAX = env_int("QUIZ_CARD_CACHE_MAX", 2000)
 # --- Labs -------------------------------------------------------------------------------------
 # Each lab backend has its own queue; a worker serves a backend by consuming its queue
 # (`celery -A config worker -Q labs.sim`, a GPU worker `-Q labs.gpu`). A GPU worker also consumes
-# `labs.gpu.<kind>` for its GPU (labs.workers), and a vLLM run is sent to the queue of the GPU kind
-# it was priced for (labs.services.run_queue); Celery creates such queues on first use.
+# `labs.gpu.<kind>.x<n>` for each count n of its GPUs it can serve (labs.workers), and a vLLM run
+# is sent to the queue of its GPU kind and tp (labs.services._precheck); Celery creates such
+# queues on first use.
 LABS_BACKEND_QUEUES = {"sim": "labs.sim", "vllm": "labs.gpu"}
 # Workers write a heartbeat row this often and count as online for LABS_WORKER_ONLINE_S after it.
 LABS_WORKER_HEARTBEAT_S = env_int("LABS_WORKER_HEARTBEAT_S", 10)

@@ -22,12 +22,12 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import InterfaceError, OperationalError, connections, transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.params import FIELDS_BY_NAME, LabParams, ParamError, follow_unshown, parse_lab_params
-from labs.sizing import RunTooLarge, sim_precheck
+from labs.sizing import RunTooLarge
 from labs.tasks import run_execute_task
 from labs.workers import start_command
 
@@ -74,41 +74,26 @@ def _predicted(params: LabParams) -> dict[str, object]:
     return lab_prediction(params)
 
 
-def _precheck(backend: str, params: LabParams) -> None:
-    """Refuse at submit what the backend would refuse at once, in O(1) whatever the numbers
-    (nothing is built here): the simulator needs a KV pool that holds the longest request and a
-    run that fits LABS_SIM_MAX_RUN_MB (ParamError naming the field); vLLM cannot run some
-    settings (contiguous KV, small blocks), each refused by field."""
-    if backend == "sim":
-        sim_precheck(params, max_run_mb=settings.LABS_SIM_MAX_RUN_MB)
-    elif backend == "vllm":
-        from labs.backends.vllm.server import check_supported
-
-        check_supported(params)
-        _check_gpu_fit(params)
+def backend_options(backend: str) -> dict[str, object]:
+    """Options a backend is built and checked with (the simulator's memory allowance)."""
+    return {"max_run_mb": settings.LABS_SIM_MAX_RUN_MB} if backend == "sim" else {}
 
 
-def _check_gpu_fit(params: LabParams) -> None:
-    """vLLM runs only on a GPU kind an online worker has, with tp at most its GPU count, and
-    with weights + KV + reserve within their memory (labs.backends.vllm.fit). With no GPU
-    inventory online the no-worker refusal says so instead."""
-    from labs.backends.vllm.fit import check_fits
-    from labs.workers import gpu_offer
+def _precheck(backend: str, params: LabParams) -> str:
+    """Refuse at submit what the backend would refuse on its worker, in O(1) (nothing is built):
+    the backend's own start-up check (labs.backends.check_can_start) against the devices the
+    online workers announced. Returns the queue to send the run to.
 
-    offer = gpu_offer()
-    if offer:
-        check_fits(params, offer)
+    Raises:
+        ParamError: what cannot start, by field.
+    """
+    from labs.backends import check_can_start
+    from labs.workers import devices_online, placement_queue
 
-
-def run_queue(backend: str, params: LabParams) -> str:
-    """The queue a run goes to: a vLLM run to the workers of the GPU kind it was priced for
-    (`labs.gpu.<kind>`), when an online worker announced that kind; else the backend's queue."""
-    from labs.workers import gpu_offer, gpu_queue
-
-    queue = backend_queue(backend)
-    if backend == "vllm" and params.hardware.name in gpu_offer():
-        return gpu_queue(params.hardware.name)
-    return queue
+    placement = check_can_start(
+        backend, params, devices_online(backend), **backend_options(backend)
+    )
+    return placement_queue(backend_queue(backend), placement)
 
 
 def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
@@ -262,7 +247,7 @@ def run_request(
     backend_queue(backend)
     params = parse_lab_params(data, ignore_unknown=True)
     _check_preset(preset)
-    _precheck(backend, params)
+    queue = _precheck(backend, params)
     created: list[LabRun] = []
 
     def create() -> tuple[list[int], list[str]]:
@@ -272,7 +257,7 @@ def run_request(
                 lab=lab,
                 preset=preset,
                 backend=backend,
-                queue=run_queue(backend, params),
+                queue=queue,
                 params=params.as_dict(),
                 predicted=_predicted(params),
             )
@@ -320,6 +305,7 @@ def sweep_request(
     _check_can_queue(owner=owner, backend=backend, new_runs=1)
     items = sweep_values_parse(field, raw_values)
     points: list[LabParams] = []
+    queues: list[str] = []
     errors: dict[str, str] = {}
     for item in items:
         try:
@@ -327,7 +313,7 @@ def sweep_request(
             if shown is not None:
                 point_data = follow_unshown(point_data, shown)
             point = parse_lab_params(point_data, ignore_unknown=True)
-            _precheck(backend, point)
+            queues.append(_precheck(backend, point))
             points.append(point)
         except ParamError as exc:
             # Report the first bad point; a bad swept value is named by its value.
@@ -352,7 +338,7 @@ def sweep_request(
                 owner=owner,
                 lab=lab,
                 backend=backend,
-                queue=run_queue(backend, p),
+                queue=queues[i],
                 params=p.as_dict(),
                 predicted=_predicted(p),
                 sweep=sweep,
@@ -511,8 +497,7 @@ def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     from labs.metrics import summarize
 
     params = parse_lab_params(run.params)
-    options = {"max_run_mb": settings.LABS_SIM_MAX_RUN_MB} if run.backend == "sim" else {}
-    backend = get_backend(run.backend, **options)
+    backend = get_backend(run.backend, **backend_options(run.backend))
     record = backend.run(params, _progress_reporter(run.pk, beat))
     summary = summarize(record)
     summary["breakdown"] = _json_safe({"b": run_breakdown(params, record, summary)})["b"]
@@ -659,9 +644,12 @@ def _sent_to(backend: str, queue: str) -> str:
 def _served_queues(now: datetime) -> set[str]:
     """The queues online workers consume: the one each announced (`labs.gpu.<kind>` for a GPU
     worker) and its backend's queue, which every worker of the backend consumes too."""
+    from labs.workers import served_queues
+
     served: set[str] = set()
-    for backend, queue in WorkerHeartbeat.objects.online(now).values_list("backend", "queue"):
-        served |= {queue, settings.LABS_BACKEND_QUEUES.get(backend, queue)}
+    rows = WorkerHeartbeat.objects.online(now).values_list("backend", "queue", "gpus")
+    for backend, queue, gpus in rows:
+        served |= served_queues(backend, queue, gpus)
     return served
 
 
@@ -702,7 +690,11 @@ def _runs_its_workers_take(backend: str, queue: str) -> QuerySet[LabRun]:
     of_backend = LabRun.objects.filter(backend=backend)
     if _sent_to(backend, queue) == shared:
         return of_backend
-    return of_backend.filter(queue__in=[queue, shared, ""])
+    # `labs.gpu.<kind>.x<n>`: the kind's workers also take its other counts' runs.
+    kind_queue = queue.rsplit(".x", 1)[0]
+    return of_backend.filter(
+        Q(queue__in=[queue, kind_queue, shared, ""]) | Q(queue__startswith=kind_queue + ".x")
+    )
 
 
 def _fail_all(runs: QuerySet[LabRun], now: datetime, error: str) -> int:

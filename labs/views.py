@@ -17,12 +17,13 @@ from django_htmx.http import HttpResponseStopPolling
 
 from labs import definitions, results, selectors, services
 from labs.backends.vllm.cpu import CPU_LAB_SETTINGS
-from labs.backends.vllm.fit import memory_problem, requirement
+from labs.backends.vllm.fit import requirement
+from labs.backends.vllm.start import check_can_start
 from labs.forms import LabParamsForm, SweepForm
 from labs.params import FIELDS_BY_NAME, ParamError
 from labs.predict import lab_prediction
 from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
-from labs.workers import cpu_worker_hardware, gpu_offer
+from labs.workers import cpu_worker_hardware, devices_online, gpu_offer
 
 # A refusal is not the learner's mistake: no worker or no queue is the service being unavailable.
 REFUSAL_STATUS = {
@@ -108,8 +109,12 @@ def _preset_gpu_note(preset: Any, form: SweepForm, offer: dict[str, int]) -> str
     if preset is None or form.params is None:
         return ""
     params = form.params
-    if offer.get(params.hardware.name, 0) >= params.engine.tp and memory_problem(params) is None:
-        return ""
+    if params.hardware.name in offer:
+        try:
+            check_can_start(params, devices_online("vllm"))
+            return ""
+        except ParamError:
+            pass
     return (
         f"On vLLM this preset {requirement(params)}; no online GPU worker has that, "
         "so it runs on the simulator here."

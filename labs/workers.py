@@ -4,10 +4,13 @@ main process (solo and prefork pools alike). The same thread runs the stale-run 
 live worker fails the runs a killed one left behind; no celery beat is needed.
 
 A worker serves the backends whose queues it consumes (settings.LABS_BACKEND_QUEUES). A GPU
-worker is started on `labs.gpu`; at setup it reads its GPUs (labs/backends/vllm/gpus.py) and
-also consumes the queue of its kind, `labs.gpu.<kind>`, where runs priced for that GPU are sent.
-Its heartbeat row carries the inventory (count, kind, memory each, vLLM version), which
-`gpu_offer()` turns into what the lab form may offer.
+worker is started on `labs.gpu`; at setup it reads its devices (labs/backends/vllm/gpus.py) and
+also consumes one queue per device count it can serve, `labs.gpu.<kind>.x<n>` for every power
+of two n up to its count: a run that needs tp GPUs of a kind is sent to `...x<tp>`, so only a
+worker with at least that many takes it (an 8-GPU worker takes tp 1, 2, 4 and 8; a 1-GPU worker
+tp 1 only). Its heartbeat row carries the inventory (count, kind, memory each, vLLM version),
+which `devices_online()` hands to the backend's start-up check and `gpu_offer()` turns into
+what the lab form may offer.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
+from labs.backends.base import Device, Placement
 from labs.backends.vllm.gpus import GPU_QUEUE, gpu_queue, queue_suffix
 from labs.catalog import CPU_KIND, GB, TB, TFLOPS, Hardware, cpu_hardware
 
@@ -165,10 +169,49 @@ def cpu_figures(now: object = None) -> dict[str, float]:
     }
 
 
+def count_queue(kind_queue: str, count: int) -> str:
+    """`labs.gpu.h100-sxm` and 8 -> `labs.gpu.h100-sxm.x8`: runs that need 8 of that kind."""
+    return f"{kind_queue}.x{count}"
+
+
+def queues_for_count(kind_queue: str, count: int) -> list[str]:
+    """The queues a worker with `count` devices consumes: every power of two up to it (tp is
+    a power of two)."""
+    return [count_queue(kind_queue, 1 << i) for i in range(count.bit_length()) if 1 << i <= count]
+
+
+def placement_queue(base: str, placement: Placement | None) -> str:
+    """The queue a run goes to: the backend's (`base`), or for a placement the queue that only
+    workers with at least placement.count devices of its kind consume."""
+    if placement is None:
+        return base
+    return count_queue(f"{base}.{placement.kind}", placement.count)
+
+
+def served_queues(backend: str, announced: str, gpus: dict[str, Any] | None) -> set[str]:
+    """Every queue a worker consumes, from its heartbeat row: its backend's, the one it
+    announced, and for a device inventory one per count it can serve."""
+    served = {announced, settings.LABS_BACKEND_QUEUES.get(backend, announced)}
+    device = Device.from_announced(gpus)
+    if device is not None:
+        served.update(queues_for_count(announced, device.count))
+    return served
+
+
+def devices_online(backend: str, now: object = None) -> list[Device]:
+    """The devices the online workers of `backend` announced (none for the simulator's, or a
+    vLLM worker measuring a server elsewhere)."""
+    from labs.models import WorkerHeartbeat
+
+    rows = WorkerHeartbeat.objects.online(now).filter(backend=backend)
+    devices = (Device.from_announced(g) for g in rows.values_list("gpus", flat=True))
+    return [d for d in devices if d is not None]
+
+
 @celeryd_after_setup.connect
 def _add_gpu_kind_queue(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    """A worker on `labs.gpu` also consumes `labs.gpu.<its GPU kind>`, where runs priced for
-    that GPU are sent (labs.services routes them)."""
+    """A worker on `labs.gpu` also consumes `labs.gpu.<its GPU kind>.x<n>` for each count n it
+    can serve, where runs that need n GPUs of that kind are sent (labs.services routes them)."""
     if instance is None:
         return
     queues = instance.app.amqp.queues
@@ -180,8 +223,10 @@ def _add_gpu_kind_queue(sender: Any = None, instance: Any = None, **_: Any) -> N
     if inventory is None:
         logger.warning("labs: no GPU found (nvidia-smi); this worker gets no GPU-kind queue")
         return
-    queues.select_add(inventory.queue)
-    logger.info("labs: %s consumes %s", inventory.label(), inventory.queue)
+    names = queues_for_count(inventory.queue, inventory.count)
+    for name in names:
+        queues.select_add(name)
+    logger.info("labs: %s consumes %s", inventory.label(), ", ".join(names))
 
 
 def beat_once(hostname: str, backends: list[str]) -> None:

@@ -18,6 +18,38 @@ if TYPE_CHECKING:
     from labs.params import LabParams
 
 
+@dataclass(frozen=True)
+class Device:
+    """What a worker runs labs on: `count` devices of one `kind` (a catalog GPU such as
+    "h100-sxm", "cpu", or a slug of a name the catalog does not know), `memory_bytes` each
+    (None when unknown). Each backend's `check_can_start(params, devices)` judges a lab against
+    the devices of the online workers (at submit) or its own (on the worker, before a start)."""
+
+    kind: str
+    count: int
+    memory_bytes: int | None = None
+
+    @classmethod
+    def from_announced(cls, gpus: Mapping[str, Any] | None) -> Device | None:
+        """The device a heartbeat row's inventory describes (labs.workers), or None if it
+        announced none."""
+        gpus = gpus or {}
+        kind, count = gpus.get("kind") or gpus.get("name"), gpus.get("count")
+        if not kind or not isinstance(count, int) or count < 1:
+            return None
+        memory = gpus.get("memory_bytes")
+        return cls(str(kind), count, memory if isinstance(memory, int) else None)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a run goes: `count` devices of `kind` (labs.workers routes it to a queue that only
+    workers with at least that many consume)."""
+
+    kind: str
+    count: int
+
+
 class BackendError(RuntimeError):
     """A backend could not run the lab (its engine is missing, died or never got healthy). The
     message says why in a sentence a learner can act on; the run is marked failed with it."""

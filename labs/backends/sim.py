@@ -10,13 +10,13 @@ requests.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from labs.backends.base import ProgressCallback, RunRecord
+from labs.backends.base import Device, Placement, ProgressCallback, RunRecord
 from labs.definitions import definitions
 from labs.params import LabParams, ParamError
 from labs.predict import kv_capacity_tokens
@@ -30,6 +30,15 @@ from labs.sizing import MB, address_space_limit, sim_precheck
 # Address space beyond the run's budget: thread stacks and malloc arenas reserve far more than
 # they touch, and numpy's temporaries come and go.
 _HEADROOM_BYTES = 256 * MB
+
+
+def check_can_start(
+    params: LabParams, devices: Sequence[Device] = (), *, max_run_mb: int
+) -> Placement | None:
+    """The simulator's start-up check (labs.backends.check_can_start): its pool must hold the
+    longest request and the run fit `max_run_mb`. Any CPU worker runs it, so no placement."""
+    sim_precheck(params, max_run_mb=max_run_mb)
+    return None
 
 
 def build_simulator(
@@ -99,7 +108,7 @@ class SimBackend:
     def run(self, params: LabParams, on_progress: ProgressCallback | None = None) -> RunRecord:
         if self.max_run_mb is None:
             return self._run(params, on_progress)
-        sim_precheck(params, max_run_mb=self.max_run_mb)
+        check_can_start(params, max_run_mb=self.max_run_mb)
         with address_space_limit(2 * self.max_run_mb * MB + _HEADROOM_BYTES):
             return self._run(params, on_progress)
 

@@ -291,11 +291,12 @@ def test_a_vllm_run_goes_to_the_queue_of_the_gpu_it_was_priced_for(alice, sent):
         services.run_request(
             owner=alice, lab="sandbox", backend="vllm", data={**SMALL, "gpu": "h100-sxm", "tp": 2}
         )
-    assert [options["queue"] for _, options in sent] == ["labs.gpu.l4", "labs.gpu.h100-sxm"]
+    # The queue of the GPU kind and of the GPU count the run needs (its tp).
+    assert [options["queue"] for _, options in sent] == ["labs.gpu.l4.x1", "labs.gpu.h100-sxm.x2"]
     # The run remembers where it went, for the reaper.
     assert list(LabRun.objects.order_by("pk").values_list("queue", flat=True)) == [
-        "labs.gpu.l4",
-        "labs.gpu.h100-sxm",
+        "labs.gpu.l4.x1",
+        "labs.gpu.h100-sxm.x2",
     ]
 
 
@@ -313,7 +314,7 @@ def test_a_sweep_over_gpus_sends_each_point_to_its_own_kind(alice):
         )  # fmt: skip
         list(group.call_args.args[0])  # the group's signatures, each .set() with its queue
     queues = [c.kwargs["queue"] for c in si.return_value.set.call_args_list]
-    assert queues == ["labs.gpu.l4", "labs.gpu.h100-sxm"]
+    assert queues == ["labs.gpu.l4.x1", "labs.gpu.h100-sxm.x1"]
     sent_to = LabRun.objects.order_by("sweep_index").values_list("queue", flat=True)
     assert list(sent_to) == queues
 
@@ -381,7 +382,8 @@ def test_a_lost_gpu_kind_run_is_not_hidden_by_another_gpus_busy_worker(alice, bo
         (
             {"gpu": "l4", "model": "llama-3.1-70b"},
             "tp",
-            ["weights 141.2 GB (bf16)", "1\u00d7 l4 holds 21.6 GB"],
+            # The memory the worker announced (gpu_worker: 80 GiB), at utilization 0.9.
+            ["weights 141.2 GB (bf16)", "one l4 holds 77.3 GB"],
         ),
     ],
 )
@@ -539,3 +541,29 @@ def test_a_finished_run_stores_its_breakdown_once(alice):
     assert run.result["breakdown"]["source"] == "simulated"
     assert "breakdown" not in run.result["meta"]
     assert run.result["meta"]["steps"] > 0  # the rest of the record's meta is kept
+
+
+def test_the_draft_model_reproduction_is_refused_at_submit_with_each_part(alice, sent):
+    # Issue 24 item 2: it passed the old fit (pool over the target's layers only) and needed
+    # 100.3 GiB on one H100.
+    gpu_worker("h100-sxm", 8, "h100@box")
+    data = {
+        "model": "llama-3-8b",
+        "gpu": "h100-sxm",
+        "spec_tokens": 3,
+        "draft_cost": 0.5,
+        "kv_capacity_tokens": 420000,
+    }
+    with pytest.raises(ParamError) as info:
+        services.run_request(owner=alice, lab="sandbox", backend="vllm", data=data)
+    message = info.value.errors["tp"]
+    for part in (
+        "weights 16.1 GB (bf16)",
+        "draft model 9.1 GB",
+        "420,000-token KV pool 82.6 GB",
+        "activation reserve 0.0 GB",
+        "CUDA context 0.5 GB = 108.3 GB",
+        "tp 2 would fit",
+    ):
+        assert part in message
+    assert not LabRun.objects.exists() and sent == []

@@ -108,6 +108,7 @@ def test_runs_reach_the_gpu_worker_of_their_kind(transactional_db, tmp_path, ali
             started[kind] = start_worker(["labs.gpu"], extra_env=env)
         beats = {b.gpus["kind"]: b for b in WorkerHeartbeat.objects.filter(backend="vllm")}
         assert beats["l4"].queue == "labs.gpu.l4" and beats["l4"].gpus["count"] == 1
+        assert "consumes labs.gpu.h100-sxm.x1, labs.gpu.h100-sxm.x2\n" in started["h100-sxm"].log()
         assert beats["h100-sxm"].queue == "labs.gpu.h100-sxm"
         assert beats["h100-sxm"].gpus["memory_bytes"] == 81559 * 1024 * 1024
         assert workers.gpu_offer() == {"l4": 1, "h100-sxm": 2}
@@ -140,3 +141,73 @@ def test_runs_reach_the_gpu_worker_of_their_kind(transactional_db, tmp_path, ali
                 entry = json.loads(line)
                 for pid in (entry["pid"], entry["grandchild"]):
                     assert not alive(pid), f"stand-in process {pid} left running"
+
+
+H100_ROW = "{i}, NVIDIA H100 80GB HBM3, 81559\\n"
+
+
+@pytest.mark.worker
+def test_a_tp8_run_goes_only_to_the_8_gpu_worker_and_is_refused_without_one(
+    transactional_db, tmp_path, alice
+):
+    """Two real GPU workers of one kind, 1 and 8 GPUs (stand-ins for nvidia-smi and vllm): the
+    1-GPU worker consumes only labs.gpu.h100-sxm.x1, so it never takes a tp 8 run; once the
+    8-GPU worker is gone, a tp 8 run is refused at submit."""
+    import json
+    import sys
+
+    from labs import services
+    from labs.models import LabRun, RunState
+    from labs.params import ParamError
+    from tests.labs.factories import SMALL
+    from tests.labs.vllm.conftest import STANDIN
+    from tests.worker import purge, start_worker
+
+    smi = _executable(tmp_path / "nvidia-smi", 'printf "%b" "$STANDIN_GPUS"')
+    vllm = _executable(tmp_path / "vllm", f'exec "{sys.executable}" "{STANDIN}" "$@"')
+    purge([f"labs.gpu.h100-sxm.x{n}" for n in (1, 2, 4, 8)])
+    started = {}
+    try:
+        for count in (1, 8):
+            env = {
+                "LABS_NVIDIA_SMI": str(smi),
+                "VLLM_EXECUTABLE": str(vllm),
+                "STANDIN_RECORD": str(tmp_path / f"starts-{count}.jsonl"),
+                "STANDIN_FAKE_CONFIG": json.dumps({"ttft_ms": 2, "itl_ms": [1]}),
+                "STANDIN_GPUS": "".join(H100_ROW.format(i=i) for i in range(count)),
+                "LABS_VLLM_CACHE_DIR": str(tmp_path / f"x{count}"),
+            }
+            started[count] = start_worker(["labs.gpu"], extra_env=env)
+        assert "consumes labs.gpu.h100-sxm.x1\n" in started[1].log()
+        assert (
+            "labs.gpu.h100-sxm.x1, labs.gpu.h100-sxm.x2, labs.gpu.h100-sxm.x4, " in started[8].log()
+        )
+        data = {**SMALL, "model": "llama-3-8b", "gpu": "h100-sxm"}
+        runs = [
+            services.run_request(owner=alice, lab="sandbox", backend="vllm", data=data | {"tp": tp})
+            for tp in (8, 8, 1)
+        ]
+        assert [r.queue for r in runs] == ["labs.gpu.h100-sxm.x8"] * 2 + ["labs.gpu.h100-sxm.x1"]
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if not LabRun.objects.filter(state__in=[RunState.QUEUED, RunState.RUNNING]).exists():
+                break
+            time.sleep(0.5)
+        for run in runs:
+            run.refresh_from_db()
+            assert run.state == RunState.DONE, (run.error, started[8].log()[-3000:])
+        assert all(r.worker.startswith(started[8].name) for r in runs if r.params["tp"] == 8)
+        assert not (tmp_path / "starts-1.jsonl").exists() or all(
+            "--tensor-parallel-size" not in json.loads(line)["argv"]
+            for line in (tmp_path / "starts-1.jsonl").read_text().splitlines()
+        )
+        started[8].stop()  # its heartbeat row goes with it
+        with pytest.raises(ParamError) as info:
+            services.run_request(owner=alice, lab="sandbox", backend="vllm", data=data | {"tp": 8})
+        assert info.value.errors == {
+            "tp": "tp must be at most 1 on h100-sxm: the largest h100-sxm worker has 1 GPU, got 8"
+        }
+        assert LabRun.objects.count() == 3
+    finally:
+        for worker in started.values():
+            worker.stop()

@@ -36,6 +36,7 @@ import httpx
 
 from labs.backends.base import (
     BackendError,
+    Device,
     EngineSample,
     ProgressCallback,
     RequestRecord,
@@ -58,6 +59,7 @@ from labs.backends.vllm.server import (
     ServerManager,
     build_plan,
 )
+from labs.backends.vllm.start import check_can_start
 from labs.definitions import definitions
 from labs.params import LabParams, ParamError
 
@@ -167,7 +169,10 @@ def all_failed(requests: Sequence[RequestRecord]) -> str | None:
 
 def refuse_what_does_not_fit(planned: Sequence[PlannedRequest], max_model_len: int | None) -> None:
     """Refuse a workload whose longest request (prompt + output tokens, the max_tokens it asks
-    for) is longer than the server's max_model_len: vLLM answers such a request with 400.
+    for) is longer than the server's max_model_len. vLLM 0.33 would not refuse all of them: it
+    answers 400 only when max_tokens alone exceeds max_model_len or the prompt alone reaches
+    it, and otherwise lowers max_tokens to what is left, so the run would silently measure
+    fewer output tokens than the workload asks for.
 
     Raises:
         ParamError: naming prompt_tokens, with the numbers.
@@ -306,6 +311,10 @@ class VLLMBackend:
                 served_model=served.as_dict(),
             )
         else:
+            # The same start-up check as at submit, now with this worker's own devices.
+            inventory = gpu_inventory()
+            device = Device.from_announced(inventory.as_dict() if inventory else None)
+            check_can_start(params, [device] if device else [])
             planned = plan_requests(params.workload, vocab_size=params.model.vocab_size)
             plan = build_plan(params, model_path=self.model_path)
             manager = server_manager()

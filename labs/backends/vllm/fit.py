@@ -1,163 +1,221 @@
-"""Will a lab start on vLLM, and on which GPUs? Checked at submit, before anything is queued.
+"""Does a lab fit in the memory of its GPUs on vLLM 0.33? Per GPU, as vLLM counts it.
 
-- Memory: with `--load-format dummy` vLLM still allocates every weight at full size, so the
-  weights, the KV pool and the activation reserve must fit the tp GPUs. The arithmetic is the
-  predictor's (labs.predict): weight bytes, KV bytes per token (with KV heads copied when tp
-  exceeds them), and what `gpu_memory_utilization` leaves; a draft model adds its layers' share
-  of the weights.
-- Workers: tp cannot exceed the GPUs of the largest online worker of the lab's GPU kind ("World
-  size (4) is larger than the number of available GPUs" otherwise), and the kind must be one an
-  online worker has.
+- Weights: with `--load-format dummy` vLLM still allocates every weight at full size, split
+  over the tp GPUs. Online fp8 (`--quantization fp8`) quantizes the linear layers only: the
+  embeddings and the LM head stay bf16.
+- A draft model (draft_model, and eagle, which runs as one: server._draft) is the target cut to
+  round(draft_cost x layers) layers: its own embeddings and LM head plus those layers' share.
+- The KV pool: `--kv-cache-memory-bytes` for kv_capacity_tokens (plus vLLM's null block) over
+  the target's AND the draft's layers, as server.build_plan sizes it; or, with
+  gpu_memory_utilization, what that share leaves, which must hold one request of
+  max_model_len plus the null block (vLLM's start check, v1/core/kv_cache_planning.py).
+- The activation reserve (the learner's setting) and the CUDA context, which exists before
+  vLLM measures free memory (and why gpu_memory_utilization 1.0 cannot start).
 
-Pure functions of the parameters and of `offer` (GPU kind -> the most GPUs one online worker of
-that kind has); labs.workers.gpu_offer() reads the offer from the heartbeat rows.
+Pure functions of the parameters and of the memory of one GPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import json
 from dataclasses import dataclass
 
-from labs.backends.vllm.server import _max_model_len
-from labs.catalog import GB, GPUS
+from labs.backends.vllm.server import MODELS_DIR, _max_model_len
+from labs.catalog import GB, GPUS, KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, ModelSpec
 from labs.params import LabParams, ParamError
-from labs.predict import (
-    blocks_for_tokens,
-    kv_bytes_per_token,
-    kv_replication,
-    weight_bytes,
-)
+from labs.predict import blocks_for_tokens
 
 MAX_TP = 8  # the largest single-node worker the checks suggest
+# What a GPU holds before vLLM measures its free memory: the CUDA context, cuBLAS/NCCL
+# workspaces ("hundreds of MiB"). vLLM refuses to start when free memory is below
+# gpu_memory_utilization x total (v1/worker/utils.py request_memory).
+CUDA_CONTEXT_BYTES = 512 * 1024**2
 
 
 def _gb(n: float) -> str:
     return f"{n / GB:,.1f} GB"
 
 
+@functools.lru_cache(maxsize=32)
+def _ties_embeddings(slug: str) -> bool:
+    try:
+        config = json.loads((MODELS_DIR / slug / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(config.get("tie_word_embeddings", False))
+
+
+def embedding_params(model: ModelSpec) -> float:
+    """Parameters of the input embeddings and the LM head (one matrix when they are tied)."""
+    if not model.vocab_size:
+        return 0.0
+    return model.vocab_size * model.hidden_size * (1 if _ties_embeddings(model.name) else 2)
+
+
+def vllm_weight_bytes(model: ModelSpec, weight_dtype: str, layers: int | None = None) -> float:
+    """Bytes of the weights vLLM allocates for `model` cut to `layers` layers (all by default):
+    the embeddings and LM head in 16 bits (online fp8 leaves them so), the rest at the dtype."""
+    embed = embedding_params(model)
+    body = (model.params - embed) * (layers if layers is not None else model.layers) / model.layers
+    return body * WEIGHT_DTYPE_BYTES[weight_dtype] + embed * 2
+
+
+def draft_layers(params: LabParams) -> int:
+    """Layers of the draft model server._draft builds (0 without one)."""
+    if params.engine.spec_method not in ("draft_model", "eagle"):
+        return 0
+    return max(1, round(params.engine.draft_cost * params.model.layers))
+
+
+def kv_bytes_per_token_per_gpu(params: LabParams, tp: int) -> int:
+    """KV bytes one token takes on each GPU, over the target's and the draft's layers: the KV
+    heads are split over the GPUs, or copied when there are fewer heads than GPUs."""
+    model = params.model
+    heads = max(1, model.kv_heads // tp)
+    layers = model.layers + draft_layers(params)
+    return 2 * layers * heads * model.head_dim * KV_DTYPE_BYTES[params.engine.kv_dtype]
+
+
+def usable_pool_tokens(params: LabParams) -> int | None:
+    """Tokens the fixed pool holds for requests (whole blocks; the null block is extra), or
+    None when vLLM sizes the pool from gpu_memory_utilization."""
+    engine = params.engine
+    if engine.kv_capacity_tokens is None:
+        return None
+    return blocks_for_tokens(engine.kv_capacity_tokens, engine.block_size) * engine.block_size
+
+
 @dataclass(frozen=True)
 class MemoryNeed:
-    """What one replica needs on `tp` GPUs, and what they hold."""
+    """What one GPU of a replica on `tp` GPUs needs, part by part, and what it has."""
 
     weights: float
-    kv: float  # the fixed pool, or the longest request's KV when vLLM sizes the pool itself
+    draft: float
+    kv: float  # the fixed pool, or one max_model_len request plus the null block
     reserve: float
-    have: float  # tp x memory (x utilization when vLLM sizes the pool from it)
+    context: float
+    have: float  # the GPU's memory (x utilization when vLLM sizes the pool from it)
     fixed_pool: bool
+    tp: int
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.draft + self.kv + self.reserve + self.context
 
     @property
     def fits(self) -> bool:
-        return self.weights + self.kv + self.reserve <= self.have
+        return self.total <= self.have
 
 
-def memory_need(params: LabParams, tp: int | None = None) -> MemoryNeed:
-    engine, model, gpu = params.engine, params.model, params.hardware
+def gpu_memory(params: LabParams, memory_bytes: int | None = None) -> float:
+    """Memory of one GPU: what the worker announced, else the catalog's."""
+    return float(memory_bytes or params.hardware.hbm_bytes)
+
+
+def memory_need(
+    params: LabParams, tp: int | None = None, memory_bytes: int | None = None
+) -> MemoryNeed:
+    engine, model = params.engine, params.model
     tp = tp or engine.tp
-    weights = weight_bytes(model, engine.weight_dtype)
-    if engine.spec_method in ("draft_model", "eagle"):
-        # The draft is the target cut to round(draft_cost x layers) layers (server._draft).
-        draft_layers = max(1, round(engine.draft_cost * model.layers))
-        weights += weights * draft_layers / model.layers
-    per_token = kv_bytes_per_token(model, engine.kv_dtype) * kv_replication(model, tp)
+    per_token = kv_bytes_per_token_per_gpu(params, tp)
+    memory = gpu_memory(params, memory_bytes)
     if engine.kv_capacity_tokens is not None:
-        # --kv-cache-memory-bytes: whole blocks plus vLLM's null block, whatever the utilization.
         blocks = blocks_for_tokens(engine.kv_capacity_tokens, engine.block_size) + 1
-        kv = blocks * engine.block_size * per_token
-        have = tp * gpu.hbm_bytes
-        fixed = True
+        have = memory
     else:
-        # vLLM sizes the pool from what utilization leaves; it must hold the longest request.
-        kv = _max_model_len(params) * per_token
-        have = tp * gpu.hbm_bytes * engine.gpu_memory_utilization
-        fixed = False
-    return MemoryNeed(weights, kv, tp * engine.activation_reserve_bytes, have, fixed)
+        blocks = blocks_for_tokens(_max_model_len(params), engine.block_size) + 1
+        have = memory * engine.gpu_memory_utilization
+    draft = draft_layers(params)
+    return MemoryNeed(
+        weights=vllm_weight_bytes(model, engine.weight_dtype) / tp,
+        draft=vllm_weight_bytes(model, engine.weight_dtype, draft) / tp if draft else 0.0,
+        kv=blocks * engine.block_size * per_token,
+        reserve=float(engine.activation_reserve_bytes),
+        context=float(CUDA_CONTEXT_BYTES),
+        have=have,
+        fixed_pool=engine.kv_capacity_tokens is not None,
+        tp=tp,
+    )
 
 
-def _smallest_tp(params: LabParams) -> int | None:
-    heads, kv_heads = params.model.heads, params.model.kv_heads
-    for tp in (1, 2, 4, 8):
-        # vLLM's rule (labs.params checks it too): tp divides the heads and the KV heads, or
-        # the KV heads divide tp.
-        if heads % tp or (kv_heads % tp and tp % kv_heads):
-            continue
-        if memory_need(params, tp).fits:
+def _tp_allowed(model: ModelSpec, tp: int) -> bool:
+    # vLLM's rule (labs.params checks it too): tp divides the heads, and the KV heads are split
+    # (divisible by tp) or copied (tp divisible by them).
+    return not model.heads % tp and (not model.kv_heads % tp or not tp % model.kv_heads)
+
+
+def smallest_tp(
+    params: LabParams, memory_bytes: int | None = None, most: int = MAX_TP
+) -> int | None:
+    for tp in (1, 2, 4, 8, 16, 32, 64):
+        if tp > most:
+            break
+        if _tp_allowed(params.model, tp) and memory_need(params, tp, memory_bytes).fits:
             return tp
     return None
 
 
-def memory_problem(params: LabParams) -> str | None:
-    """Why the lab cannot start on its GPUs for lack of memory, with the numbers; or None."""
-    need = memory_need(params)
+def _largest_pool(need: MemoryNeed, params: LabParams) -> int:
+    """The most kv_capacity_tokens that fit beside everything else (whole blocks, null block
+    kept back), or 0."""
+    bs = params.engine.block_size
+    room = need.have - need.weights - need.draft - need.reserve - need.context
+    blocks = int(room // (bs * kv_bytes_per_token_per_gpu(params, need.tp))) - 1
+    return max(0, blocks * bs)
+
+
+def memory_problem(
+    params: LabParams, memory_bytes: int | None = None, most_gpus: int = MAX_TP
+) -> str | None:
+    """Why the lab cannot start on tp GPUs of `memory_bytes` each (the catalog's by default),
+    with what each part takes and what would fit; or None."""
+    need = memory_need(params, memory_bytes=memory_bytes)
     if need.fits:
         return None
-    engine, gpu = params.engine, params.hardware
-    kv_what = (
-        f"{engine.kv_capacity_tokens:,}-token KV pool {_gb(need.kv)}"
-        if need.fixed_pool
-        else f"KV for the longest request ({_max_model_len(params):,} tokens) {_gb(need.kv)}"
-    )
-    holds = f"{engine.tp}\u00d7 {gpu.name} hold{'s' if engine.tp == 1 else ''} {_gb(need.have)}" + (
+    engine, gpu = params.engine, params.hardware.name
+    if need.fixed_pool:
+        kv_what = f"{engine.kv_capacity_tokens:,}-token KV pool {_gb(need.kv)}"
+    else:
+        kv_what = f"KV for one {_max_model_len(params):,}-token request {_gb(need.kv)}"
+    draft = f" + draft model {_gb(need.draft)}" if need.draft else ""
+    holds = f"one {gpu} holds {_gb(need.have)}" + (
         "" if need.fixed_pool else f" at gpu_memory_utilization {engine.gpu_memory_utilization:g}"
     )
-    total = need.weights + need.kv + need.reserve
-    smallest = _smallest_tp(params)
-    advice = f"tp {smallest} would fit" if smallest else f"no tp up to {MAX_TP} fits on {gpu.name}"
+    advice = []
+    smallest = smallest_tp(params, memory_bytes, most_gpus)
+    if smallest and smallest != engine.tp:
+        advice.append(f"tp {smallest} would fit")
+    if need.fixed_pool:
+        room = _largest_pool(need, params)
+        longest = params.workload.prompt_range[1] + params.workload.output_range[1]
+        if room >= longest:
+            advice.append(f"kv_capacity_tokens up to {room:,} fits at tp {engine.tp}")
+    if not advice:
+        advice.append(f"no tp up to {most_gpus} fits on {gpu}")
     return (
-        f"tp {engine.tp} is too few {gpu.name} GPUs for this lab on vLLM: weights "
-        f"{_gb(need.weights)} ({engine.weight_dtype}) + {kv_what} + activation reserve "
-        f"{_gb(need.reserve)} = {_gb(total)}, but {holds}; {advice}"
+        f"tp {engine.tp} is too few {gpu} GPUs for this lab on vLLM: per GPU, weights "
+        f"{_gb(need.weights)} ({engine.weight_dtype}){draft} + {kv_what} + activation reserve "
+        f"{_gb(need.reserve)} + CUDA context {_gb(need.context)} = {_gb(need.total)}, but "
+        f"{holds}; {' or '.join(advice)}"
     )
-
-
-def check_fits(params: LabParams, offer: Mapping[str, int]) -> None:
-    """Refuse, by field and with numbers, a lab no online worker can start.
-
-    Args:
-        params: validated lab parameters (their GPU and tp).
-        offer: GPU kind -> the most GPUs one online vLLM worker of that kind has.
-
-    Raises:
-        ParamError: `gpu` when no online worker has that kind, `tp` when it exceeds the largest
-        worker's GPUs or the weights and KV do not fit.
-    """
-    gpu, tp = params.hardware.name, params.engine.tp
-    if gpu not in offer:
-        online = ", ".join(f"{k} (up to {n})" for k, n in sorted(offer.items())) or "none"
-        raise ParamError(
-            {
-                "gpu": f"gpu must be a GPU kind an online vLLM worker has: {online}; got {gpu}. "
-                "Run it on the simulator, or pick one of those"
-            }
-        )
-    if tp > offer[gpu]:
-        raise ParamError(
-            {
-                "tp": f"tp must be at most {offer[gpu]} on {gpu}: the largest online {gpu} "
-                f"worker has {offer[gpu]} GPU{'s' if offer[gpu] != 1 else ''}, got {tp}"
-            }
-        )
-    problem = memory_problem(params)
-    if problem:
-        raise ParamError({"tp": problem})
 
 
 def requirement(params: LabParams) -> str:
     """What a lab needs to run on vLLM, in a sentence: `4× h100-sxm` and why more would not
     help, or why it cannot run on vLLM at all."""
-    from labs.backends.vllm.server import check_supported
+    from labs.backends.vllm.start import check_can_start
 
-    try:
-        check_supported(params)
-    except ParamError as exc:
-        return "cannot run on vLLM: " + "; ".join(exc.errors.values())
-    gpu = params.hardware.name
-    if gpu not in GPUS:
+    if params.hardware.name not in GPUS:
         return "cannot run on vLLM: a custom GPU exists only in the simulator"
-    problem = memory_problem(params)
-    if problem:
-        return "cannot start as set: " + problem
-    tp = params.engine.tp
+    try:
+        check_can_start(params, [])
+    except ParamError as exc:
+        memory = memory_problem(params)
+        if memory and set(exc.errors) == {"tp"}:
+            return "cannot start as set: " + memory
+        return "cannot run on vLLM: " + "; ".join(exc.errors.values())
     need = memory_need(params)
-    used = need.weights + need.kv + need.reserve
+    tp, gpu = params.engine.tp, params.hardware.name
     gpus = f"{tp}\u00d7 {gpu}" if tp > 1 else f"a {gpu}"
-    return f"needs a vLLM worker with {gpus} (at least {_gb(used)} of its {_gb(need.have)})"
+    return f"needs a vLLM worker with {gpus} (at least {_gb(need.total)} of {_gb(need.have)} each)"

@@ -28,6 +28,8 @@ said below (TTFT is stamped at the socket; bench's TTFT is kept beside it):
 - A request that fails (HTTP error, a stream cut off, a timeout, an error event) is recorded with
   the reason and the tokens it got; the others carry on.
 
+labs/definitions.py (stored in every run's meta) says so to the learner.
+
 The workload is drawn exactly as the simulator draws it (labs.sim.workload, same seed streams),
 so a lab compares the two backends on the same requests.
 """
@@ -270,6 +272,9 @@ class _Stream:
             return f"aborted by the server after {got} tokens"
         if self.finish_reason is None and got < self.record.max_tokens:
             return f"stream ended after {got} of {self.record.max_tokens} tokens"
+        if got == 0:
+            # Nothing to time: bench fails it too ("Never received a valid chunk").
+            return f"finished ({self.finish_reason or 'no reason given'}) with no output tokens"
         return None
 
 

@@ -188,7 +188,9 @@ def _unsupported(params: LabParams) -> dict[str, str]:
 
 def _max_model_len(params: LabParams) -> int:
     """Room for the longest request, rounded up to a power of two (at most the model's context)
-    so that runs with nearby lengths reuse the same server instead of restarting it."""
+    so that runs with nearby lengths reuse the same server instead of restarting it; never more
+    than a fixed KV pool holds, as vLLM refuses to start when its pool, less the null block,
+    cannot hold one request of max_model_len."""
     work, engine = params.workload, params.engine
     needed = work.prompt_range[1] + work.output_range[1]
     rounded = max(1024, 1 << (needed - 1).bit_length())
@@ -197,6 +199,9 @@ def _max_model_len(params: LabParams) -> int:
     if not engine.chunked_prefill:
         # vLLM refuses max_num_batched_tokens < max_model_len without chunked prefill.
         rounded = min(rounded, engine.max_num_batched_tokens)
+    if engine.kv_capacity_tokens is not None:
+        pool = -(-engine.kv_capacity_tokens // engine.block_size) * engine.block_size
+        rounded = min(rounded, pool)
     return max(needed, rounded)
 
 
@@ -247,28 +252,34 @@ def synthetic_acceptance_rates(k: int, alpha: float) -> list[float]:
     return [alpha ** (i + 1) for i in range(k)]
 
 
+def supported_refusals(params: LabParams) -> dict[str, str]:
+    """Settings vLLM cannot run whatever the worker, by field (empty when there are none)."""
+    errors = _unsupported(params)
+    engine = params.engine
+    max_len = _max_model_len(params)
+    if not engine.chunked_prefill and engine.max_num_batched_tokens < max_len:
+        errors["max_num_batched_tokens"] = (
+            "max_num_batched_tokens must be at least the longest request (prompt + output = "
+            f"{max_len:,} tokens) on vLLM when chunked_prefill is off, got "
+            f"{engine.max_num_batched_tokens:,}"
+        )
+    return errors
+
+
 def check_supported(params: LabParams) -> None:
-    """Refuse settings vLLM cannot run, without touching a GPU or a file (the web app calls it at
-    submit, so such a run is refused before it is queued).
+    """Refuse settings vLLM cannot run, without touching a GPU or a file. The whole start-up
+    check, with the worker's GPUs and memory, is labs.backends.vllm.start.check_can_start.
 
     Raises:
         ParamError: each unsupported setting, naming its field.
     """
-    errors = _unsupported(params)
+    errors = supported_refusals(params)
     if params.hardware.name == CPU_KIND:
+        # vLLM's CPU build (start.py's DEVICE_RULES at submit): its message replaces the CUDA
+        # one for the same field.
         errors.update(cpu_refusals(params))
     if errors:
         raise ParamError(errors)
-    engine = params.engine
-    max_len = _max_model_len(params)
-    if not engine.chunked_prefill and engine.max_num_batched_tokens < max_len:
-        raise ParamError(
-            {
-                "max_num_batched_tokens": "max_num_batched_tokens must be at least the longest "
-                f"request (prompt + output = {max_len:,} tokens) on vLLM when chunked_prefill "
-                f"is off, got {engine.max_num_batched_tokens:,}"
-            }
-        )
 
 
 def build_plan(
@@ -318,7 +329,8 @@ def build_plan(
         args += ["--kv-cache-memory-bytes", str(kv_bytes)]
         notes.update(kv_cache_memory_bytes=kv_bytes, num_gpu_blocks_expected=blocks)
     else:
-        args += ["--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}"]
+        # repr: the value the fit check used, not one rounded to 6 digits.
+        args += ["--gpu-memory-utilization", repr(float(engine.gpu_memory_utilization))]
     files: dict[Path, str] = {}
     if engine.spec_method != "none":
         rates = synthetic_acceptance_rates(engine.spec_tokens, engine.acceptance)

@@ -7,8 +7,11 @@ HTTP/1.1 (keep-alive, chunked server-sent events) and mimics what the vllm backe
   continuous_usage_stats), `return_token_ids`, `max_tokens`: streams `max_tokens` tokens on a
   programmed schedule (first chunk `ttft_ms` after admission, then one chunk every `itl_ms`,
   cycling through `itl_ms` and `chunk_tokens`), like vLLM with --skip-tokenizer-init (empty text);
-- refuses, as vLLM does, a request whose prompt + `max_tokens` exceed `max_model_len` (400,
-  param "input_tokens"; or "max_tokens" when max_tokens alone exceeds it);
+- answers as vLLM 0.33 does when a request does not fit `max_model_len`: 400 (param
+  "max_tokens") when max_tokens alone exceeds it, 400 when the prompt alone reaches it (param
+  "input_tokens" above it; "max_tokens" when it leaves no room for one token); otherwise it
+  serves it with max_tokens lowered to what is left (renderers/params.py, get_max_tokens in
+  entrypoints/serve/utils/api_utils.py);
 - refuses a `cache_salt` that breaks vLLM 0.33's rules (a non-empty string of at most 128
   characters, without '@', '/', a backslash or NUL), and keeps prefix-cache blocks apart per salt;
 - refuses a prompt token id outside `vocab_size` when that is set, as vLLM's renderer does;
@@ -83,8 +86,8 @@ DEFAULTS: dict[str, Any] = {
     "spec_k": 0,
     "block_size": 16,
     "num_gpu_blocks": 4096,
-    # vLLM always has one (--max-model-len, else config.json's max_position_embeddings) and
-    # refuses a request whose prompt + max_tokens exceed it; the stand-in passes the flag on.
+    # vLLM always has one (--max-model-len, else config.json's max_position_embeddings); a
+    # request longer than it is lowered or refused (_check_serving); the stand-in passes it on.
     "max_model_len": 32768,
     # The model card's root (vLLM: the path the model was loaded from; None: the model name).
     # A test points it at a folder with a config.json, as a server on the same machine has.
@@ -578,6 +581,10 @@ class Conn:
         if refusal is not None:
             self.refuse(xid, arrived, *refusal)
             return
+        # What vLLM generates at most: max_tokens, lowered to the context the prompt leaves.
+        body["max_tokens"] = min(
+            body["max_tokens"], int(engine.config["max_model_len"]) - len(body["prompt"])
+        )
         status = int(behaviour.get("status", 200))
         if status != 200:
             message = {"error": {"message": "fake internal error", "code": status}}
@@ -802,7 +809,8 @@ def _check_serving(body: dict[str, Any], max_model_len: int) -> None:
             f"max_tokens must be at least 1, got {max_tokens}.", parameter="max_tokens"
         )
     # vLLM's renderer (renderers/params.py): max_tokens must fit the context on its own, and
-    # then the prompt must fit what is left; prompt + max_tokens == max_model_len is served.
+    # the prompt too, without any output; then get_max_tokens lowers max_tokens to what the
+    # prompt leaves, and a prompt that leaves nothing asks for 0 tokens, which is refused.
     if max_tokens > max_model_len:
         raise RequestError(
             f"max_tokens={max_tokens} cannot be greater than "
@@ -810,16 +818,16 @@ def _check_serving(body: dict[str, Any], max_model_len: int) -> None:
             parameter="max_tokens",
             value=max_tokens,
         )
-    room = max_model_len - max_tokens
-    if len(prompt) > room:
+    if len(prompt) > max_model_len:
         raise RequestError(
-            f"You passed {len(prompt)} input tokens and requested {max_tokens} output tokens. "
-            f"However, the model's context length is only {max_model_len} tokens, resulting in "
-            f"a maximum input length of {room} tokens. Please reduce the length of the input "
-            "prompt.",
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains {len(prompt)} input tokens, which exceeds this limit even without "
+            "any output tokens. Please reduce the length of the input prompt.",
             parameter="input_tokens",
             value=len(prompt),
         )
+    if len(prompt) == max_model_len:
+        raise RequestError("max_tokens must be at least 1, got 0.", parameter="max_tokens")
 
 
 def _check_vocabulary(prompt: list[int], vocab_size: int | None) -> None:

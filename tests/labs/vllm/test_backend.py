@@ -192,6 +192,9 @@ def test_requests_as_long_as_the_lab_allows_are_served_by_the_server_it_starts(
     values = {"prompt_tokens": 1000, "output_tokens": 24, "max_tokens": 24, "num_prompts": 4}
     record = VLLMBackend(metrics_poll_s=0).run(parse_lab_params({**PARAMS, **values}))
     assert record.meta["max_model_len"] == 1024
+    # The run says how its TTFT was stamped and how it sampled (issue 23, item 8).
+    assert record.meta["definitions"]["ttft"].startswith("stamped at the socket")
+    assert record.meta["definitions"]["sampling"].startswith("greedy (temperature 0)")
     assert [(r.error, r.prompt_tokens + r.output_tokens) for r in record.requests] == [
         (None, 1024)
     ] * 4

@@ -407,3 +407,17 @@ def test_the_plan_is_the_simulators_workload_with_a_shared_prefix() -> None:
     assert len({tuple(p.prompt[:48]) for p in plan}) == 1
     assert len({tuple(p.prompt[48:56]) for p in plan}) == 20
     assert all(1000 <= t < 32000 for p in plan for t in p.prompt)
+
+
+def test_a_completion_with_no_tokens_is_a_failure_that_says_so() -> None:
+    from labs.backends.base import RequestRecord
+    from labs.backends.vllm.loadgen import _Stream
+
+    record = RequestRecord("0", 4, 8, 0.0, [], None)
+    stream = _Stream(record, 0.0)
+    stream.feed(
+        b'data: {"choices":[{"index":0,"text":"","finish_reason":"stop"}]}\n\ndata: [DONE]\n\n',
+        0.01,
+    )
+    assert stream.done and record.chunks == []
+    assert stream.outcome() == "finished (stop) with no output tokens"

@@ -244,7 +244,7 @@ def test_a_server_that_dies_at_start_fails_with_its_log_and_leaves_nothing(
     assert manager.current is None
 
 
-def test_the_stand_in_serves_what_fits_its_max_model_len_and_refuses_the_rest(
+def test_the_stand_in_answers_a_request_longer_than_max_model_len_as_vllm_033_does(
     tmp_path: Path, standin: StandIn, manager: srv.ServerManager
 ) -> None:
     server, _ = manager.ensure(plan_for(tmp_path))  # --max-model-len 1024
@@ -253,23 +253,40 @@ def test_the_stand_in_serves_what_fits_its_max_model_len_and_refuses_the_rest(
 
     def post(prompt: int, max_tokens: int) -> httpx.Response:
         body = {"model": "lab", "prompt": [1000] * prompt, "max_tokens": max_tokens}
+        options = {"stream": True, "stream_options": {"include_usage": True}}
         return httpx.post(
-            server.base_url + "/v1/completions", json={**body, "stream": True}, trust_env=False
+            server.base_url + "/v1/completions", json={**body, **options}, trust_env=False
         )
 
-    assert post(1000, 24).status_code == 200  # exactly max_model_len is served
-    too_long = post(1001, 24)
+    def generated(response: httpx.Response) -> int:
+        assert response.status_code == 200, response.text
+        events = [
+            json.loads(line[len("data: ") :])
+            for line in response.text.splitlines()
+            if line.startswith("data: {")
+        ]
+        return events[-1]["usage"]["completion_tokens"]
+
+    assert generated(post(1000, 24)) == 24  # exactly max_model_len is served
+    # 1. Clamp: prompt + max_tokens above max_model_len is served, max_tokens lowered.
+    assert generated(post(1001, 24)) == 23
+    assert generated(post(1023, 24)) == 1
+    # 2. 400 when max_tokens alone exceeds max_model_len.
+    alone = post(1, 1025).json()["error"]
+    assert alone["param"] == "max_tokens" and "cannot be greater than" in alone["message"]
+    # 3. 400 when the prompt alone reaches it (above it: input_tokens; at it: no room left).
+    too_long = post(1025, 1)
     assert too_long.status_code == 400
     assert too_long.json()["error"] == {
-        "message": "You passed 1001 input tokens and requested 24 output tokens. However, the "
-        "model's context length is only 1024 tokens, resulting in a maximum input length of "
-        "1000 tokens. Please reduce the length of the input prompt. "
-        "(parameter=input_tokens, value=1001)",
+        "message": "This model's maximum context length is 1024 tokens. However, your prompt "
+        "contains 1025 input tokens, which exceeds this limit even without any output tokens. "
+        "Please reduce the length of the input prompt. (parameter=input_tokens, value=1025)",
         "type": "BadRequestError",
         "param": "input_tokens",
         "code": 400,
     }
-    assert post(1, 1025).json()["error"]["param"] == "max_tokens"
+    full = post(1024, 1)
+    assert full.status_code == 400 and full.json()["error"]["param"] == "max_tokens"
 
 
 def test_a_max_model_len_above_the_models_context_fails_at_start_as_in_vllm(

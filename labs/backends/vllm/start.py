@@ -1,0 +1,187 @@
+"""Can this lab start on vLLM 0.33, and on which worker? The one place that decides it.
+
+`check_can_start(params, devices)` is called at submit with the devices of the online vLLM
+workers (labs.workers.devices_online) and again on the worker, before any start, with its own.
+It refuses, by field and with what would fit, every start-up rule of vLLM 0.33 that the lab's
+settings can break:
+
+- settings vLLM cannot run anywhere (server.supported_refusals: contiguous KV, weight dtypes
+  without a checkpoint, no chunked prefill with a small token budget);
+- the model: a catalog model (its bundled config.json) or a local checkpoint on the worker;
+- the KV pool: a fixed pool, less vLLM's null block, must hold one request of max_model_len
+  (server._max_model_len never asks for more than the pool holds, so the longest request
+  decides);
+- tp against the GPUs of the worker (vLLM: "World size (8) is larger than the number of
+  available GPUs (1)");
+- then the rules of the device kind: DEVICE_RULES[kind], or for a GPU `gpu_refusals`: block
+  sizes its CUDA kernels take, gpu_memory_utilization below what the CUDA context leaves, and
+  weights + draft + KV + activation reserve + CUDA context within each GPU's memory (fit.py).
+
+With no device announced (a worker measuring a server elsewhere announces none) the lab is
+still checked against the catalog: its GPU kind, up to fit.MAX_TP of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from labs.backends.base import Device, Placement
+from labs.backends.vllm.cpu import cpu_refusals
+from labs.backends.vllm.fit import CUDA_CONTEXT_BYTES, MAX_TP, gpu_memory, memory_problem
+from labs.backends.vllm.server import (
+    BLOCK_SIZE_MULTIPLE,
+    MODELS_DIR,
+    _max_model_len,
+    supported_refusals,
+)
+from labs.catalog import CPU_KIND, GPUS
+from labs.params import LabParams, ParamError
+
+DeviceRules = Callable[[LabParams, Device], dict[str, str]]
+
+# Device kind -> its start-up rules, replacing `gpu_refusals` for that kind. A kind's rules
+# return {field: message} for what cannot start on `device` (empty when all is well); they may
+# call fit.memory_problem and the helpers here. Register with `register_device_rules`.
+DEVICE_RULES: dict[str, DeviceRules] = {}
+
+
+def register_device_rules(kind: str, rules: DeviceRules) -> None:
+    """Make `rules` decide what vLLM on a `kind` device (e.g. "cpu") can start."""
+    DEVICE_RULES[kind] = rules
+
+
+# vLLM's CPU build (labs/backends/vllm/cpu.py): block sizes of its attention backend, the KV
+# cache sized from kv_capacity_tokens, ngram speculation only.
+register_device_rules(CPU_KIND, lambda params, device: cpu_refusals(params))
+
+
+def max_gpu_memory_utilization(memory_bytes: float) -> float:
+    """The largest gpu_memory_utilization (2 decimals) vLLM can get on a GPU of this size: it
+    refuses to start when free memory, the GPU less its CUDA context, is below that share."""
+    return math.floor((memory_bytes - CUDA_CONTEXT_BYTES) / memory_bytes * 100) / 100
+
+
+def gpu_refusals(params: LabParams, device: Device) -> dict[str, str]:
+    """vLLM's CUDA rules on `device`: block size, utilization, memory."""
+    engine = params.engine
+    errors: dict[str, str] = {}
+    if engine.block_size % BLOCK_SIZE_MULTIPLE:
+        errors["block_size"] = (
+            f"block_size must be a multiple of {BLOCK_SIZE_MULTIPLE} on vLLM (16, 32, 64, 128: "
+            f"its CUDA attention kernels take no other), got {engine.block_size}"
+        )
+    memory = gpu_memory(params, device.memory_bytes)
+    most = max_gpu_memory_utilization(memory)
+    # With a fixed pool the server passes no utilization (vLLM's default 0.9 applies).
+    if engine.kv_capacity_tokens is None and engine.gpu_memory_utilization > most:
+        errors["gpu_memory_utilization"] = (
+            f"gpu_memory_utilization must be at most {most:.2f} on {device.kind}: vLLM refuses to "
+            "start when free memory is below that share, and the CUDA context takes about "
+            f"{CUDA_CONTEXT_BYTES / 1024**2:.0f} MiB of each GPU first; got "
+            f"{engine.gpu_memory_utilization:g}"
+        )
+    problem = memory_problem(params, device.memory_bytes, most_gpus=device.count)
+    if problem:
+        errors["tp"] = problem
+    return errors
+
+
+def _model_refusal(params: LabParams) -> str | None:
+    slug = params.model.name
+    if (MODELS_DIR / slug / "config.json").is_file():
+        return None
+    bundled = sorted(p.name for p in MODELS_DIR.iterdir() if (p / "config.json").is_file())
+    return (
+        f"model must be a catalog model to run on vLLM ({', '.join(bundled)}); a custom model "
+        "exists only in the simulator"
+    )
+
+
+def _pool_refusal(params: LabParams) -> str | None:
+    engine, work = params.engine, params.workload
+    if engine.kv_capacity_tokens is None:
+        return None
+    longest = work.prompt_range[1] + work.output_range[1]
+    if _max_model_len(params) <= engine.kv_capacity_tokens or longest <= (
+        -(-engine.kv_capacity_tokens // engine.block_size) * engine.block_size
+    ):
+        return None
+    return (
+        f"kv_capacity_tokens must hold one whole request on vLLM, which refuses to start when "
+        f"its pool (less the null block) cannot hold max_model_len: at least {longest:,} "
+        f"(the longest prompt + output), got {engine.kv_capacity_tokens:,}"
+    )
+
+
+def settings_refusals(params: LabParams) -> dict[str, str]:
+    """What no vLLM worker of any kind can start, by field."""
+    errors = supported_refusals(params)
+    errors.pop("block_size", None)  # a device kind's rule (gpu_refusals)
+    refusals = (("model", _model_refusal(params)), ("kv_capacity_tokens", _pool_refusal(params)))
+    for field, refusal in refusals:
+        if refusal:
+            errors.setdefault(field, refusal)
+    return errors
+
+
+def _catalog_device(params: LabParams) -> Device | None:
+    gpu = GPUS.get(params.hardware.name)
+    return None if gpu is None else Device(gpu.name, MAX_TP, gpu.hbm_bytes)
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
+def check_can_start(params: LabParams, devices: Sequence[Device]) -> Placement:
+    """Where the lab starts: tp devices of its GPU kind, on the smallest worker that can.
+
+    Args:
+        params: validated lab parameters.
+        devices: the online workers' devices (at submit), or this worker's (before a start);
+            empty when none announced any: then the catalog's GPU, up to MAX_TP of them.
+
+    Raises:
+        ParamError: every setting that cannot start, by field, saying what would fit.
+    """
+    errors = settings_refusals(params)
+    kind, tp = params.hardware.name, params.engine.tp
+    if devices:
+        candidates = sorted((d for d in devices if d.kind == kind), key=lambda d: d.count)
+    else:
+        catalog = _catalog_device(params)
+        candidates = [catalog] if catalog else []
+    if not candidates:
+        if devices:
+            online = ", ".join(sorted({f"{d.kind} (up to {d.count})" for d in devices}))
+            errors["gpu"] = (
+                f"gpu must be a GPU kind an online vLLM worker has: {online}; got {kind}. "
+                "Run it on the simulator, or pick one of those"
+            )
+        else:
+            errors["gpu"] = (
+                f"gpu must be a catalog GPU on vLLM; a custom GPU ({kind}) exists only in the "
+                "simulator"
+            )
+        raise ParamError(errors)
+    largest = candidates[-1]
+    big_enough = [d for d in candidates if d.count >= tp]
+    if not big_enough:
+        errors.setdefault(
+            "tp",
+            f"tp must be at most {largest.count} on {kind}: the largest {kind} worker has "
+            f"{largest.count} GPU{_s(largest.count)}, got {tp}",
+        )
+        raise ParamError(errors)
+    device_errors: dict[str, str] = {}
+    for device in big_enough:
+        rules = DEVICE_RULES.get(device.kind, gpu_refusals)
+        device_errors = rules(params, device)
+        if not device_errors:
+            break
+    for field, message in device_errors.items():
+        errors.setdefault(field, message)
+    if errors:
+        raise ParamError(errors)
+    return Placement(kind, tp)
