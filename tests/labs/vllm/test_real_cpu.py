@@ -14,6 +14,7 @@ server's own histograms over the same run, never with a wall-clock bound.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -265,10 +266,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-def fake_url() -> Iterator[str]:
+@contextlib.contextmanager
+def fake_server(max_model_len: int = 1024) -> Iterator[str]:
     port = _free_port()
-    config = {"max_model_len": 1024}
+    config = {"max_model_len": max_model_len}
     process = subprocess.Popen(
         [
             sys.executable,
@@ -289,9 +290,17 @@ def fake_url() -> Iterator[str]:
                 break
         except httpx.HTTPError:
             time.sleep(0.2)
-    yield url
-    process.terminate()
-    process.wait(timeout=15)
+    try:
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
+@pytest.fixture
+def fake_url() -> Iterator[str]:
+    with fake_server() as url:
+        yield url
 
 
 def _stream_shape(response: httpx.Response) -> dict[str, Any]:
@@ -358,27 +367,38 @@ def test_the_fake_answers_as_the_real_server_does(cpu_worker, learner_client, fa
         assert real == fake, f"{name}: real {real} vs fake {fake}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the fake refuses prompt + max_tokens > max_model_len with 400; helper 4's change "
-    "to fake_vllm.py makes it serve as vLLM does (remove this mark when it is merged)",
-)
-def test_the_fake_treats_a_request_longer_than_max_model_len_as_the_real_one(
-    cpu_worker, learner_client, fake_url
-):
+def test_the_fake_answers_vllms_three_length_cases_as_the_real_one(cpu_worker, learner_client):
+    """prompt + max_tokens over max_model_len is served with max_tokens lowered; max_tokens alone
+    over it, or a prompt that reaches it, is a 400: the same status from both servers."""
     run = _runs.get("speculation") or _runs.get("batching")
     assert run is not None, "runs after a run left the worker's real server up"
-    raw = json.dumps(
-        {"model": "lab", "prompt": list(range(1000, 1900)), "max_tokens": 200, "ignore_eos": True}
-    ).encode()
-    codes = [
-        httpx.post(
-            f"{url}/v1/completions",
-            content=raw,
-            headers={"content-type": "application/json"},
-            timeout=120,
-            trust_env=False,
-        ).status_code
-        for url in (server_url(run), fake_url)
-    ]
-    assert codes[0] == codes[1], f"real {codes[0]} vs fake {codes[1]}"
+    real_url = server_url(run)
+    models = httpx.get(f"{real_url}/v1/models", timeout=30, trust_env=False).json()
+    length = int(models["data"][0]["max_model_len"])
+    cases = {
+        "prompt + max_tokens over it (clamped)": (length - 100, 200),
+        "max_tokens alone over it": (10, length + 1),
+        "the prompt reaches it": (length, 10),
+    }
+    with fake_server(length) as fake_url:
+        for name, (prompt, max_tokens) in cases.items():
+            raw = json.dumps(
+                {
+                    "model": "lab",
+                    "prompt": [1000 + i % 500 for i in range(prompt)],
+                    "max_tokens": max_tokens,
+                    "ignore_eos": True,
+                }
+            ).encode()
+            codes = [
+                httpx.post(
+                    f"{url}/v1/completions",
+                    content=raw,
+                    headers={"content-type": "application/json"},
+                    timeout=120,
+                    trust_env=False,
+                ).status_code
+                for url in (real_url, fake_url)
+            ]
+            assert codes[0] == codes[1], f"{name}: real {codes[0]} vs fake {codes[1]}"
+            assert codes[0] == (200 if name.endswith("(clamped)") else 400), name
