@@ -172,7 +172,8 @@ def test_a_cpu_worker_is_offered_and_routed_like_a_gpu_kind(cpu_worker_online):
     assert gpu_offer() == {"cpu": 1}
     figures = cpu_figures()
     assert figures["tflops"] == pytest.approx(0.2) and figures["bandwidth_tbs"] == 0.008
-    assert services.run_queue("vllm", cpu_params()) == "labs.gpu.cpu"
+    # One CPU device: the queue that only workers with at least one CPU device consume.
+    assert services._precheck("vllm", cpu_params()) == "labs.gpu.cpu.x1"
 
 
 def test_the_lab_page_offers_vllm_on_this_cpu(alice_client, cpu_worker_online):
@@ -212,5 +213,5 @@ def test_a_cpu_run_is_queued_for_the_cpu_worker(alice_client, cpu_worker_online)
     response = _post(alice_client, spec_method="ngram", spec_tokens=3)
     assert response.status_code == 302, response.content.decode()[-2000:]
     run = LabRun.objects.get()
-    assert run.queue == "labs.gpu.cpu" and run.params["gpu"] == "cpu"
+    assert run.queue == "labs.gpu.cpu.x1" and run.params["gpu"] == "cpu"
     assert run.predicted["tpot_s"] > 0

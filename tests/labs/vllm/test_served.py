@@ -18,7 +18,7 @@ from labs.backends.vllm.backend import VLLMBackend, where_label
 from labs.backends.vllm.served import NOT_IN_CATALOG, catalog_match, read_served_model
 from labs.catalog import LAB_MODEL_SHAPES
 from labs.params import parse_lab_params
-from labs.predict import predict
+from labs.predict import lab_prediction, predict
 
 SMALL = ("--num-prompts", "4", "--prompt-tokens", "64", "--output-tokens", "8")
 SMALL += ("--max-tokens", "16", "--seed", "5")
@@ -111,7 +111,7 @@ def test_a_served_catalog_model_is_predicted_for_itself_on_the_named_hardware(
     )
     assert result["no_prediction"] is None
     assert result["predicted_for"] == "lab-llama-20m on a100-80gb"
-    assert result["predicted"] == json.loads(json.dumps(predict(expected).as_dict()))
+    assert result["predicted"] == json.loads(json.dumps(lab_prediction(expected)))
 
 
 def test_naming_another_model_than_the_served_one_is_refused(
