@@ -291,6 +291,10 @@ else:
     )
 CELERY_BROKER_DISPLAY = env_str("CELERY_BROKER_URL", f"filesystem://{VAR_DIR / 'broker'}")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A worker whose broker went away keeps trying to reconnect (every few seconds, at most 30 s
+# apart) for as long as it takes, rather than giving up after 100 tries and exiting.
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 # One quick retry of a publish (a broker restart), not Celery's default three: a web request
 # waits for it, and a broker still down after that is reported to the learner.
 CELERY_TASK_PUBLISH_RETRY_POLICY = {
