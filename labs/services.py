@@ -649,34 +649,61 @@ def _sent_to(backend: str, queue: str) -> str:
     return queue or settings.LABS_BACKEND_QUEUES.get(backend, "")
 
 
-def _served_queues(now: datetime) -> set[str]:
+def _served_queues(now: datetime, *, up_since: datetime | None = None) -> set[str]:
     """The queues online workers consume: the one each announced (`labs.gpu.<kind>` for a GPU
-    worker) and its backend's queue, which every worker of the backend consumes too."""
+    worker) and its backend's queue, which every worker of the backend consumes too. With
+    `up_since`, only workers whose process has been up since then."""
     served: set[str] = set()
-    for backend, queue in WorkerHeartbeat.objects.online(now).values_list("backend", "queue"):
+    online = WorkerHeartbeat.objects.online(now)
+    if up_since is not None:
+        online = online.filter(started_at__lte=up_since)
+    for backend, queue in online.values_list("backend", "queue"):
         served |= {queue, settings.LABS_BACKEND_QUEUES.get(backend, queue)}
     return served
 
 
+def _waiting_in_broker(queue: str) -> int | None:
+    """How many messages wait in the broker's `queue`, not yet delivered to a worker; None when
+    the broker cannot say (down, or it does not count)."""
+    from config.celery import app
+
+    try:
+        with app.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=1)
+            try:
+                return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
+            except conn.channel_errors:
+                return 0  # Redis keeps no empty list: no such queue is an empty one
+    except Exception as exc:
+        logger.warning("reaper: cannot count the messages waiting in %s: %r", queue, exc)
+        return None
+
+
 def _reap_lost_queued(runs: QuerySet[LabRun], now: datetime, served: set[str]) -> int:
-    """Fail queued runs whose message never reached a worker: a worker consuming their queue is
-    online and their backend has been idle (nothing running, nothing started or finished) for
-    LABS_QUEUED_LOST_S. A worker with prefetch 1 takes a waiting message within seconds, so
-    such a run is lost."""
+    """Fail queued runs whose message never reached a worker: a worker consuming their queue has
+    been up for LABS_QUEUED_LOST_S, their backend has been idle (nothing running, nothing
+    started or finished) as long, and the broker's queue is empty. A worker with prefetch 1
+    takes a waiting message within seconds, so such a run is lost. A worker that has just come
+    back (after an outage, a restart) has not had the time to take them: runs still waiting in
+    the broker are its to run, not lost."""
     lost_s = settings.LABS_QUEUED_LOST_S
     cutoff = now - timedelta(seconds=lost_s)
     reaped = 0
     waiting = runs.filter(state=RunState.QUEUED, created_at__lt=cutoff)
+    settled = _served_queues(now, up_since=cutoff)
     for backend, queue in set(waiting.values_list("backend", "queue")):
-        if _sent_to(backend, queue) not in served:
+        sent_to = _sent_to(backend, queue)
+        if sent_to not in served:
             continue  # nobody could have taken it: the stale check above deals with it
+        if sent_to not in settled:
+            continue  # its workers came up less than lost_s ago
         busy_with = _runs_its_workers_take(backend, queue)
         busy = (
             busy_with.filter(state=RunState.RUNNING).exists()
             or busy_with.filter(finished_at__gte=cutoff).exists()
             or busy_with.filter(started_at__gte=cutoff).exists()
         )
-        if busy:
+        if busy or _waiting_in_broker(sent_to) != 0:
             continue
         reaped += _fail_all(
             waiting.filter(backend=backend, queue=queue),

@@ -76,10 +76,13 @@ def start_worker(
     extra_env: dict[str, str] | None = None,
     ready_timeout_s: float = 180.0,
     as_deployed: bool = False,
+    purge_first: bool = True,
 ) -> WorkerProcess:
     """`as_deployed` starts it as the README does: gossip and mingle on, under
-    config/supervise.py, which starts it again if it exits by itself."""
-    purge(queues)
+    config/supervise.py, which starts it again if it exits by itself. `purge_first=False` keeps
+    the messages already waiting, for a worker that comes back to them."""
+    if purge_first:
+        purge(queues)
     name = f"test-{uuid.uuid4().hex[:8]}"
     log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the child's lifetime
         prefix=f"{name}-", suffix=".log", delete=False
