@@ -345,8 +345,14 @@ LABS_RUN_HEARTBEAT_S = env_int("LABS_RUN_HEARTBEAT_S", 5)
 LABS_RUN_STALE_S = env_int("LABS_RUN_STALE_S", 60)
 # A queued run nobody picked up this long, while no worker for its backend is online, is failed.
 LABS_QUEUED_STALE_S = env_int("LABS_QUEUED_STALE_S", 3600)
-# Quotas: runs (a sweep counts once) a learner may have queued or running; GPU runs in flight.
-LABS_MAX_ACTIVE_PER_LEARNER = env_int("LABS_MAX_ACTIVE_PER_LEARNER", 3)
+# Quotas: runs a learner may have queued or running (each point of a sweep counts, and a full
+# sweep of LABS_SWEEP_MAX_VALUES fits); GPU runs in flight.
+LABS_MAX_ACTIVE_PER_LEARNER = env_int("LABS_MAX_ACTIVE_PER_LEARNER", 12)
+# A learner who has not answered this many quiz cards (nor is staff) has this smaller allowance.
+LABS_NEW_LEARNER_MAX_ACTIVE = env_int("LABS_NEW_LEARNER_MAX_ACTIVE", 4)
+LABS_ESTABLISHED_AFTER_REVIEWS = env_int("LABS_ESTABLISHED_AFTER_REVIEWS", 10)
+# No learner holds more than LABS_SIM_QUEUE_CAP / LABS_SIM_QUEUE_SHARES of the simulator queue.
+LABS_SIM_QUEUE_SHARES = env_int("LABS_SIM_QUEUE_SHARES", 16)
 LABS_GPU_QUEUE_CAP = env_int("LABS_GPU_QUEUE_CAP", 4)
 LABS_SWEEP_MAX_VALUES = env_int("LABS_SWEEP_MAX_VALUES", 12)
 # Soft time limits (prefork pool); both below the Redis visibility timeout above.

@@ -125,19 +125,7 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
             kind="no-worker",
             operator_hint=f"Start one with `{start_command(queue)}`.",
         )
-    active = LabRun.objects.for_owner(owner).active()
-    # A sweep counts once: it is one thing the learner is waiting for.
-    in_flight = (
-        active.filter(sweep=None).count()
-        + active.exclude(sweep=None).values("sweep").distinct().count()
-    )
-    limit = settings.LABS_MAX_ACTIVE_PER_LEARNER
-    if in_flight >= limit:
-        raise RunRefused(
-            f"You already have {in_flight} runs or sweeps queued or running (the limit is "
-            f"{limit}). Wait for one to finish or cancel one, then run again.",
-            kind="quota",
-        )
+    _check_learner_quota(owner, new_runs)
     gpu_backends = [b for b, q in settings.LABS_BACKEND_QUEUES.items() if q == "labs.gpu"]
     if backend in gpu_backends:
         cap = settings.LABS_GPU_QUEUE_CAP
@@ -150,7 +138,7 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
                 kind="gpu-cap",
             )
     elif backend == "sim":
-        # Every learner's sim runs share the CPU workers: a global cap bounds the backlog.
+        # Every learner's sim runs share the CPU workers: a global cap bounds the backlog ...
         cap = settings.LABS_SIM_QUEUE_CAP
         busy = LabRun.objects.active().filter(backend="sim").count()
         if busy + new_runs > cap:
@@ -160,6 +148,50 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
                 "Run again in a few minutes.",
                 kind="sim-cap",
             )
+        # ... and no learner takes more than a share of it, so a handful cannot fill it.
+        share = max(1, cap // settings.LABS_SIM_QUEUE_SHARES)
+        mine = LabRun.objects.for_owner(owner).active().filter(backend="sim").count()
+        if mine + new_runs > share:
+            raise RunRefused(
+                f"Your share of the simulator queue is {share} runs and you have {mine} queued "
+                f"or running{f', this sweep needs {new_runs}' if new_runs > 1 else ''}. "
+                "Wait for some to finish or cancel some, then run again.",
+                kind="quota",
+            )
+
+
+def _is_established(owner: object) -> bool:
+    """A learner who has answered LABS_ESTABLISHED_AFTER_REVIEWS quiz cards (or is staff): new
+    accounts, which cost an attacker nothing, get a smaller allowance until then."""
+    from quiz.models import ReviewLog
+
+    if getattr(owner, "is_staff", False):
+        return True
+    needed = settings.LABS_ESTABLISHED_AFTER_REVIEWS
+    return ReviewLog.objects.filter(user_id=owner.pk).values("pk")[:needed].count() >= needed  # type: ignore[attr-defined]
+
+
+def _check_learner_quota(owner: object, new_runs: int) -> None:
+    """Every run in flight counts, each point of a sweep included."""
+    in_flight = LabRun.objects.for_owner(owner).active().count()
+    limit = settings.LABS_MAX_ACTIVE_PER_LEARNER
+    new_account = not _is_established(owner) and limit > settings.LABS_NEW_LEARNER_MAX_ACTIVE
+    if new_account:
+        limit = settings.LABS_NEW_LEARNER_MAX_ACTIVE
+    if in_flight + new_runs <= limit:
+        return
+    needs = f"; this sweep needs {new_runs}" if new_runs > 1 else ""
+    why = (
+        f" until you have answered {settings.LABS_ESTABLISHED_AFTER_REVIEWS} quiz cards"
+        if new_account
+        else ""
+    )
+    raise RunRefused(
+        f"You already have {in_flight} runs queued or running (the limit is {limit}{why})"
+        f"{needs}. Each point of a sweep counts as a run. Wait for one to finish or cancel "
+        "one, then run again.",
+        kind="quota",
+    )
 
 
 def _lock_owner(owner: object) -> None:
@@ -671,7 +703,9 @@ def _waiting_in_broker(queue: str) -> int | None:
         with app.connection_for_read() as conn:
             conn.ensure_connection(max_retries=1)
             try:
-                return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
+                return int(
+                    conn.default_channel.queue_declare(queue=queue, passive=True).message_count
+                )
             except conn.channel_errors:
                 return 0  # Redis keeps no empty list: no such queue is an empty one
     except Exception as exc:

@@ -111,23 +111,6 @@ def test_it_refuses_a_learner_over_their_quota(alice, bob, sent, settings):
     services.run_request(owner=bob, lab="sandbox", backend="sim", data=SMALL)
 
 
-def test_a_sweep_counts_once_toward_the_quota(alice, sent, settings):
-    settings.LABS_MAX_ACTIVE_PER_LEARNER = 2
-    make_heartbeat("sim")
-    sweep = services.sweep_request(
-        owner=alice,
-        lab="batching",
-        backend="sim",
-        data=SMALL,
-        field="max_num_seqs",
-        raw_values="1, 2, 4",
-    )
-    assert sweep.runs.count() == 3
-    services.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
-    with pytest.raises(RunRefused):
-        services.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
-
-
 def test_it_refuses_gpu_runs_over_the_queue_cap(alice, bob, sent, settings):
     settings.LABS_GPU_QUEUE_CAP = 1
     make_heartbeat("vllm")
