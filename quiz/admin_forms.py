@@ -46,6 +46,34 @@ class ExactTextMixin:
         return cleaned
 
 
+MAX_JSON_DEPTH = 32
+
+
+def json_loads_bounded(text: str) -> Any:
+    """json.loads for what staff type: nesting deeper than MAX_JSON_DEPTH (which no card needs,
+    and which would exhaust Python's recursion) is a ValueError saying so, like bad JSON."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_JSON_DEPTH:
+                raise ValueError(f"nested more than {MAX_JSON_DEPTH} levels deep")
+        elif char in "]}":
+            depth -= 1
+    return json.loads(text)
+
+
 def _kind_of(value: Any) -> str:
     if value is None:
         return "null"
@@ -73,7 +101,7 @@ class StepsWidget(forms.Widget):
     def format_value(self, value: Any) -> list[str]:
         if isinstance(value, str):  # raw JSON redisplayed after an error, or stored JSON text
             try:
-                value = json.loads(value)
+                value = json_loads_bounded(value)
             except ValueError:
                 return [value]
         if isinstance(value, list):
@@ -129,9 +157,22 @@ class StepsField(forms.Field):
         "invalid": "Worked steps must be a list of text items, one per step; got %(got)s.",
         "json": "Worked steps: not valid JSON (%(problem)s); give a list of text items.",
         "item": "Worked steps: step %(number)s must be non-empty text; got %(got)s.",
+        "nul": "Worked steps: step %(number)s contains a NUL character, which cannot be "
+        "stored; remove it.",
     }
 
     def to_python(self, value: Any) -> list[str]:
+        return self._without_nul(self._steps(value))
+
+    def _without_nul(self, steps: list[str]) -> list[str]:
+        for number, step in enumerate(steps, start=1):
+            if "\x00" in step:
+                raise ValidationError(
+                    self.error_messages["nul"], code="nul", params={"number": number}
+                )
+        return steps
+
+    def _steps(self, value: Any) -> list[str]:
         if isinstance(value, list) and all(isinstance(item, str) for item in value):
             # From the rows: empty rows are dropped.
             return [normalise_newlines(item) for item in value if item.strip()]
@@ -139,7 +180,7 @@ class StepsField(forms.Field):
             return []
         if isinstance(value, str):
             try:
-                value = json.loads(value)
+                value = json_loads_bounded(value)
             except ValueError as exc:
                 raise ValidationError(
                     self.error_messages["json"], code="json", params={"problem": str(exc)}
@@ -214,13 +255,14 @@ class CardAdminForm(ExactTextMixin, forms.ModelForm):
         if not text:
             return ""
         try:
-            data = json.loads(text)
+            data = json_loads_bounded(text)
         except ValueError as exc:
             raise ValidationError(f"Check: not valid JSON ({exc}).") from None
         try:
             parse_check(data, "Check")
         except ContentError as exc:
             raise ValidationError(str(exc)) from None
+        # Control characters (a NUL too) stay escaped in the stored text.
         return json.dumps(data, ensure_ascii=False)
 
     def clean(self) -> dict[str, Any]:
