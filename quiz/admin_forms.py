@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from django import forms
+from django.contrib.admin.widgets import AutocompleteSelect
 from django.core.exceptions import ValidationError
 from django.forms.models import BaseInlineFormSet
 from django.utils.html import format_html, format_html_join
@@ -324,3 +325,33 @@ class DeckAdminForm(ExactTextMixin, forms.ModelForm):
     class Meta:
         model = Deck
         fields = ["slug", "title", "description"]
+
+
+class RedisplaySafeAutocomplete(AutocompleteSelect):
+    """Django's autocomplete widget, which looks the posted value up to redisplay it after an
+    error: a value that is no key (":", "1e309") made that lookup raise, a 500. Such values are
+    left out of the lookup; the field's own error still names them."""
+
+    def optgroups(self, name: str, value: list[str], attr: dict[str, Any] | None = None):
+        to_field = self.field.remote_field.model._meta.get_field(self.field.remote_field.field_name)
+        keys = []
+        for item in value:
+            try:
+                to_field.to_python(item)
+            except ValidationError:
+                continue
+            keys.append(item)
+        return super().optgroups(name, keys, attr)
+
+
+class SafeAutocompleteMixin:
+    """For a ModelAdmin or inline: its autocomplete fields use RedisplaySafeAutocomplete."""
+
+    def formfield_for_foreignkey(self, db_field: Any, request: Any, **kwargs: Any) -> Any:
+        if "widget" not in kwargs and db_field.name in self.get_autocomplete_fields(request):  # type: ignore[attr-defined]
+            kwargs["widget"] = RedisplaySafeAutocomplete(
+                db_field,
+                self.admin_site,  # type: ignore[attr-defined]
+                using=kwargs.get("using"),
+            )
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)  # type: ignore[misc]

@@ -380,3 +380,13 @@ def test_nul_and_deep_json_in_the_card_editor_are_form_errors(staff_client, fiel
     assert message in str(errors[name])
     card.refresh_from_db()
     assert card.steps == ["Step one.", "Step two."] and "\x00" not in card.prompt
+
+
+@pytest.mark.parametrize("value", [":", "1e309", "-1", "x" * 300])
+def test_a_parent_that_is_no_card_is_a_form_error_not_a_500(staff_client, value):
+    card = make_card()
+    url = reverse("admin:quiz_card_change", args=[card.pk])
+    data = {**_as_browser_posts(staff_client.get(url)), "parent": value}
+    response = staff_client.post(url, data)
+    assert response.status_code == 200
+    assert "parent" in response.context["adminform"].form.errors
