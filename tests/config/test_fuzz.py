@@ -83,8 +83,10 @@ class Counter:
 
 
 @pytest.fixture
-def world(db):
+def world(db, settings):
     """A learner with a card on screen, a lab run, a live sim worker and no broker."""
+    # Hashing is not what is fuzzed: MD5 keeps thousands of log-ins and password changes quick.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     cache.clear()
     user = make_user("fuzzer")
     client = Client(raise_request_exception=True)
