@@ -329,16 +329,19 @@ class DeckAdminForm(ExactTextMixin, forms.ModelForm):
 
 class RedisplaySafeAutocomplete(AutocompleteSelect):
     """Django's autocomplete widget, which looks the posted value up to redisplay it after an
-    error: a value that is no key (":", "1e309") made that lookup raise, a 500. Such values are
-    left out of the lookup; the field's own error still names them."""
+    error: a value that is no key (":", "1e309") or an integer no 64-bit column holds made that
+    lookup raise, a 500. Such values are left out of the lookup; the field's own error still
+    names them."""
 
     def optgroups(self, name: str, value: list[str], attr: dict[str, Any] | None = None):
         to_field = self.field.remote_field.model._meta.get_field(self.field.remote_field.field_name)
         keys = []
         for item in value:
             try:
-                to_field.to_python(item)
+                key = to_field.to_python(item)
             except ValidationError:
+                continue
+            if isinstance(key, int) and not -(2**63) <= key < 2**63:
                 continue
             keys.append(item)
         return super().optgroups(name, keys, attr)
