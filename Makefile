@@ -52,7 +52,7 @@ port-free:
 	@$(PYTHON) config/devrun.py --check-port --host '$(HOST)' --port '$(PORT)'
 
 worker: setup
-	$(VENV)/bin/celery -A config worker -Q labs.sim,default --loglevel=INFO
+	$(PY) config/supervise.py $(VENV)/bin/celery -A config worker -Q labs.sim,default --loglevel=INFO
 
 test: $(STAMP) browsers lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

@@ -6,6 +6,7 @@ Unset, everything is embedded: SQLite and Celery's filesystem broker under var/,
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import zoneinfo
 from pathlib import Path
@@ -143,17 +144,32 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-# Log-in and sign-up throttles (config/throttle.py): failures per client address and per account
-# in a window, sign-ups per address; password hashes at once per process.
+# Log-in and sign-up throttles (config/throttle.py, which says what each counts): failures per
+# client address, per (account, address) and per account; hashed tries per minute; sign-ups per
+# address; password hashes at once per process.
 LOGIN_FAILURES_PER_IP = env_int("LOGIN_FAILURES_PER_IP", 20)
 LOGIN_FAILURES_PER_ACCOUNT = env_int("LOGIN_FAILURES_PER_ACCOUNT", 5)
+LOGIN_FAILURES_PER_ACCOUNT_CEILING = env_int("LOGIN_FAILURES_PER_ACCOUNT_CEILING", 50)
+LOGIN_ACCOUNT_DELAY_S = env_int("LOGIN_ACCOUNT_DELAY_S", 10)
+LOGIN_KNOWN_ADDRESS_DAYS = env_int("LOGIN_KNOWN_ADDRESS_DAYS", 30)
+LOGINS_PER_ACCOUNT_PER_MIN = env_int("LOGINS_PER_ACCOUNT_PER_MIN", 10)
+LOGIN_ATTEMPTS_PER_IP_PER_MIN = env_int("LOGIN_ATTEMPTS_PER_IP_PER_MIN", 60)
 LOGIN_THROTTLE_WINDOW_S = env_int("LOGIN_THROTTLE_WINDOW_S", 900)
 SIGNUPS_PER_IP = env_int("SIGNUPS_PER_IP", 5)
 SIGNUP_THROTTLE_WINDOW_S = env_int("SIGNUP_THROTTLE_WINDOW_S", 3600)
 LOGIN_HASH_CONCURRENCY = env_int("LOGIN_HASH_CONCURRENCY", 1)
 LOGIN_HASH_WAIT_S = float(env_int("LOGIN_HASH_WAIT_MS", 500)) / 1000
-# Behind a proxy: the header holding the client's address (e.g. HTTP_X_REAL_IP); unset, REMOTE_ADDR.
-CLIENT_IP_HEADER = env_str("CLIENT_IP_HEADER", "")
+# Behind a proxy: the header it sets to the client's address, believed only when the request
+# comes from one of TRUSTED_PROXIES (addresses or networks); from anyone else, REMOTE_ADDR.
+CLIENT_IP_HEADER = env_str("CLIENT_IP_HEADER", "X-Forwarded-For")
+TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", ["127.0.0.1", "::1"])
+for _proxy in TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy, strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"TRUSTED_PROXIES must list addresses or networks (10.0.0.0/8), got {_proxy!r}"
+        ) from None
 
 # --- Cache (throttle counts) --------------------------------------------------------------------
 # Redis shares the counts between gunicorn workers; unset, each process counts for itself.
@@ -275,6 +291,10 @@ else:
     )
 CELERY_BROKER_DISPLAY = env_str("CELERY_BROKER_URL", f"filesystem://{VAR_DIR / 'broker'}")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A worker whose broker went away keeps trying to reconnect (every few seconds, at most 30 s
+# apart) for as long as it takes, rather than giving up after 100 tries and exiting.
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 # One quick retry of a publish (a broker restart), not Celery's default three: a web request
 # waits for it, and a broker still down after that is reported to the learner.
 CELERY_TASK_PUBLISH_RETRY_POLICY = {
@@ -326,8 +346,14 @@ LABS_RUN_HEARTBEAT_S = env_int("LABS_RUN_HEARTBEAT_S", 5)
 LABS_RUN_STALE_S = env_int("LABS_RUN_STALE_S", 60)
 # A queued run nobody picked up this long, while no worker for its backend is online, is failed.
 LABS_QUEUED_STALE_S = env_int("LABS_QUEUED_STALE_S", 3600)
-# Quotas: runs (a sweep counts once) a learner may have queued or running; GPU runs in flight.
-LABS_MAX_ACTIVE_PER_LEARNER = env_int("LABS_MAX_ACTIVE_PER_LEARNER", 3)
+# Quotas: runs a learner may have queued or running (each point of a sweep counts, and a full
+# sweep of LABS_SWEEP_MAX_VALUES fits); GPU runs in flight.
+LABS_MAX_ACTIVE_PER_LEARNER = env_int("LABS_MAX_ACTIVE_PER_LEARNER", 12)
+# A learner who has not answered this many quiz cards (nor is staff) has this smaller allowance.
+LABS_NEW_LEARNER_MAX_ACTIVE = env_int("LABS_NEW_LEARNER_MAX_ACTIVE", 4)
+LABS_ESTABLISHED_AFTER_REVIEWS = env_int("LABS_ESTABLISHED_AFTER_REVIEWS", 10)
+# No learner holds more than LABS_SIM_QUEUE_CAP / LABS_SIM_QUEUE_SHARES of the simulator queue.
+LABS_SIM_QUEUE_SHARES = env_int("LABS_SIM_QUEUE_SHARES", 16)
 LABS_GPU_QUEUE_CAP = env_int("LABS_GPU_QUEUE_CAP", 4)
 LABS_SWEEP_MAX_VALUES = env_int("LABS_SWEEP_MAX_VALUES", 12)
 # Soft time limits (prefork pool); both below the Redis visibility timeout above.

@@ -2,8 +2,29 @@
 
 Each attempt costs a PBKDF2 hash (about 0.3 s of CPU at Django 5.2's 10^6 iterations), so a
 script posting passwords can hold a web worker. Attempts are counted in the cache (Redis when
-CACHE_URL is set, so every gunicorn worker shares the counts) in fixed windows, per client
-address and per account, and checked *before* any hash is computed.
+CACHE_URL is set, so every gunicorn worker shares the counts) in fixed windows and checked
+*before* any hash is computed. Log-ins (the site's and the admin's, `login_throttled`) count:
+
+- failures per client address (LOGIN_FAILURES_PER_IP);
+- failures per (account, address) (LOGIN_FAILURES_PER_ACCOUNT): an attacker's address is
+  stopped, the owner's is not;
+- failures per account from any address, a ceiling (LOGIN_FAILURES_PER_ACCOUNT_CEILING) and,
+  once the account has LOGIN_FAILURES_PER_ACCOUNT failures, a delay of LOGIN_ACCOUNT_DELAY_S
+  after each one. Both apply only to addresses the account has not logged in from before
+  (remembered LOGIN_KNOWN_ADDRESS_DAYS), so guessing from rotating addresses is slowed to one
+  try per delay while the owner, at home, still gets in;
+- every hashed attempt per address and every successful log-in per account, per minute, so one
+  account logging in again and again cannot keep the hash slots from everyone else.
+
+The account is the one the typed name logs in as (`account_key`): Django's username field strips
+and NFKC-normalises the name, so " victim2" and "ｖictim2" are victim2 and count as victim2.
+
+Why not django-axes or django-ratelimit: axes locks (account, address) pairs and records every
+failure as a database row, a write per guess under attack, and has no notion of hash slots,
+successful-log-in budgets or a delay instead of a lock-out; ratelimit is a decorator over the
+same cache counters as below, so it would save the twenty lines of counting but not the parts
+that matter here (which account a name resolves to, which proxy to believe, who is exempt).
+The counting stays here, in one small module with its own tests.
 
 If the cache is unreachable the throttle lets requests through and logs it: logging in must keep
 working when Redis is down, as the quiz does.
@@ -11,17 +32,23 @@ working when Redis is down, as the quiz does.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import ipaddress
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.forms import UsernameField
 from django.core.cache import cache
-from django.http import HttpRequest
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse
 
 logger = logging.getLogger(__name__)
 
@@ -39,16 +66,44 @@ class Throttled(Exception):
         super().__init__(message)
 
 
+def _trusted(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in network for network in _trusted_networks(tuple(settings.TRUSTED_PROXIES)))
+
+
+@functools.cache
+def _trusted_networks(
+    proxies: tuple[str, ...],
+) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    return [ipaddress.ip_network(p, strict=False) for p in proxies]
+
+
 def client_ip(request: HttpRequest) -> str:
-    """The client's address: REMOTE_ADDR, or the header the proxy sets (CLIENT_IP_HEADER, such
-    as X-Real-IP or HTTP_X_REAL_IP) when the site is behind one. Of a list (X-Forwarded-For) the
-    last address counts: it is the one our proxy appended, the earlier ones the client wrote."""
+    """The client's address. REMOTE_ADDR, unless the peer is one of TRUSTED_PROXIES: then the
+    header it sets (CLIENT_IP_HEADER, X-Forwarded-For by default, or X-Real-IP) is read from the
+    right, skipping our own proxies; the first address that is not one is the client's. The
+    entries left of it were written by the client and are never believed, and a client that
+    reaches gunicorn directly cannot choose its address by writing the header."""
+    remote = str(request.META.get("REMOTE_ADDR", "") or "unknown")[:64]
     header = settings.CLIENT_IP_HEADER
-    if header and not header.startswith("HTTP_"):
+    if not header or not _trusted(remote):
+        return remote
+    if not header.startswith("HTTP_"):
         header = "HTTP_" + header.upper().replace("-", "_")  # as Django names request headers
-    raw = request.META.get(header, "") if header else ""
-    raw = raw or request.META.get("REMOTE_ADDR", "") or "unknown"
-    return raw.split(",")[-1].strip()[:64]
+    client = remote
+    for entry in reversed(str(request.META.get(header, "")).split(",")[-32:]):
+        entry = entry.strip()
+        try:
+            ipaddress.ip_address(entry)
+        except ValueError:
+            break  # not an address: believe the last hop that was one
+        client = entry
+        if not _trusted(entry):
+            break
+    return client[:64]
 
 
 def _key(limit: Limit, who: str) -> tuple[str, int]:
@@ -105,11 +160,168 @@ def hash_slot() -> Iterator[None]:
         _hash_slots.release()
 
 
-def login_limits() -> tuple[Limit, Limit]:
-    per_ip, per_user = settings.LOGIN_FAILURES_PER_IP, settings.LOGIN_FAILURES_PER_ACCOUNT
-    window = settings.LOGIN_THROTTLE_WINDOW_S
-    return Limit("login-ip", per_ip, window), Limit("login-user", per_user, window)
-
-
 def signup_limit() -> Limit:
     return Limit("signup-ip", settings.SIGNUPS_PER_IP, settings.SIGNUP_THROTTLE_WINDOW_S)
+
+
+# -- log-in ----------------------------------------------------------------------------------
+
+
+def account_key(raw_username: object) -> str:
+    """Who a typed name logs in as: "user:<pk>" when it names an account, "name:<name>" when it
+    does not, "" when it is no name at all. The name is cleaned as the log-in form cleans it
+    (stripped, NFKC) and matched as ModelBackend matches it (exactly), falling back to a match
+    that ignores case, as sign-up refuses names differing only in case."""
+    field = UsernameField(max_length=150)
+    try:
+        name = field.clean(str(raw_username)[:300])
+    except ValidationError:
+        return ""
+    users = get_user_model()._default_manager
+    username_field = get_user_model().USERNAME_FIELD
+    pk = users.filter(**{username_field: name}).values_list("pk", flat=True).first()
+    if pk is None:
+        pk = (
+            users.filter(**{f"{username_field}__iexact": name})
+            .order_by("pk")
+            .values_list("pk", flat=True)
+            .first()
+        )
+    return f"user:{pk}" if pk is not None else f"name:{name}"
+
+
+@dataclass(frozen=True)
+class LoginAttempt:
+    ip: str
+    account: str  # account_key(); "" when no usable name was typed
+
+    @property
+    def pair(self) -> str:
+        return f"{self.account}|{self.ip}"
+
+
+def _limits() -> dict[str, Limit]:
+    window = settings.LOGIN_THROTTLE_WINDOW_S
+    return {
+        "ip": Limit("login-ip", settings.LOGIN_FAILURES_PER_IP, window),
+        "pair": Limit("login-account-ip", settings.LOGIN_FAILURES_PER_ACCOUNT, window),
+        "account": Limit("login-user", settings.LOGIN_FAILURES_PER_ACCOUNT_CEILING, window),
+        "logins-account": Limit("login-ok-user", settings.LOGINS_PER_ACCOUNT_PER_MIN, 60),
+        "tries-ip": Limit("login-tries-ip", settings.LOGIN_ATTEMPTS_PER_IP_PER_MIN, 60),
+    }
+
+
+def _cache_get(key: str) -> object:
+    try:
+        return cache.get(key)
+    except Exception:
+        logger.warning("throttle cache unavailable; letting the request through", exc_info=True)
+        return None
+
+
+def _cache_set(key: str, timeout_s: int) -> None:
+    try:
+        cache.set(key, 1, timeout=timeout_s)
+    except Exception:
+        logger.warning("throttle cache unavailable; mark not kept", exc_info=True)
+
+
+def _known_key(attempt: LoginAttempt) -> str:
+    return "throttle:login-known:" + hashlib.sha256(attempt.pair.encode()).hexdigest()[:32]
+
+
+def _delay_key(attempt: LoginAttempt) -> str:
+    return "throttle:login-delay:" + hashlib.sha256(attempt.account.encode()).hexdigest()[:32]
+
+
+def login_check(attempt: LoginAttempt) -> None:
+    """Raise Throttled if this attempt must not be hashed now; otherwise count it as a try of
+    its address. (An account's successful log-ins are counted by login_record: counting its
+    failed ones too would let an attacker use up the owner's.)"""
+    limits = _limits()
+    check(
+        limits["ip"],
+        attempt.ip,
+        "Too many failed log-ins from your address. Try again in {minutes} min.",
+    )
+    check(
+        limits["tries-ip"],
+        attempt.ip,
+        "Too many log-ins from your address. Try again in {minutes} min.",
+    )
+    if attempt.account:
+        check(
+            limits["pair"],
+            attempt.pair,
+            "Too many failed log-ins for this account from "
+            "your address. Try again in {minutes} min.",
+        )
+        if not _cache_get(_known_key(attempt)):
+            check(
+                limits["account"],
+                attempt.account,
+                "Too many failed log-ins for this account. "
+                "Try again in {minutes} min, or from an address you have logged in from before.",
+            )
+            if _cache_get(_delay_key(attempt)):
+                delay_s = settings.LOGIN_ACCOUNT_DELAY_S
+                raise Throttled(
+                    f"Several log-ins for this account failed just now. Wait {delay_s} s, "
+                    "then try again.",
+                    retry_after_s=delay_s,
+                )
+        check(
+            limits["logins-account"],
+            attempt.account,
+            "This account has logged in many times in the last minute. Try again in {minutes} min.",
+        )
+    hit(limits["tries-ip"], attempt.ip)
+
+
+def login_record(attempt: LoginAttempt, *, succeeded: bool) -> None:
+    """Count a failure (per address, per pair, per account, and start the account's delay), or
+    remember the address an account logged in from."""
+    limits = _limits()
+    if succeeded:
+        if attempt.account:
+            hit(limits["logins-account"], attempt.account)
+            _cache_set(_known_key(attempt), settings.LOGIN_KNOWN_ADDRESS_DAYS * 86400)
+        return
+    hit(limits["ip"], attempt.ip)
+    if not attempt.account:
+        return
+    hit(limits["pair"], attempt.pair)
+    hit(limits["account"], attempt.account)
+    key, _ = _key(limits["account"], attempt.account)
+    if (_count(key) >= settings.LOGIN_FAILURES_PER_ACCOUNT) and settings.LOGIN_ACCOUNT_DELAY_S:
+        _cache_set(_delay_key(attempt), settings.LOGIN_ACCOUNT_DELAY_S)
+
+
+def login_throttled(
+    view: Callable[..., HttpResponse],
+    refuse: Callable[[HttpRequest, Exception, int, int], HttpResponse],
+) -> Callable[..., HttpResponse]:
+    """Wrap a log-in view (the site's, the admin's): a POST is checked before its password is
+    hashed, waits for a hash slot, and is counted as a success or a failure after.
+    `refuse(request, reason, status, retry_after_s)` renders the refusal."""
+
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if request.method != "POST" or request.user.is_authenticated:
+            return view(request, *args, **kwargs)
+        attempt = LoginAttempt(
+            ip=client_ip(request), account=account_key(request.POST.get("username", ""))
+        )
+        try:
+            login_check(attempt)
+        except Throttled as exc:
+            return refuse(request, exc, 429, exc.retry_after_s)
+        try:
+            with hash_slot():
+                response = view(request, *args, **kwargs)
+        except Busy as exc:
+            return refuse(request, exc, 503, 2)
+        login_record(attempt, succeeded=request.user.is_authenticated)
+        return response
+
+    return wrapped

@@ -10,7 +10,7 @@ urlpatterns = [
     # Pages name the icon in <head>; this answers tools that ask for /favicon.ico without looking.
     path("favicon.ico", views.favicon, name="favicon"),
     path("accounts/signup/", views.signup, name="signup"),
-    path("accounts/login/", views.LoginView.as_view(), name="login"),
+    path("accounts/login/", views.login, name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path(
         "accounts/password/",
@@ -24,5 +24,7 @@ urlpatterns = [
     ),
     path("quiz/", include("quiz.urls")),
     path("labs/", include("labs.urls")),
+    # Before the admin's own URLs, so its log-in is throttled as the site's is.
+    path("admin/login/", views.admin_login),
     path("admin/", admin.site.urls),
 ]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django import forms
-from django.contrib.auth import login
+from django.contrib import admin
+from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.auth import login as auth_login
 from django.contrib.auth import views as auth_views
-from django.contrib.auth.forms import UserCreationForm
+from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
@@ -35,47 +35,41 @@ class SignupForm(UserCreationForm):
 
 
 class LoginView(auth_views.LoginView):
-    """Django's login, throttled per client address and per account before any password is
-    hashed; hashes wait for one of LOGIN_HASH_CONCURRENCY slots per process."""
-
     redirect_authenticated_user = True
 
-    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        ip_limit, account_limit = throttle.login_limits()
-        username = str(request.POST.get("username", ""))[:150]
-        try:
-            throttle.check(
-                ip_limit,
-                throttle.client_ip(request),
-                "Too many failed log-ins from your address. Try again in {minutes} min.",
-            )
-            if username:
-                throttle.check(
-                    account_limit,
-                    username,
-                    "Too many failed log-ins for this account. Try again in {minutes} min.",
-                )
-        except throttle.Throttled as exc:
-            return self._refuse(exc, 429, exc.retry_after_s)
-        try:
-            with throttle.hash_slot():
-                return super().post(request, *args, **kwargs)
-        except throttle.Busy as exc:
-            return self._refuse(exc, 503, 2)
 
-    def _refuse(self, reason: Exception, status: int, retry_after_s: int) -> HttpResponse:
-        context = self.get_context_data(form=self.get_form_class()(self.request), throttled=reason)
-        response = self.render_to_response(context, status=status)
-        response["Retry-After"] = str(retry_after_s)
-        return response
+def _refuse_login(
+    request: HttpRequest, reason: Exception, status: int, retry_after_s: int
+) -> HttpResponse:
+    context = {
+        "form": AuthenticationForm(request),
+        "throttled": reason,
+        "next": str(request.POST.get("next", ""))[:2000],
+    }
+    response = render(request, "registration/login.html", context, status=status)
+    response["Retry-After"] = str(retry_after_s)
+    return response
 
-    def form_invalid(self, form: forms.Form) -> HttpResponse:
-        ip_limit, account_limit = throttle.login_limits()
-        throttle.hit(ip_limit, throttle.client_ip(self.request))
-        username = str(self.request.POST.get("username", ""))[:150]
-        if username:
-            throttle.hit(account_limit, username)
-        return super().form_invalid(form)
+
+def _refuse_admin_login(
+    request: HttpRequest, reason: Exception, status: int, retry_after_s: int
+) -> HttpResponse:
+    context = {
+        **admin.site.each_context(request),
+        "title": "Log in",
+        "app_path": request.get_full_path(),
+        "form": AdminAuthenticationForm(request),
+        "throttled": reason,
+    }
+    response = render(request, "admin/login.html", context, status=status)
+    response["Retry-After"] = str(retry_after_s)
+    return response
+
+
+# Django's log-in views, throttled before any password is hashed (config/throttle.py); hashes
+# wait for one of LOGIN_HASH_CONCURRENCY slots per process.
+login = throttle.login_throttled(LoginView.as_view(), _refuse_login)
+admin_login = throttle.login_throttled(admin.site.login, _refuse_admin_login)
 
 
 @require_GET
@@ -112,7 +106,7 @@ def signup(request: HttpRequest) -> HttpResponse:
             response = render(request, "registration/signup.html", context, status=503)
             response["Retry-After"] = "2"
             return response
-        login(request, user, backend="config.backends.ModelBackendWithSettings")
+        auth_login(request, user, backend="config.backends.ModelBackendWithSettings")
         return redirect("quiz:today")
     status = 400 if request.method == "POST" else 200
     return render(request, "registration/signup.html", {"form": form}, status=status)

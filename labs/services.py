@@ -110,19 +110,7 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
             kind="no-worker",
             operator_hint=f"Start one with `{start_command(queue)}`.",
         )
-    active = LabRun.objects.for_owner(owner).active()
-    # A sweep counts once: it is one thing the learner is waiting for.
-    in_flight = (
-        active.filter(sweep=None).count()
-        + active.exclude(sweep=None).values("sweep").distinct().count()
-    )
-    limit = settings.LABS_MAX_ACTIVE_PER_LEARNER
-    if in_flight >= limit:
-        raise RunRefused(
-            f"You already have {in_flight} runs or sweeps queued or running (the limit is "
-            f"{limit}). Wait for one to finish or cancel one, then run again.",
-            kind="quota",
-        )
+    _check_learner_quota(owner, new_runs)
     gpu_backends = [b for b, q in settings.LABS_BACKEND_QUEUES.items() if q == "labs.gpu"]
     if backend in gpu_backends:
         cap = settings.LABS_GPU_QUEUE_CAP
@@ -135,7 +123,7 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
                 kind="gpu-cap",
             )
     elif backend == "sim":
-        # Every learner's sim runs share the CPU workers: a global cap bounds the backlog.
+        # Every learner's sim runs share the CPU workers: a global cap bounds the backlog ...
         cap = settings.LABS_SIM_QUEUE_CAP
         busy = LabRun.objects.active().filter(backend="sim").count()
         if busy + new_runs > cap:
@@ -145,6 +133,50 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
                 "Run again in a few minutes.",
                 kind="sim-cap",
             )
+        # ... and no learner takes more than a share of it, so a handful cannot fill it.
+        share = max(1, cap // settings.LABS_SIM_QUEUE_SHARES)
+        mine = LabRun.objects.for_owner(owner).active().filter(backend="sim").count()
+        if mine + new_runs > share:
+            raise RunRefused(
+                f"Your share of the simulator queue is {share} runs and you have {mine} queued "
+                f"or running{f', this sweep needs {new_runs}' if new_runs > 1 else ''}. "
+                "Wait for some to finish or cancel some, then run again.",
+                kind="quota",
+            )
+
+
+def _is_established(owner: object) -> bool:
+    """A learner who has answered LABS_ESTABLISHED_AFTER_REVIEWS quiz cards (or is staff): new
+    accounts, which cost an attacker nothing, get a smaller allowance until then."""
+    from quiz.models import ReviewLog
+
+    if getattr(owner, "is_staff", False):
+        return True
+    needed = settings.LABS_ESTABLISHED_AFTER_REVIEWS
+    return ReviewLog.objects.filter(user_id=owner.pk).values("pk")[:needed].count() >= needed  # type: ignore[attr-defined]
+
+
+def _check_learner_quota(owner: object, new_runs: int) -> None:
+    """Every run in flight counts, each point of a sweep included."""
+    in_flight = LabRun.objects.for_owner(owner).active().count()
+    limit = settings.LABS_MAX_ACTIVE_PER_LEARNER
+    new_account = not _is_established(owner) and limit > settings.LABS_NEW_LEARNER_MAX_ACTIVE
+    if new_account:
+        limit = settings.LABS_NEW_LEARNER_MAX_ACTIVE
+    if in_flight + new_runs <= limit:
+        return
+    needs = f"; this sweep needs {new_runs}" if new_runs > 1 else ""
+    why = (
+        f" until you have answered {settings.LABS_ESTABLISHED_AFTER_REVIEWS} quiz cards"
+        if new_account
+        else ""
+    )
+    raise RunRefused(
+        f"You already have {in_flight} runs queued or running (the limit is {limit}{why})"
+        f"{needs}. Each point of a sweep counts as a run. Wait for one to finish or cancel "
+        "one, then run again.",
+        kind="quota",
+    )
 
 
 def _lock_owner(owner: object) -> None:
@@ -641,37 +673,65 @@ def _sent_to(backend: str, queue: str) -> str:
     return queue or settings.LABS_BACKEND_QUEUES.get(backend, "")
 
 
-def _served_queues(now: datetime) -> set[str]:
+def _served_queues(now: datetime, *, up_since: datetime | None = None) -> set[str]:
     """The queues online workers consume: the one each announced (`labs.gpu.<kind>` for a GPU
-    worker) and its backend's queue, which every worker of the backend consumes too."""
+    worker) and its backend's queue, which every worker of the backend consumes too. With
+    `up_since`, only workers whose process has been up since then."""
     from labs.workers import served_queues
 
     served: set[str] = set()
-    rows = WorkerHeartbeat.objects.online(now).values_list("backend", "queue", "gpus")
-    for backend, queue, gpus in rows:
+    online = WorkerHeartbeat.objects.online(now)
+    if up_since is not None:
+        online = online.filter(started_at__lte=up_since)
+    for backend, queue, gpus in online.values_list("backend", "queue", "gpus"):
         served |= served_queues(backend, queue, gpus)
     return served
 
 
+def _waiting_in_broker(queue: str) -> int | None:
+    """How many messages wait in the broker's `queue`, not yet delivered to a worker; None when
+    the broker cannot say (down, or it does not count)."""
+    from config.celery import app
+
+    try:
+        with app.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=1)
+            try:
+                return int(
+                    conn.default_channel.queue_declare(queue=queue, passive=True).message_count
+                )
+            except conn.channel_errors:
+                return 0  # Redis keeps no empty list: no such queue is an empty one
+    except Exception as exc:
+        logger.warning("reaper: cannot count the messages waiting in %s: %r", queue, exc)
+        return None
+
+
 def _reap_lost_queued(runs: QuerySet[LabRun], now: datetime, served: set[str]) -> int:
-    """Fail queued runs whose message never reached a worker: a worker consuming their queue is
-    online and their backend has been idle (nothing running, nothing started or finished) for
-    LABS_QUEUED_LOST_S. A worker with prefetch 1 takes a waiting message within seconds, so
-    such a run is lost."""
+    """Fail queued runs whose message never reached a worker: a worker consuming their queue has
+    been up for LABS_QUEUED_LOST_S, their backend has been idle (nothing running, nothing
+    started or finished) as long, and the broker's queue is empty. A worker with prefetch 1
+    takes a waiting message within seconds, so such a run is lost. A worker that has just come
+    back (after an outage, a restart) has not had the time to take them: runs still waiting in
+    the broker are its to run, not lost."""
     lost_s = settings.LABS_QUEUED_LOST_S
     cutoff = now - timedelta(seconds=lost_s)
     reaped = 0
     waiting = runs.filter(state=RunState.QUEUED, created_at__lt=cutoff)
+    settled = _served_queues(now, up_since=cutoff)
     for backend, queue in set(waiting.values_list("backend", "queue")):
-        if _sent_to(backend, queue) not in served:
+        sent_to = _sent_to(backend, queue)
+        if sent_to not in served:
             continue  # nobody could have taken it: the stale check above deals with it
+        if sent_to not in settled:
+            continue  # its workers came up less than lost_s ago
         busy_with = _runs_its_workers_take(backend, queue)
         busy = (
             busy_with.filter(state=RunState.RUNNING).exists()
             or busy_with.filter(finished_at__gte=cutoff).exists()
             or busy_with.filter(started_at__gte=cutoff).exists()
         )
-        if busy:
+        if busy or _waiting_in_broker(sent_to) != 0:
             continue
         reaped += _fail_all(
             waiting.filter(backend=backend, queue=queue),

@@ -12,7 +12,12 @@ tests/labs/test_sizing.py for the check that these stay upper bounds):
   December 2026, Poisson and one-at-a-time runs alike), one chunk per sampled step of each
   request, so at most one per output token;
 - every step that emitted a chunk: a few bytes of bookkeeping;
-- every request: its columns and its record, under 1 KB.
+- every request: its columns and its record, under 1 KB, and its block table, 4 bytes for each
+  block it can ever hold (prompt + output tokens, or prompt + max_tokens when contiguous, over
+  block_size), allocated for every request at the start: 16 KB for a 4,000-token prompt in
+  single-token blocks, whether or not prefix caching then finds most of it cached;
+- with prefix caching, the lookup of a request's cached prefix: a list of the blocks it finds,
+  up to one entry per block of its prompt, for the request being admitted.
 
 The constants below are those figures rounded up. Limits follow from `LABS_SIM_MAX_RUN_MB`: the
 pool may hold at most budget / 2 / BYTES_PER_BLOCK blocks, the run at most about budget / 136
@@ -38,6 +43,9 @@ BYTES_PER_BLOCK = 160
 BYTES_PER_CHUNK = 120
 BYTES_PER_EMITTING_STEP = 16
 BYTES_PER_REQUEST = 1024
+BYTES_PER_TABLE_ENTRY = 4
+# A Python list entry and its int, for each block a prefix-cache lookup returns.
+BYTES_PER_PREFIX_HIT = 40
 
 
 class RunTooLarge(ParamError):
@@ -53,6 +61,8 @@ class RunSize:
     chunks: int
     emitting_steps: int
     longest_request_tokens: int
+    table_entries: int = 0
+    prefix_hit_entries: int = 0
 
     @property
     def pool_bytes(self) -> int:
@@ -66,6 +76,8 @@ class RunSize:
             + self.requests * BYTES_PER_REQUEST
             + self.chunks * BYTES_PER_CHUNK
             + self.emitting_steps * BYTES_PER_EMITTING_STEP
+            + self.table_entries * BYTES_PER_TABLE_ENTRY
+            + self.prefix_hit_entries * BYTES_PER_PREFIX_HIT
         )
 
     @property
@@ -99,12 +111,16 @@ def sim_run_size(params: LabParams, *, num_prompts: int | None = None) -> RunSiz
     batch = _min_batch(params, max(1, prompts), pool_blocks, longest)
     # The last requests of a run may decode alone: one extra step per token of the longest.
     steps = math.ceil(chunks / batch) + longest_output
+    blocks_per_request = blocks_for_tokens(longest, engine.block_size)
+    caching = engine.prefix_caching and engine.kv_allocation != "contiguous"
     return RunSize(
         pool_blocks=pool_blocks,
         requests=prompts,
         chunks=chunks,
         emitting_steps=min(chunks, steps),
         longest_request_tokens=longest,
+        table_entries=prompts * blocks_per_request,
+        prefix_hit_entries=blocks_per_request if caching else 0,
     )
 
 

@@ -99,10 +99,15 @@ def announce(hostname: str, backends: Iterable[str]) -> None:
     from labs.models import WorkerHeartbeat
 
     now = timezone.now()
+    announced: set[str] = _state.setdefault("announced", set())
     for backend in backends:
         info = _state.setdefault("info", {}).get(backend) or describe_backend(backend)
         _state["info"][backend] = info
+        # A row a killed process left keeps its hostname: this process's first beat says when
+        # it started (the reaper gives a worker that has just come back time to take its runs).
+        restart = {} if backend in announced else {"started_at": now}
         fields = {
+            **restart,
             "queue": _announced_queue(backend, info["gpus"]),
             "gpus": info["gpus"],
             "where": info["where"][:200],
@@ -117,6 +122,7 @@ def announce(hostname: str, backends: Iterable[str]) -> None:
             defaults=fields,
             create_defaults={**fields, "started_at": now},
         )
+        announced.add(backend)
 
 
 def _announced_queue(backend: str, gpus: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from quiz.admin_forms import (
     ChoiceOptionForm,
     ChoiceOptionFormSet,
     DeckAdminForm,
+    SafeAutocompleteMixin,
 )
 from quiz.models import (
     PERSONAL_DECK,
@@ -82,7 +83,7 @@ class ChoiceOptionInline(admin.TabularInline):
     ordering = ["position", "id"]
 
 
-class CardTagInline(admin.TabularInline):
+class CardTagInline(SafeAutocompleteMixin, admin.TabularInline):
     model = CardTag
     extra = 0
     fields = ["position", "tag"]
@@ -90,7 +91,7 @@ class CardTagInline(admin.TabularInline):
     verbose_name = "tag"
 
 
-class CardRelationInline(admin.TabularInline):
+class CardRelationInline(SafeAutocompleteMixin, admin.TabularInline):
     model = CardRelation
     fk_name = "from_card"
     extra = 0
@@ -108,7 +109,7 @@ class ImportDocumentForm(forms.Form):
 
 
 @admin.register(Card)
-class CardAdmin(admin.ModelAdmin):
+class CardAdmin(SafeAutocompleteMixin, admin.ModelAdmin):
     change_list_template = "admin/quiz/card/change_list.html"
     form = CardAdminForm
     list_display = [

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from django import forms
+from django.contrib.admin.widgets import AutocompleteSelect
 from django.core.exceptions import ValidationError
 from django.forms.models import BaseInlineFormSet
 from django.utils.html import format_html, format_html_join
@@ -46,6 +47,34 @@ class ExactTextMixin:
         return cleaned
 
 
+MAX_JSON_DEPTH = 32
+
+
+def json_loads_bounded(text: str) -> Any:
+    """json.loads for what staff type: nesting deeper than MAX_JSON_DEPTH (which no card needs,
+    and which would exhaust Python's recursion) is a ValueError saying so, like bad JSON."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_JSON_DEPTH:
+                raise ValueError(f"nested more than {MAX_JSON_DEPTH} levels deep")
+        elif char in "]}":
+            depth -= 1
+    return json.loads(text)
+
+
 def _kind_of(value: Any) -> str:
     if value is None:
         return "null"
@@ -73,7 +102,7 @@ class StepsWidget(forms.Widget):
     def format_value(self, value: Any) -> list[str]:
         if isinstance(value, str):  # raw JSON redisplayed after an error, or stored JSON text
             try:
-                value = json.loads(value)
+                value = json_loads_bounded(value)
             except ValueError:
                 return [value]
         if isinstance(value, list):
@@ -129,9 +158,22 @@ class StepsField(forms.Field):
         "invalid": "Worked steps must be a list of text items, one per step; got %(got)s.",
         "json": "Worked steps: not valid JSON (%(problem)s); give a list of text items.",
         "item": "Worked steps: step %(number)s must be non-empty text; got %(got)s.",
+        "nul": "Worked steps: step %(number)s contains a NUL character, which cannot be "
+        "stored; remove it.",
     }
 
     def to_python(self, value: Any) -> list[str]:
+        return self._without_nul(self._steps(value))
+
+    def _without_nul(self, steps: list[str]) -> list[str]:
+        for number, step in enumerate(steps, start=1):
+            if "\x00" in step:
+                raise ValidationError(
+                    self.error_messages["nul"], code="nul", params={"number": number}
+                )
+        return steps
+
+    def _steps(self, value: Any) -> list[str]:
         if isinstance(value, list) and all(isinstance(item, str) for item in value):
             # From the rows: empty rows are dropped.
             return [normalise_newlines(item) for item in value if item.strip()]
@@ -139,7 +181,7 @@ class StepsField(forms.Field):
             return []
         if isinstance(value, str):
             try:
-                value = json.loads(value)
+                value = json_loads_bounded(value)
             except ValueError as exc:
                 raise ValidationError(
                     self.error_messages["json"], code="json", params={"problem": str(exc)}
@@ -214,13 +256,14 @@ class CardAdminForm(ExactTextMixin, forms.ModelForm):
         if not text:
             return ""
         try:
-            data = json.loads(text)
+            data = json_loads_bounded(text)
         except ValueError as exc:
             raise ValidationError(f"Check: not valid JSON ({exc}).") from None
         try:
             parse_check(data, "Check")
         except ContentError as exc:
             raise ValidationError(str(exc)) from None
+        # Control characters (a NUL too) stay escaped in the stored text.
         return json.dumps(data, ensure_ascii=False)
 
     def clean(self) -> dict[str, Any]:
@@ -282,3 +325,36 @@ class DeckAdminForm(ExactTextMixin, forms.ModelForm):
     class Meta:
         model = Deck
         fields = ["slug", "title", "description"]
+
+
+class RedisplaySafeAutocomplete(AutocompleteSelect):
+    """Django's autocomplete widget, which looks the posted value up to redisplay it after an
+    error: a value that is no key (":", "1e309") or an integer no 64-bit column holds made that
+    lookup raise, a 500. Such values are left out of the lookup; the field's own error still
+    names them."""
+
+    def optgroups(self, name: str, value: list[str], attr: dict[str, Any] | None = None):
+        to_field = self.field.remote_field.model._meta.get_field(self.field.remote_field.field_name)
+        keys = []
+        for item in value:
+            try:
+                key = to_field.to_python(item)
+            except ValidationError:
+                continue
+            if isinstance(key, int) and not -(2**63) <= key < 2**63:
+                continue
+            keys.append(item)
+        return super().optgroups(name, keys, attr)
+
+
+class SafeAutocompleteMixin:
+    """For a ModelAdmin or inline: its autocomplete fields use RedisplaySafeAutocomplete."""
+
+    def formfield_for_foreignkey(self, db_field: Any, request: Any, **kwargs: Any) -> Any:
+        if "widget" not in kwargs and db_field.name in self.get_autocomplete_fields(request):  # type: ignore[attr-defined]
+            kwargs["widget"] = RedisplaySafeAutocomplete(
+                db_field,
+                self.admin_site,  # type: ignore[attr-defined]
+                using=kwargs.get("using"),
+            )
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)  # type: ignore[misc]

@@ -75,14 +75,21 @@ def start_worker(
     concurrency: int = 1,
     extra_env: dict[str, str] | None = None,
     ready_timeout_s: float = 180.0,
+    as_deployed: bool = False,
+    purge_first: bool = True,
 ) -> WorkerProcess:
-    purge(queues)
+    """`as_deployed` starts it as the README does: gossip and mingle on, under
+    config/supervise.py, which starts it again if it exits by itself. `purge_first=False` keeps
+    the messages already waiting, for a worker that comes back to them."""
+    if purge_first:
+        purge(queues)
     name = f"test-{uuid.uuid4().hex[:8]}"
     log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the child's lifetime
         prefix=f"{name}-", suffix=".log", delete=False
     )
     env = {**os.environ, "DATABASE_URL": test_database_url(), **(extra_env or {})}
     cmd = [
+        *([sys.executable, str(ROOT / "config" / "supervise.py")] if as_deployed else []),
         sys.executable,
         "-m",
         "celery",
@@ -96,8 +103,7 @@ def start_worker(
         "--hostname",
         f"{name}@%h",
         "--loglevel=INFO",
-        "--without-gossip",
-        "--without-mingle",
+        *([] if as_deployed else ["--without-gossip", "--without-mingle"]),
     ]
     process = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True

@@ -43,6 +43,21 @@ NUMBERISH = st.one_of(
     st.sampled_from(["inf", "-inf", "nan", "1e309", "0x10", "1_000", "", " ", "\x00", "٣"]),
 )
 TEXT = st.one_of(st.text(max_size=80), NUMBERISH, st.sampled_from(["true", "on", "../../admin"]))
+# What staff may paste: the above, JSON nested thousands deep, NUL escapes, a very long line.
+STAFF_TEXT = st.one_of(
+    TEXT,
+    st.sampled_from(
+        [
+            "[" * 5000 + "]" * 5000,
+            '{"a": ' * 3000 + "1" + "}" * 3000,
+            '["a\\u0000b"]',
+            '{"key": "ttft_s", "params": {"block_size": -1}}',
+            "x" * 200_000,
+            "-1",
+            "NaN",
+        ]
+    ),
+)
 SEGMENT = st.one_of(
     st.text(min_size=1, max_size=40).map(lambda s: quote(s, safe="")),
     st.sampled_from(["%00", "..", "%2e%2e", "%2F", "-1", "99999999999999999999", "a%00b"]),
@@ -68,8 +83,10 @@ class Counter:
 
 
 @pytest.fixture
-def world(db):
+def world(db, settings):
     """A learner with a card on screen, a lab run, a live sim worker and no broker."""
+    # Hashing is not what is fuzzed: MD5 keeps thousands of log-ins and password changes quick.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     cache.clear()
     user = make_user("fuzzer")
     client = Client(raise_request_exception=True)
@@ -131,11 +148,73 @@ def test_account_forms(world, data):
     counter.check(anonymous.post("/accounts/login/", data))
     counter.check(anonymous.post("/accounts/signup/", data))
     counter.check(anonymous.get("/accounts/login/", data))
+    counter.check(anonymous.post("/admin/login/", data))
+
+
+@pytest.fixture
+def staff(world):
+    client, run = world
+    staff_client = Client(raise_request_exception=True)
+    staff_client.force_login(make_user("fuzz-staff", is_staff=True, is_superuser=True))
+    return staff_client, run
+
+
+CARD_FIELDS = [
+    "slug", "deck", "kind", "is_active", "source", "parent", "prompt", "answer", "steps",
+    "steps_0", "steps_1", "steps_99", "explanation", "follow_up_question", "follow_up_answer",
+    "numeric_value", "numeric_unit", "numeric_tolerance", "lab_preset", "check_json",
+    "options-TOTAL_FORMS", "options-INITIAL_FORMS", "options-0-text", "options-0-is_correct",
+    "options-0-position", "card_tags-TOTAL_FORMS", "card_tags-INITIAL_FORMS",
+    "relations_out-TOTAL_FORMS", "relations_out-INITIAL_FORMS", "_save",
+]  # fmt: skip
+
+
+def _staff_form(names: list[str]) -> st.SearchStrategy[dict[str, str]]:
+    return st.dictionaries(st.sampled_from(names), STAFF_TEXT, max_size=len(names))
+
+
+@FUZZ
+@given(data=_staff_form(CARD_FIELDS), document=st.binary(max_size=2000), name=TEXT)
+def test_staff_forms(staff, data, document, name):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from quiz.models import Card, Deck
+
+    client, _ = staff
+    counter = Counter()
+    card = Card.objects.filter(owner=None).first()
+    counter.check(client.post("/admin/quiz/card/add/", data))
+    counter.check(client.post(f"/admin/quiz/card/{card.pk}/change/", data))
+    upload = SimpleUploadedFile((name or "doc").replace("/", "_")[:100] or "doc", document)
+    deck = Deck.objects.first()
+    counter.check(
+        client.post(
+            "/admin/quiz/card/import-document/",
+            {"deck": data.get("deck", deck.pk), "document": upload},
+        )
+    )
+    Card.objects.filter(is_active=False, slug__startswith="draft-").delete()
+
+
+@FUZZ
+@given(data=_form(["old_password", "new_password1", "new_password2", "format", "deck"]))
+def test_learner_account_and_export_forms(world, data):
+    client, run = world
+    counter = Counter()
+    counter.check(client.post("/accounts/password/", data))
+    counter.check(client.get("/quiz/stats/", data))
+    counter.check(client.get("/quiz/stats/anki/", data))
+    counter.check(client.post(f"/quiz/from-run/{run.pk}/", data))
 
 
 PATHS = [
     "/quiz/cards/{}/",
     "/quiz/cards/{}/unsuspend/",
+    "/quiz/cards/{}/retire/",
+    "/quiz/from-run/{}/",
+    "/quiz/from-sweep/{}/",
+    "/admin/quiz/card/{}/change/",
+    "/admin/{}/",
     "/quiz/answer/{}/",
     "/quiz/grade/{}/",
     "/labs/{}/",

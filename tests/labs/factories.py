@@ -33,6 +33,8 @@ def make_heartbeat(backend: str = "sim", *, age_s: float = 0, **overrides: Any) 
         "queue": "labs.sim" if backend == "sim" else "labs.gpu",
         "where": "simulated on CPU" if backend == "sim" else "vLLM 0.33.0 on NVIDIA H100",
         "last_seen": seen,
+        # Up for an hour unless a test says otherwise: long enough to have taken waiting runs.
+        "started_at": seen - timedelta(hours=1),
     }
     fields.update(overrides)
     return WorkerHeartbeat.objects.create(**fields)

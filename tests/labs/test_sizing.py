@@ -100,6 +100,26 @@ def test_a_pool_that_cannot_hold_the_longest_request_is_refused_in_o1():
         {"num_prompts": 1000, "output_tokens": 100, "max_concurrency": 64},
         # Poisson arrivals and a pool of single-token blocks.
         {"num_prompts": 200, "output_tokens": 50, "request_rate": 5, "block_size": 1},
+        # Long prompts in single-token blocks: every request's block table is allocated at the
+        # start (it was left out of the estimate); with prefix caching and a shared prefix the
+        # lookups return thousands of blocks.
+        *(
+            {
+                "num_prompts": 1000,
+                "prompt_tokens": 4000,
+                "output_tokens": 4,
+                "max_tokens": 16,
+                "block_size": 1,
+                "kv_capacity_tokens": 50_000,
+                "max_concurrency": 256,
+                **caching,
+            }
+            for caching in (
+                {"prefix_caching": "false"},
+                {"prefix_caching": "true"},
+                {"prefix_caching": "true", "shared_prefix_tokens": 3900},
+            )
+        ),
     ],
 )
 def test_the_estimate_is_an_upper_bound_on_what_the_simulator_holds(shape):

@@ -184,6 +184,9 @@ def test_it_edits_worked_steps_one_row_per_step(staff_client, content):
         ('[["a"]]', "step 1 must be non-empty text; got a list"),
         ("null", "must be a list of text items, one per step; got null"),
         ("[oops", "not valid JSON"),
+        # Nested 5,000 deep: once a 500 (Python's recursion ran out in the JSON decoder).
+        ("[" * 5000 + "]" * 5000, "nested more than 32 levels deep"),
+        ('["a\\u0000b"]', "step 1 contains a NUL character"),
     ],
 )
 def test_it_refuses_steps_that_are_not_a_list_of_text(staff_client, raw, message):
@@ -356,3 +359,34 @@ def test_a_saved_slug_is_read_only_so_a_load_never_brings_the_old_one_back(
     # A new one still takes its slug in the admin.
     add_page = staff_client.get(reverse(f"admin:quiz_{model._meta.model_name}_add"))
     assert "slug" in add_page.context["adminform"].form.fields
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("steps_0", "Step\x00one.", "step 1 contains a NUL character"),
+        ("check_json", "[" * 5000 + "]" * 5000, "nested more than 32 levels deep"),
+        ("prompt", "What\x00?", "Null characters are not allowed"),
+    ],
+)
+def test_nul_and_deep_json_in_the_card_editor_are_form_errors(staff_client, field, value, message):
+    card = make_card()
+    url = reverse("admin:quiz_card_change", args=[card.pk])
+    data = {**_as_browser_posts(staff_client.get(url)), field: value}
+    response = staff_client.post(url, data)
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    name = "steps" if field.startswith("steps") else field
+    assert message in str(errors[name])
+    card.refresh_from_db()
+    assert card.steps == ["Step one.", "Step two."] and "\x00" not in card.prompt
+
+
+@pytest.mark.parametrize("value", [":", "1e309", "-1", "x" * 300, "9" * 30])
+def test_a_parent_that_is_no_card_is_a_form_error_not_a_500(staff_client, value):
+    card = make_card()
+    url = reverse("admin:quiz_card_change", args=[card.pk])
+    data = {**_as_browser_posts(staff_client.get(url)), "parent": value}
+    response = staff_client.post(url, data)
+    assert response.status_code == 200
+    assert "parent" in response.context["adminform"].form.errors

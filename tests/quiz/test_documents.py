@@ -251,3 +251,34 @@ def test_staff_publish_drafts_from_the_card_list_and_may_name_one_first(staff_cl
         follow=True,
     )
     assert "Nothing was published. why-page-kv: not an unpublished draft" in again.content.decode()
+
+
+def test_a_nul_byte_is_refused_with_its_line_and_nothing_is_imported(staff_client):
+    deck = make_deck()
+    url = reverse("admin:quiz_card_import_document")
+    data = b"What is a block?\nAnswer: 16 tokens\nWhat\x00 else?\n"
+    response = staff_client.post(url, {"deck": deck.pk, "document": _upload("nul.txt", data)})
+    assert response.status_code == 400
+    assert "line 3: the file holds a NUL character" in response.content.decode()
+    assert Card.objects.count() == 0
+
+
+def test_a_document_with_too_many_questions_is_refused_before_anything_is_written(db):
+    from quiz import documents
+
+    text = "\n".join(f"Question number {i}?" for i in range(documents.MAX_DRAFTS + 5))
+    with pytest.raises(documents.DocumentError) as info:
+        documents.document_import(deck=make_deck(), name="big.txt", text=text)
+    assert info.value.line == documents.MAX_DRAFTS + 1
+    assert f"at most {documents.MAX_DRAFTS:,} questions" in str(info.value)
+    assert Card.objects.count() == 0
+
+
+def test_a_document_imported_twice_names_its_first_draft(db):
+    from quiz import documents
+
+    deck = make_deck()
+    text = "Intro line\nFirst question?\nSecond question?\n"
+    assert len(documents.document_import(deck=deck, name="twice.txt", text=text)) == 2
+    with pytest.raises(documents.DocumentError, match="line 2: the draft draft-twice-l2 already"):
+        documents.document_import(deck=deck, name="twice.txt", text=text)
