@@ -50,10 +50,12 @@ BATCHING = {
     "kv_capacity_tokens": "8192",
     "max_num_seqs": "4",
     "concurrency": "8",
-    "num_prompts": "12",
+    # Long enough (4 waves of 128 decode steps, seconds) that /metrics, polled every 0.5 s,
+    # sees full batches, and a first chunk read late weighs little in a request's TPOT.
+    "num_prompts": "16",
     "prompt_tokens": "64",
-    "output_tokens": "32",
-    "max_tokens": "64",
+    "output_tokens": "128",
+    "max_tokens": "256",
 }
 # Another block size, and ngram speculation: one more server.
 SPECULATION = {
@@ -206,12 +208,32 @@ def test_its_latency_means_match_the_servers_histograms(cpu_worker, learner_clie
     server_itl = hist_mean(server, "vllm:inter_token_latency_seconds")
     server_tpot = hist_mean(server, "vllm:request_time_per_output_token_seconds")
     client_tpot, client_itl = run.result["tpot_s"]["mean"], run.result["itl_s"]["mean"]
-    # Same run, same requests: per token, the client sees the server's gaps plus HTTP.
-    assert 0.85 < client_tpot / server_tpot < 1.2, (client_tpot, server_tpot)
-    assert 0.85 < client_tpot / server_itl < 1.2, (client_tpot, server_itl)
-    # The client's ITL is per chunk; when it reads behind the engine, vLLM's output collector
-    # merges deltas into one chunk, so a chunk gap is at least a token gap, never much less.
-    assert client_itl / server_itl > 0.85, (client_itl, server_itl)
+    server_ttft = hist_mean(server, "vllm:time_to_first_token_seconds")
+    server_e2e = hist_mean(server, "vllm:e2e_request_latency_seconds")
+    # The figures behind the ratios, in the log (make test-vllm runs with -s).
+    print(
+        "client/server means, ms: "
+        f"TTFT {run.result['ttft_s']['mean'] * 1e3:.2f}/{server_ttft * 1e3:.2f}, "
+        f"E2E {run.result['e2e_s']['mean'] * 1e3:.2f}/{server_e2e * 1e3:.2f}, "
+        f"TPOT {client_tpot * 1e3:.3f}/{server_tpot * 1e3:.3f}, "
+        f"ITL {client_itl * 1e3:.3f}/{server_itl * 1e3:.3f}"
+    )
+    client_ttft, client_e2e = run.result["ttft_s"]["mean"], run.result["e2e_s"]["mean"]
+    # Same run, same requests. A request's end is seen by both within HTTP's few ms.
+    assert 0.97 < client_e2e / server_e2e < 1.1, (client_e2e, server_e2e)
+    # The client's clock starts earlier (at its socket, before the server's front end takes the
+    # request), so its TTFT is the longer; on a 2-core machine the front end's one core, busy
+    # taking the other requests, also hands the first chunk over late.
+    lag = client_ttft - server_ttft
+    assert lag > -0.01 * server_e2e, (client_ttft, server_ttft)
+    # That lag, and nothing else, is why the client's TPOT is below the server's: every request
+    # has outputs - 1 gaps, so the server's decode span less the client's is the first-chunk lag
+    # (within 3% of a request's E2E).
+    span_gap = (server_tpot - client_tpot) * (outputs - 1)
+    assert abs(span_gap - lag) < 0.03 * server_e2e, (span_gap, lag, server_e2e)
+    assert server_itl == pytest.approx(server_tpot, rel=0.02)  # one token per step, no drafts
+    # The client's ITL is per chunk: a chunk holds one token or, read behind, several.
+    assert client_itl >= 0.99 * client_tpot, (client_itl, client_tpot)
 
 
 def test_running_sequences_never_exceed_max_num_seqs(cpu_worker, learner_client):
@@ -388,6 +410,7 @@ def test_the_fake_answers_vllms_three_length_cases_as_the_real_one(cpu_worker, l
                     "prompt": [1000 + i % 500 for i in range(prompt)],
                     "max_tokens": max_tokens,
                     "ignore_eos": True,
+                    "stream": True,
                 }
             ).encode()
             codes = [
