@@ -30,11 +30,14 @@ pages can call it on every step or slider change.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from typing import Literal
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Literal
 
 from labs.catalog import KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, Hardware, ModelSpec
 from labs.params import EngineConfig, LabParams, Workload
+
+if TYPE_CHECKING:
+    from labs.device_calibration import DeviceConstants
 
 Bound = Literal["compute", "memory-bandwidth", "kv-capacity"]
 
@@ -495,9 +498,14 @@ def prefix_cached_tokens(engine: EngineConfig, workload: Workload) -> int:
     return min(whole, workload.prompt_tokens - 1)
 
 
-def predict(params: LabParams) -> Prediction:
+def predict(params: LabParams, device: DeviceConstants | None = None) -> Prediction:
     """All predictions for one lab: one request alone for TTFT, `concurrency` sequences of
-    `context_tokens` for the batch, capacity and fleet figures."""
+    `context_tokens` for the batch, capacity and fleet figures.
+
+    `device`: the calibration measured on the lab's device, if it has one; its fitted
+    efficiencies and step overhead replace the knobs the lab left at their ideal defaults."""
+    if device is not None:
+        params = replace(params, engine=device.predictor_engine(params.engine))
     model, hw, engine, work = params.model, params.hardware, params.engine, params.workload
     bs = engine.block_size
     used = work.prompt_tokens + work.output_tokens

@@ -15,7 +15,8 @@ from django.urls import NoReverseMatch, reverse
 
 from labs import results
 from labs.backends.vllm.gpus import GpuInventory
-from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
+from labs.device_calibration import DeviceConstants
+from labs.models import DeviceCalibration, LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.presets import LABS, Lab, load_presets
 from labs.workers import start_command
 
@@ -117,6 +118,13 @@ def _gpu_labels(workers: list[WorkerHeartbeat]) -> tuple[str, ...]:
         version = f", vLLM {g['vllm']}" if g.get("vllm") else ""
         labels.append(f"{inventory.label()}{version}")
     return tuple(labels)
+
+
+def device_calibration(device: str) -> DeviceConstants | None:
+    """The newest calibration measured on `device` (a GPU kind or a CPU key), or None: the
+    device then keeps the published constants of labs/sim/calibration.yaml."""
+    row = DeviceCalibration.objects.filter(device=device).order_by("-fitted_at", "-id").first()
+    return row.to_constants() if row else None
 
 
 def where_label(run: LabRun) -> str:

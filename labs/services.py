@@ -70,8 +70,9 @@ def backend_queue(backend: str) -> str:
 
 def _predicted(params: LabParams) -> dict[str, object]:
     from labs.predict import predict
+    from labs.selectors import device_calibration
 
-    return predict(params).as_dict()
+    return predict(params, device_calibration(params.hardware.name)).as_dict()
 
 
 def _precheck(backend: str, params: LabParams) -> None:
@@ -504,7 +505,14 @@ def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     from labs.metrics import summarize
 
     params = parse_lab_params(run.params)
-    options = {"max_run_mb": settings.LABS_SIM_MAX_RUN_MB} if run.backend == "sim" else {}
+    options: dict[str, object] = {}
+    if run.backend == "sim":
+        from labs.selectors import device_calibration
+
+        options = {
+            "max_run_mb": settings.LABS_SIM_MAX_RUN_MB,
+            "device": device_calibration(params.hardware.name),
+        }
     backend = get_backend(run.backend, **options)
     record = backend.run(params, _progress_reporter(run.pk, beat))
     summary = summarize(record)

@@ -42,7 +42,16 @@ def _lab_or_404(slug: str) -> Lab:
 def _prediction(lab: Lab, form: LabParamsForm) -> list[dict[str, str]]:
     if form.params is None:
         return []
-    return results.predicted_items(predict(form.params).as_dict(), lab.predicted)
+    device = selectors.device_calibration(form.params.hardware.name)
+    return results.predicted_items(predict(form.params, device).as_dict(), lab.predicted)
+
+
+def _prediction_calibration(form: LabParamsForm) -> str:
+    """ "calibrated on this worker, <date>, held-out error N%" when the lab's GPU has its own."""
+    if form.params is None:
+        return ""
+    device = selectors.device_calibration(form.params.hardware.name)
+    return device.label() if device else ""
 
 
 def _lab_page(
@@ -64,6 +73,7 @@ def _lab_page(
         "labs": LABS.values(),
         "form": form,
         "prediction": _prediction(lab, form),
+        "prediction_calibration": _prediction_calibration(form),
         "refusal": refusal,
         "preset": preset,
         "presets": [p for p in load_presets().values() if p.lab == lab.slug],
@@ -131,7 +141,12 @@ def lab_predict(request: HttpRequest, lab: str) -> HttpResponse:
     the_lab = _lab_or_404(lab)
     form = LabParamsForm(request.GET, lab=the_lab)
     valid = form.is_valid()
-    context = {"lab": the_lab, "form": form, "prediction": _prediction(the_lab, form)}
+    context = {
+        "lab": the_lab,
+        "form": form,
+        "prediction": _prediction(the_lab, form),
+        "prediction_calibration": _prediction_calibration(form),
+    }
     return render(request, "labs/lab_detail.html#prediction", context, status=200 if valid else 400)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from labs.backends.base import ProgressCallback, RunRecord
+from labs.device_calibration import DeviceConstants
 from labs.params import LabParams, ParamError
 from labs.predict import kv_capacity_tokens
 from labs.sim.cost_model import build_cost_model
@@ -36,8 +37,9 @@ def build_simulator(
     *,
     on_progress: ProgressCallback | None = None,
     on_step: Callable[[StepInfo], None] | None = None,
+    device: DeviceConstants | None = None,
 ) -> Simulator:
-    """A Simulator for validated lab parameters.
+    """A Simulator for validated lab parameters; `device` = the lab's GPU's own calibration.
 
     Raises:
         ParamError: the KV pool cannot hold even one request (naming kv_capacity_tokens).
@@ -71,7 +73,7 @@ def build_simulator(
         return Simulator(
             config,
             workload,
-            build_cost_model(params.hardware, params.model, engine),
+            build_cost_model(params.hardware, params.model, engine, device),
             np.random.default_rng(run_seed),
             on_progress=on_progress,
             on_step=on_step,
@@ -88,12 +90,17 @@ class SimBackend:
             estimate is larger is refused before anything is built (RunTooLarge), and the process
             may grow by at most twice that while the run lasts, so a wrong estimate ends in a
             MemoryError for this run, never in the OOM killer taking the worker. None: no limit.
+        device: the calibration measured on the lab's GPU kind, if one is stored
+            (labs.selectors.device_calibration); the caller looks it up for the run's GPU.
     """
 
     name = "sim"
 
-    def __init__(self, max_run_mb: int | None = None) -> None:
+    def __init__(
+        self, max_run_mb: int | None = None, device: DeviceConstants | None = None
+    ) -> None:
         self.max_run_mb = max_run_mb
+        self.device = device
 
     def run(self, params: LabParams, on_progress: ProgressCallback | None = None) -> RunRecord:
         if self.max_run_mb is None:
@@ -103,10 +110,11 @@ class SimBackend:
             return self._run(params, on_progress)
 
     def _run(self, params: LabParams, on_progress: ProgressCallback | None) -> RunRecord:
-        simulator = build_simulator(params, on_progress=on_progress)
+        device = self.device if self.device and self.device.device == params.hardware.name else None
+        simulator = build_simulator(params, on_progress=on_progress, device=device)
         record = simulator.run()
         config = simulator.config
-        record.where = where_label(params.hardware, params.engine.sim_profile)
+        record.where = where_label(params.hardware, params.engine.sim_profile, device)
         record.meta.update(
             {
                 "sim_profile": params.engine.sim_profile,
@@ -114,6 +122,7 @@ class SimBackend:
                 "params": params.as_dict(),
                 "num_gpu_blocks": config.num_gpu_blocks,
                 "kv_capacity_tokens": config.num_gpu_blocks * config.block_size,
+                "device_calibration": device.label() if device else None,
             }
         )
         return record

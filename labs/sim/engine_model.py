@@ -40,6 +40,7 @@ import numpy as np
 import yaml
 
 from labs.catalog import Hardware, ModelSpec
+from labs.device_calibration import DeviceConstants
 from labs.params import EngineConfig
 from labs.predict import (
     compute_rate,
@@ -168,17 +169,40 @@ def load_calibration(path: Path = CALIBRATION_PATH) -> Calibration:
     return parse_calibration(yaml.safe_load(path.read_text()))
 
 
+def with_device(cal: Calibration, hardware: Hardware, device: DeviceConstants) -> Calibration:
+    """`cal` with the GPU's efficiencies and the step overheads replaced by the constants fitted
+    on that device itself (labs/device_calibration.py). Only the run priced for that device gets
+    this Calibration; every other run keeps `cal`."""
+    gpu = replace(
+        cal.gpu(hardware),
+        bandwidth_efficiency=device.bandwidth_efficiency,
+        kv_bandwidth_efficiency=device.kv_bandwidth_efficiency,
+        gemm_efficiency=device.gemm_efficiency,
+        decode_step_overhead_s=device.decode_step_overhead_s,
+        calibrated=True,
+    )
+    return replace(
+        cal,
+        gpus={**cal.gpus, hardware.name: gpu},
+        decode_step_overhead_s=device.decode_step_overhead_s,
+        mixed_step_overhead_s=device.mixed_step_overhead_s,
+    )
+
+
 def gpu_display_name(hardware: Hardware) -> str:
     """ "H100 SXM" for a catalog GPU, "a custom GPU" otherwise."""
     found = load_calibration().gpus.get(hardware.name)
     return found.display if found is not None else "a custom GPU"
 
 
-def where_label(hardware: Hardware, profile: str) -> str:
-    """What every simulated number is labelled with: where it ran and on which profile."""
+def where_label(hardware: Hardware, profile: str, device: DeviceConstants | None = None) -> str:
+    """What every simulated number is labelled with: where it ran and on which profile, and
+    whose constants priced it (the device's own calibration when `device` is given)."""
     name = gpu_display_name(hardware)
     if profile == "ideal":
         return f"simulated on CPU as {name}, ideal hardware (roofline, no overheads)"
+    if device is not None:
+        return f"simulated on CPU as {name} ({device.label()})"
     calibration = load_calibration()
     if not calibration.gpu(hardware).calibrated:
         return (
