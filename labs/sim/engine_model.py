@@ -79,6 +79,7 @@ class GpuConstants:
     # False where no published vLLM run of this GPU was found and its efficiencies are
     # borrowed from a calibrated part (their source says "not calibrated").
     calibrated: bool = True
+    borrows: str = ""  # which part's constants an uncalibrated GPU uses, and how
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ def parse_calibration(data: dict[str, Any]) -> Calibration:
                 else None
             ),
             calibrated=not borrowed,
+            borrows=str(c.get("borrows", "")),
         )
     if "custom" not in gpus:
         raise ValueError("calibration.yaml needs a `custom` GPU entry")
