@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 # The constants a device calibration holds, with the range a fit may give each (fractions of the
 # data-sheet peaks; overheads in seconds).
 CONSTANT_BOUNDS: dict[str, tuple[float, float]] = {
-    "bandwidth_efficiency": (0.05, 1.0),
-    "kv_bandwidth_efficiency": (0.05, 1.0),
-    "gemm_efficiency": (0.01, 1.0),
+    "bandwidth_efficiency": (0.001, 1.0),
+    "kv_bandwidth_efficiency": (0.001, 1.0),
+    "gemm_efficiency": (0.001, 1.0),
     "decode_step_overhead_s": (0.0, 0.5),
     "mixed_step_overhead_s": (0.0, 0.5),
 }

@@ -224,6 +224,43 @@ def _set(data: dict[str, Any], path: str, value: float) -> None:
         node[last] = value
 
 
+def coordinate_search(
+    loss: Callable[[dict[str, float]], float],
+    values: dict[str, float],
+    bounds: Mapping[str, tuple[float, float]],
+    rounds: int = 3,
+    log: Callable[[str], None] = print,
+    *,
+    step: float = 0.25,
+    max_moves: int = 1,
+) -> tuple[dict[str, float], float]:
+    """Minimise `loss` over `values` one constant at a time: each round tries every constant
+    `step` (25%, then half that, ...) lower and higher within its bounds and keeps what lowers
+    the loss, moving the same way up to `max_moves` times while it keeps helping (a device far
+    from the published constants needs more than one move). The published fit (`fit`) and a
+    device's own fit (labs/calibrate_device.py) both use it."""
+    best = loss(values)
+    for r in range(rounds):
+        for path, (low, high) in bounds.items():
+            for factor in (1 - step, 1 + step):
+                for _ in range(max_moves):
+                    trial = dict(values)
+                    trial[path] = min(high, max(low, values[path] * factor))
+                    value = loss(trial) if trial[path] != values[path] else best
+                    if value >= best:
+                        break
+                    best, values = value, trial
+        log(f"round {r}: loss {best:.4f}")
+        step /= 2
+    return values, best
+
+
+def log_error_loss(pairs: list[tuple[float, float]]) -> float:
+    """Sum of squared log errors of (simulated, measured) pairs: a run 10% slow costs as much
+    as one 10% fast, whatever its unit."""
+    return sum(math.log(sim / measured) ** 2 for sim, measured in pairs)
+
+
 def fit(rounds: int = 3, log: Callable[[str], None] = print) -> tuple[dict[str, float], float]:
     """Coordinate search of FREE on the `fit` measurements: minimise the sum of squared log
     errors. Returns the constants found and the loss."""
@@ -234,22 +271,11 @@ def fit(rounds: int = 3, log: Callable[[str], None] = print) -> tuple[dict[str, 
         for path, v in values.items():
             _set(data, path, v)
         cal = parse_calibration(data)
-        return sum(math.log(simulate(m, cal) / m.published) ** 2 for m in fitted)
+        return log_error_loss([(simulate(m, cal), m.published) for m in fitted])
 
     values = {path: _get(data, path) for path, _, _ in FREE}
-    best = loss(values)
-    step = 0.25
-    for r in range(rounds):
-        for path, low, high in FREE:
-            for factor in (1 - step, 1 + step):
-                trial = dict(values)
-                trial[path] = min(high, max(low, values[path] * factor))
-                value = loss(trial)
-                if value < best:
-                    best, values = value, trial
-        log(f"round {r}: loss {best:.4f}")
-        step /= 2
-    return values, best
+    bounds = {path: (low, high) for path, low, high in FREE}
+    return coordinate_search(loss, values, bounds, rounds, log)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,180 @@
+"""Calibrate one device from its own runs: a short sweep on its vLLM engine, fitted with the
+published calibration's search (labs.sim.calibration.coordinate_search), part of it held out.
+
+The sweep (SWEEP) is fixed here, roles included, before anything is measured: batch-1 decode, a
+batch sweep, a long prefill and an ngram speculation run. Each point is measured `repeats` times
+and its median kept. The fit moves the device's constants (labs/device_calibration.py) to match
+the `fit` points on the simulator's realistic profile; the `held_out` points are only simulated
+with the result and give the held-out error. `manage.py lab calibrate` runs it and stores a
+labs.models.DeviceCalibration.
+
+Pure Python; never Django (the command does the storing).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import date
+from typing import Any
+
+from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants
+from labs.metrics import summarize
+from labs.params import LabParams, parse_lab_params
+from labs.sim.calibration import coordinate_search, log_error_loss, relative_error
+from labs.sim.engine_model import load_calibration
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    id: str
+    role: str  # "fit" | "held_out", fixed before any measurement
+    what: str
+    changes: Mapping[str, Any]  # lab parameters over the base settings
+    metric: str  # a dotted key of labs.metrics.summarize
+
+
+# Small on purpose: the CPU vLLM worker must finish it in minutes. Prompt and output lengths are
+# fixed (range ratio 0) so every repeat asks the same.
+_DECODE = {"prompt_tokens": 64, "output_tokens": 32, "max_tokens": 64}
+SWEEP: tuple[SweepPoint, ...] = (
+    SweepPoint("D1", "fit", "batch-1 decode", {**_DECODE, "max_concurrency": 1, "num_prompts": 3},
+               "tpot_s.mean"),
+    SweepPoint("D2", "fit", "4 sequences decoding", {**_DECODE, "max_concurrency": 4,
+               "num_prompts": 8}, "tpot_s.mean"),
+    SweepPoint("D3", "held_out", "8 sequences decoding", {**_DECODE, "max_concurrency": 8,
+               "num_prompts": 16}, "output_tokens_per_s"),
+    SweepPoint("P1", "fit", "a long prefill", {"prompt_tokens": 1024, "output_tokens": 2,
+               "max_tokens": 16, "max_concurrency": 1, "num_prompts": 2}, "ttft_s.mean"),
+    SweepPoint("P2", "held_out", "a shorter prefill", {"prompt_tokens": 512, "output_tokens": 2,
+               "max_tokens": 16, "max_concurrency": 1, "num_prompts": 2}, "ttft_s.mean"),
+    SweepPoint("S1", "held_out", "ngram speculation, 3 drafts", {**_DECODE,
+               "max_concurrency": 1, "num_prompts": 3, "spec_method": "ngram",
+               "spec_tokens": 3}, "tpot_s.mean"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Measured:
+    point: SweepPoint
+    params: LabParams
+    value: float  # median over the repeats
+
+
+@dataclass(frozen=True)
+class DeviceFit:
+    constants: DeviceConstants
+    points: list[dict[str, Any]]  # id, role, what, metric, measured, predicted, error
+
+    @property
+    def held_out_errors(self) -> list[float]:
+        return [abs(p["error"]) for p in self.points if p["role"] == "held_out"]
+
+
+def metric_value(summary: Mapping[str, Any], metric: str) -> float:
+    value: Any = summary
+    for part in metric.split("."):
+        value = value[part]
+    return float(value)
+
+
+def point_params(base: Mapping[str, Any], point: SweepPoint) -> LabParams:
+    """The point's lab parameters: the base settings (model, GPU, ...) with its changes, on the
+    realistic profile, lengths fixed. Raises ParamError naming a bad base setting."""
+    values = {**base, **point.changes, "sim_profile": "realistic"}
+    values.update(input_range_ratio=0, output_range_ratio=0, request_rate=None)
+    return parse_lab_params(values)
+
+
+def measure_sweep(
+    base: Mapping[str, Any],
+    run: Callable[[LabParams], Mapping[str, Any]],
+    repeats: int = 3,
+    log: Callable[[str], None] = print,
+) -> list[Measured]:
+    """Each point of SWEEP run `repeats` times with `run` (lab parameters -> a summary of
+    labs.metrics.summarize); the median of its metric kept."""
+    measured = []
+    for point in SWEEP:
+        params = point_params(base, point)
+        values = [metric_value(run(params), point.metric) for _ in range(repeats)]
+        measured.append(Measured(point, params, statistics.median(values)))
+        log(f"{point.id} {point.what}: {point.metric} {measured[-1].value:.6g}")
+    return measured
+
+
+def simulate_point(m: Measured, device: DeviceConstants) -> float:
+    """What the simulator, priced with `device`'s constants, gives for the point."""
+    from labs.backends.sim import build_simulator  # it imports labs.sim's simulator
+
+    record = build_simulator(m.params, device=device).run()
+    return metric_value(summarize(record), m.point.metric)
+
+
+def _constants(device: str, values: Mapping[str, float], on: date) -> DeviceConstants:
+    return DeviceConstants(device=device, **values, fitted_on=on, fit_error=0.0, held_out_error=0.0)
+
+
+def starting_values(measured: list[Measured]) -> dict[str, float]:
+    """The published constants of the sweep's GPU kind: where the search starts."""
+    cal = load_calibration()
+    gpu = cal.gpu(measured[0].params.hardware)
+    decode = gpu.decode_step_overhead_s
+    return {
+        "bandwidth_efficiency": gpu.bandwidth_efficiency,
+        "kv_bandwidth_efficiency": gpu.kv_bandwidth_efficiency,
+        "gemm_efficiency": gpu.gemm_efficiency,
+        "decode_step_overhead_s": cal.decode_step_overhead_s if decode is None else decode,
+        "mixed_step_overhead_s": cal.mixed_step_overhead_s,
+    }
+
+
+def fit_device(
+    device: str,
+    measured: list[Measured],
+    *,
+    on: date,
+    where: str = "this worker",
+    rounds: int = 3,
+    log: Callable[[str], None] = print,
+) -> DeviceFit:
+    """Fit the device's constants to the `fit` points only, then price every point with them.
+    The errors are median |simulated / measured - 1| of each role."""
+    fitted = [m for m in measured if m.point.role == "fit"]
+
+    def loss(values: dict[str, float]) -> float:
+        constants = _constants(device, values, on)
+        return log_error_loss([(simulate_point(m, constants), m.value) for m in fitted])
+
+    values, _ = coordinate_search(
+        loss, starting_values(measured), CONSTANT_BOUNDS, rounds, log, step=0.5, max_moves=8
+    )
+    found = _constants(device, values, on)
+    points = []
+    for m in measured:
+        predicted = simulate_point(m, found)
+        points.append(
+            {
+                "id": m.point.id,
+                "role": m.point.role,
+                "what": m.point.what,
+                "metric": m.point.metric,
+                "measured": m.value,
+                "predicted": predicted,
+                "error": relative_error(predicted, m.value),
+            }
+        )
+
+    def median_error(role: str) -> float:
+        return statistics.median(abs(p["error"]) for p in points if p["role"] == role)
+
+    constants = DeviceConstants(
+        device=device,
+        **values,
+        fitted_on=on,
+        fit_error=median_error("fit"),
+        held_out_error=median_error("held_out"),
+        where=where,
+    )
+    return DeviceFit(constants=constants, points=points)
