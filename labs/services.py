@@ -505,18 +505,19 @@ def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     from labs.metrics import summarize
 
     params = parse_lab_params(run.params)
+    from labs.selectors import device_calibration
+
+    # The run's GPU kind's own calibration, if a worker measured one: prices the simulation, or
+    # a real run's expected parts.
+    device = device_calibration(params.hardware.name)
     options: dict[str, object] = {}
     if run.backend == "sim":
-        from labs.selectors import device_calibration
-
-        options = {
-            "max_run_mb": settings.LABS_SIM_MAX_RUN_MB,
-            "device": device_calibration(params.hardware.name),
-        }
+        options = {"max_run_mb": settings.LABS_SIM_MAX_RUN_MB, "device": device}
     backend = get_backend(run.backend, **options)
     record = backend.run(params, _progress_reporter(run.pk, beat))
     summary = summarize(record)
-    summary["breakdown"] = _json_safe({"b": run_breakdown(params, record, summary)})["b"]
+    breakdown = run_breakdown(params, record, summary, device)
+    summary["breakdown"] = _json_safe({"b": breakdown})["b"]
     # Stored once, at the top, where a vLLM run's expected parts go too; not again in meta.
     meta = {k: v for k, v in (getattr(record, "meta", {}) or {}).items() if k != "breakdown"}
     summary["meta"] = _json_safe(meta)

@@ -129,19 +129,23 @@ class SimBackend:
 
 
 def run_breakdown(
-    params: LabParams, record: RunRecord, measured: dict[str, Any]
+    params: LabParams,
+    record: RunRecord,
+    measured: dict[str, Any],
+    device: DeviceConstants | None = None,
 ) -> dict[str, Any] | None:
     """Where a finished run's time went (labs/sim/breakdown.py), for any backend.
 
     A simulated run knows its parts step by step (record.meta["breakdown"]). For a real run the
-    same workload is simulated on the realistic profile to get the expected parts, and what the
-    measurement has beyond them is shown as "unexplained" (negative when the GPU beat the model).
+    same workload is simulated on the realistic profile to get the expected parts (priced with
+    `device`, the GPU's own calibration, when it has one), and what the measurement has beyond
+    them is shown as "unexplained" (negative when the GPU beat the model).
     """
     if record.simulated:
         return record.meta.get("breakdown")
     realistic = replace(params, engine=replace(params.engine, sim_profile="realistic"))
     try:
-        expected = build_simulator(realistic).run().meta["breakdown"]
+        expected = build_simulator(realistic, device=device).run().meta["breakdown"]
     except (ParamError, ValueError, RuntimeError, MemoryError):
         return None  # the expected parts are extra: never fail a measured run over them
     result: dict[str, Any] = {**expected, "source": "expected"}

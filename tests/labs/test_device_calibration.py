@@ -143,3 +143,17 @@ def test_a_cpu_device_is_keyed_by_its_model_and_core_count():
     assert cpu_device_key("AMD  EPYC 7763 64-Core Processor", 2) == (
         "cpu:AMD EPYC 7763 64-Core Processor:2"
     )
+
+
+def test_a_real_runs_expected_parts_are_priced_with_its_devices_calibration():
+    from labs.backends.sim import SimBackend, run_breakdown
+    from labs.metrics import summarize
+
+    params = _params("h100-sxm")
+    record = replace(SimBackend().run(params), simulated=False)  # stands in for a vLLM run
+    measured = summarize(record)
+    published = run_breakdown(params, record, measured)
+    own = run_breakdown(params, record, measured, _constants())
+    assert own["tpot_s"]["total"] == published["tpot_s"]["total"]  # the measurement itself
+    # The slower device explains more of the same measurement: less is left unexplained.
+    assert own["tpot_s"]["parts"]["unexplained"] < published["tpot_s"]["parts"]["unexplained"]
