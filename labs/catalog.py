@@ -26,7 +26,8 @@ KV_DTYPE_BYTES: dict[str, int] = {"auto": 2, "fp8": 1}
 
 @dataclass(frozen=True)
 class Hardware:
-    """One GPU. A replica uses `tp` of them (see EngineConfig)."""
+    """One GPU (or the CPU of a CPU vLLM worker). A replica uses `tp` of them (see
+    EngineConfig)."""
 
     name: str
     hbm_bytes: int
@@ -296,3 +297,98 @@ MODELS: dict[str, ModelSpec] = {
         ),
     )
 }
+
+
+# -- small models for a real engine on a CPU ---------------------------------------------------
+# Llama-architecture models that `manage.py lab make-model NAME` builds with random weights and a
+# byte-level BPE tokenizer (labs/backends/vllm/cpu_tools.py), from the seed below. The vocabulary
+# covers every token id the load generator draws (up to 32,000).
+
+
+@dataclass(frozen=True)
+class LabModelShape:
+    layers: int
+    hidden_size: int
+    heads: int
+    kv_heads: int
+    intermediate_size: int
+    vocab_size: int = 32000
+    max_context: int = 4096
+    seed: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.heads
+
+    @property
+    def params(self) -> int:
+        """Every weight of an untied Llama: embeddings and LM head, per layer the attention
+        projections, the gated MLP and two norms, and the final norm."""
+        h, kv = self.hidden_size, self.kv_heads * self.head_dim
+        layer = 2 * h * h + 2 * h * kv + 3 * h * self.intermediate_size + 2 * h
+        return 2 * self.vocab_size * h + self.layers * layer + h
+
+    def spec(self) -> dict[str, int]:
+        """What cpu_tools.py make-model takes."""
+        return {
+            "layers": self.layers,
+            "hidden_size": self.hidden_size,
+            "heads": self.heads,
+            "kv_heads": self.kv_heads,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "max_context": self.max_context,
+            "seed": self.seed,
+        }
+
+
+LAB_MODEL_SHAPES: dict[str, LabModelShape] = {
+    "lab-llama-20m": LabModelShape(
+        layers=4, hidden_size=256, heads=4, kv_heads=4, intermediate_size=1024
+    ),
+    "lab-llama-58m": LabModelShape(
+        layers=8, hidden_size=512, heads=8, kv_heads=4, intermediate_size=1536
+    ),
+    "lab-llama-99m": LabModelShape(
+        layers=8, hidden_size=768, heads=12, kv_heads=4, intermediate_size=2048
+    ),
+}
+
+for _slug, _shape in LAB_MODEL_SHAPES.items():
+    MODELS[_slug] = ModelSpec(
+        name=_slug,
+        layers=_shape.layers,
+        hidden_size=_shape.hidden_size,
+        heads=_shape.heads,
+        kv_heads=_shape.kv_heads,
+        head_dim=_shape.head_dim,
+        params=_shape.params,
+        active_params=_shape.params,
+        vocab_size=_shape.vocab_size,
+        max_context=_shape.max_context,
+        source="built by `manage.py lab make-model` (random weights, Llama architecture); "
+        f"{_shape.params:,} parameters",
+    )
+
+# -- the CPU of a CPU vLLM worker ----------------------------------------------------------------
+
+CPU_KIND = "cpu"
+
+
+def cpu_hardware(gpus: dict[str, object] | None) -> Hardware | None:
+    """The CPU a CPU vLLM worker announced (its heartbeat's `gpus`), as a Hardware the roofline
+    formulas price: RAM for memory, the measured triad bandwidth and bf16 matmul FLOP/s. None
+    when the worker announced no measurements."""
+    gpus = gpus or {}
+    memory, bandwidth = gpus.get("memory_bytes"), gpus.get("bandwidth_bytes_per_s")
+    flops = gpus.get("matmul_flops_per_s")
+    if not all(isinstance(v, int | float) and v > 0 for v in (memory, bandwidth, flops)):
+        return None
+    return Hardware(
+        name=CPU_KIND,
+        hbm_bytes=int(memory),  # type: ignore[arg-type]
+        bandwidth_bytes_per_s=float(bandwidth),  # type: ignore[arg-type]
+        bf16_flops_per_s=float(flops),  # type: ignore[arg-type]
+        source=f"{gpus.get('name', 'CPU')}: RAM, and bandwidth (numpy triad) and bf16 matmul "
+        f"FLOP/s on {gpus.get('engine_threads', '?')} engine thread(s), measured by its worker",
+    )

@@ -14,6 +14,7 @@ from typing import Any
 from django import forms
 from django.conf import settings
 
+from labs.catalog import CPU_KIND
 from labs.params import (
     FIELDS_BY_NAME,
     PARAM_FIELDS,
@@ -121,9 +122,13 @@ class LabParamsForm(forms.Form):
             return
         if not offer:
             return  # a worker measuring a server elsewhere (base_url) announces no GPUs
-        kinds = ", ".join(f"{k} \u00d7{n}" for k, n in sorted(offer.items()))
+        kinds = ", ".join(
+            "this CPU" if k == CPU_KIND else f"{k} \u00d7{n}" for k, n in sorted(offer.items())
+        )
+        # Only a CPU worker online: it is still vLLM, but not on a GPU.
+        vllm_label = "vLLM" if set(offer) == {CPU_KIND} else BACKEND_LABELS["vllm"]
         backend.choices = [
-            (b, f"{label}: {kinds}" if b == "vllm" else label) for b, label in backend.choices
+            (b, f"{vllm_label}: {kinds}" if b == "vllm" else label) for b, label in backend.choices
         ]
         largest = max(offer.values(), default=0)
         for name, runnable in (
@@ -141,6 +146,11 @@ class LabParamsForm(forms.Form):
         for prediction and run (`labs.params.align_run_batch`)."""
         data = self.cleaned_data if hasattr(self, "cleaned_data") else {}
         given = {k: v for k, v in data.items() if k in FIELDS_BY_NAME and v not in ("", None)}
+        if given.get("gpu") == CPU_KIND:
+            # The CPU's figures are what the online CPU worker measured, not the learner's.
+            from labs.workers import cpu_figures
+
+            given.update(cpu_figures())
         return align_run_batch(given)
 
     def clean(self) -> dict[str, Any]:

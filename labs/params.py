@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from labs.catalog import (
+    CPU_KIND,
     GB,
     GPUS,
     KV_DTYPE_BYTES,
@@ -185,9 +186,10 @@ PARAM_FIELDS: tuple[ParamField, ...] = (
         "choice",
         "h100-sxm",
         group="hardware",
-        choices=(*GPUS, CUSTOM),
+        choices=(*GPUS, CPU_KIND, CUSTOM),
         help="GPU from the catalog, or custom (the default when hbm_gb, bandwidth_tbs and"
-        " tflops are given)",
+        " tflops are given), or cpu: a CPU vLLM worker's CPU, whose RAM, bandwidth and"
+        " FLOP/s it measured come as those three",
     ),
     _float(
         "hbm_gb",
@@ -715,18 +717,40 @@ def _resolve_model(given: dict[str, Any], errors: dict[str, str]) -> ModelSpec |
 
 
 def _resolve_gpu(given: dict[str, Any], errors: dict[str, str]) -> Hardware | None:
+    if given.get("gpu") == CPU_KIND:
+        return _resolve_cpu(given, errors)
     slug, custom = _catalog_or_custom("gpu", given, CUSTOM_GPU_FIELDS, errors)
     if not custom:
         return GPUS[slug] if slug else None
     if any(n in errors for n in CUSTOM_GPU_FIELDS):
         return None
+    return _hardware_from(given, CUSTOM, "custom GPU from the lab's parameters")
+
+
+def _hardware_from(given: dict[str, Any], name: str, source: str) -> Hardware:
+    """A Hardware from the three figures (hbm_gb, bandwidth_tbs, tflops)."""
     return Hardware(
-        name=CUSTOM,
+        name=name,
         hbm_bytes=round(given["hbm_gb"] * GB),
         bandwidth_bytes_per_s=given["bandwidth_tbs"] * TB,
         bf16_flops_per_s=given["tflops"] * TFLOPS,
-        source="custom GPU from the lab's parameters",
+        source=source,
     )
+
+
+def _resolve_cpu(given: dict[str, Any], errors: dict[str, str]) -> Hardware | None:
+    """gpu cpu: no catalog figures, the CPU's own (the lab page fills them in from the CPU
+    worker's measurements; labs.workers.cpu_figures)."""
+    missing = [n for n in CUSTOM_GPU_FIELDS if n not in given]
+    for name in missing:
+        errors.setdefault(
+            name,
+            f"{name} is required for gpu cpu: the CPU's measured figures, which an online CPU "
+            "vLLM worker announces",
+        )
+    if missing or any(n in errors for n in CUSTOM_GPU_FIELDS):
+        return None
+    return _hardware_from(given, CPU_KIND, "a CPU vLLM worker's CPU, as it measured itself")
 
 
 def _check_tp(model: ModelSpec, tp: int, errors: dict[str, str]) -> None:

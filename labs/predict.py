@@ -577,3 +577,123 @@ def predict(params: LabParams, device: DeviceConstants | None = None) -> Predict
         loaded_ttft_p50_s=load.ttft_p50_s if load else None,
         loaded_e2e_s=load.e2e_s if load else None,
     )
+
+
+# -- the prediction's parts ------------------------------------------------------------------------
+
+# The parts of a run's breakdown (labs/sim/breakdown.py) and of the prediction's. The formulas
+# have no tensor-parallel communication, no prefill sharing a decode step, no preemption: those
+# are 0 on the predicted side by assumption.
+BREAKDOWN_PARTS = (
+    "ideal",
+    "efficiency",
+    "overhead",
+    "communication",
+    "queueing",
+    "prefill_interference",
+    "preemption",
+    "speculation",
+)
+
+
+def _section(parts: dict[str, float]) -> dict[str, object]:
+    full = {name: float(parts.get(name, 0.0)) for name in BREAKDOWN_PARTS}
+    return {"total": sum(full.values()), "parts": full}
+
+
+def predicted_breakdown(params: LabParams) -> dict[str, object] | None:
+    """The predicted mean TTFT and E2E under this load (`predict_load`) and TPOT (`tpot_s`),
+    split into the parts the run's breakdown has, under the formulas' assumptions; None when
+    nothing fits.
+
+    The parts come from pricing the same figures with fewer of the lab's knobs: with the fixed
+    per-step overhead set to 0 (the difference is `overhead`), then with the efficiencies at
+    1 as well (`efficiency`); what is left is the roofline (`ideal`), except that speculation's
+    drafts and its extra verified tokens count as `speculation`, as the simulator counts them.
+    `queueing` is the load's mean wait for a slot and, in a wave admitted together, for the
+    prefill of the prompts ahead of it. Each section's parts add up to its total.
+    Also `batch`: the sequences the formula decodes together.
+    """
+    model, hw, engine, work = params.model, params.hardware, params.engine, params.workload
+    prediction = predict(params)
+    if not prediction.fits:
+        return None
+    per_replica = min(prediction.max_concurrent_seqs, engine.max_num_seqs)
+    cached = prediction.prefix_cached_tokens
+    batch = max(prediction.running_seqs, 1)
+    no_overhead = replace(engine, step_overhead_s=0.0)
+    at_peak = replace(no_overhead, compute_efficiency=1.0, bandwidth_efficiency=1.0)
+
+    def figures(e: EngineConfig) -> tuple[float, float, float, LoadPrediction]:
+        """(own prefill, decode after the first token, TPOT, the load) priced with `e`."""
+        load = predict_load(replace(params, engine=e), per_replica, cached)
+        tpot = token_time_s(hw, model, e, batch, work.context_tokens)
+        first = load.ttft_s - load.queue_wait_s
+        own = min(first, prefill_time_s(hw, model, e, work.prompt_tokens, cached))
+        return own, load.e2e_s - load.ttft_s, tpot, load
+
+    full, bare, peak = figures(engine), figures(no_overhead), figures(at_peak)
+    # Waiting behind the other prompts of its wave is queueing, as the simulator counts the
+    # time before the first step that schedules a request.
+    load = full[3]
+    waited = load.ttft_s - full[0]
+
+    def plain_share(batch_size: int, context: int) -> float:
+        """The share of a token's roofline time that is a plain decode step (no drafts)."""
+        if not engine.spec_tokens:
+            return 1.0
+        spread = spec_tokens_per_step(engine.spec_tokens, engine.acceptance)
+        plain = decode_step_time(hw, model, at_peak, batch_size, context) / spread
+        return min(1.0, plain / token_time_s(hw, model, at_peak, batch_size, context))
+
+    tpot_plain = plain_share(batch, work.context_tokens)
+    # predict_load's decode runs at the load's batch and the mean context.
+    decode_plain = plain_share(peak[3].batch, work.prompt_tokens + work.output_tokens // 2)
+    ttft = {
+        "queueing": waited,
+        "overhead": full[0] - bare[0],
+        "efficiency": bare[0] - peak[0],
+        "ideal": peak[0],
+    }
+    decode = {
+        "overhead": full[1] - bare[1],
+        "efficiency": bare[1] - peak[1],
+        "ideal": peak[1] * decode_plain,
+        "speculation": peak[1] * (1 - decode_plain),
+    }
+    tpot = {
+        "overhead": full[2] - bare[2],
+        "efficiency": bare[2] - peak[2],
+        "ideal": peak[2] * tpot_plain,
+        "speculation": peak[2] * (1 - tpot_plain),
+    }
+    e2e = {name: ttft.get(name, 0.0) + decode.get(name, 0.0) for name in BREAKDOWN_PARTS}
+    return {
+        "source": "formulas",
+        "ttft_s": _section(ttft),
+        "tpot_s": _section(tpot),
+        "e2e_s": _section(e2e),
+        "batch": batch,
+    }
+
+
+def lab_prediction(params: LabParams, device: DeviceConstants | None = None) -> dict[str, object]:
+    """The one prediction every page, the CLI and the personal cards show for a lab's settings:
+    `predict(params)` as a dict, the rates the run's table compares (prefix-cache hit rate,
+    draft acceptance) and the predicted breakdown (`predicted_breakdown`).
+
+    `device`: the lab device's own calibration, if it has one; the figures and the breakdown
+    are then both priced by it (see `predict`)."""
+    if device is not None:
+        params = replace(params, engine=device.predictor_engine(params.engine))
+    values = predict(params).as_dict()
+    engine, work = params.engine, params.workload
+    if engine.prefix_caching and work.prompt_tokens:
+        values["prefix_hit_rate"] = int(values["prefix_cached_tokens"]) / work.prompt_tokens  # type: ignore[call-overload]
+    if engine.spec_tokens:
+        # Accepted drafts per step are (tokens per step - 1); vLLM's rate divides by k drafted.
+        values["draft_acceptance_rate"] = (
+            float(values["spec_tokens_per_step"]) - 1  # type: ignore[arg-type]
+        ) / engine.spec_tokens
+    values["breakdown"] = predicted_breakdown(params)
+    return values

@@ -6,9 +6,12 @@ difference and a one-line reading of why they differ. Pure functions over the st
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from labs import explain
+from labs.explain import Explanation
 
 # Within this fraction, measured and predicted "agree".
 AGREE = 0.15
@@ -93,12 +96,12 @@ PREDICTED_LABELS: dict[str, tuple[str, str]] = {
     "gpus_needed": ("GPUs needed", ""),
     "prefix_cached_tokens": ("Prompt tokens served from the prefix cache", "tokens"),
     "prefill_s": ("Prefill of one prompt", "s"),
-    "ttft_s": ("Time to first token", "s"),
+    "ttft_s": ("Time to first token, one request on an idle engine", "s"),
     "weight_read_s": ("Weight read per step", "s"),
     "kv_read_s": ("KV read per step", "s"),
     "decode_step_s": ("Decode step", "s"),
     "tpot_s": ("Time per output token", "s"),
-    "e2e_s": ("End-to-end latency", "s"),
+    "e2e_s": ("End-to-end latency, one request on an idle engine", "s"),
     "output_tokens_per_s": ("Output tokens per second", "tok/s"),
     "batch_speedup_vs_batch1": ("Throughput vs batch 1", "x"),
     "spec_tokens_per_step": ("Tokens per target pass", "tokens"),
@@ -114,6 +117,24 @@ PREDICTED_LABELS: dict[str, tuple[str, str]] = {
 }
 
 
+def load_label(params: Mapping[str, Any]) -> str:
+    """The load a prediction assumes, as the lab page, the run page and the CLI say it:
+    'under this load: concurrency 64, max_num_seqs 8, 128 prompts of 512 + 128 tokens'."""
+    rate = _finite(params.get("request_rate"))
+    in_flight = params.get("max_concurrency") or params.get("concurrency")
+    arrivals = (
+        f"Poisson arrivals at {format_value(rate, 'req/s')}"
+        if rate is not None
+        else f"concurrency {in_flight}"
+    )
+    prompts = _finite(params.get("num_prompts")) or 0
+    return (
+        f"under this load: {arrivals}, max_num_seqs {params.get('max_num_seqs')}, "
+        f"{prompts:,.0f} prompts of {params.get('prompt_tokens')} + "
+        f"{params.get('output_tokens')} tokens"
+    )
+
+
 def predicted_items(predicted: Mapping[str, Any], keys: tuple[str, ...]) -> list[dict[str, str]]:
     items = []
     for key in keys:
@@ -125,153 +146,42 @@ def predicted_items(predicted: Mapping[str, Any], keys: tuple[str, ...]) -> list
 
 
 @dataclass(frozen=True)
-class Context:
-    summary: Summary
-    predicted: Mapping[str, Any]
-    params: Mapping[str, Any]
-
-    @property
-    def waited(self) -> bool:
-        """Did requests queue (waiting > 0 at some sample) or share the engine?"""
-        waiting = dig(self.summary, "series.engine.waiting") or []
-        return any((_finite(w) or 0) > 0 for w in _values(waiting))
-
-    @property
-    def preempted(self) -> bool:
-        return (_finite(self.summary.get("preemptions")) or 0) > 0
-
-    @property
-    def peak_running(self) -> float:
-        return _finite(self.summary.get("max_running_seqs")) or 0
-
-
-def _values(series: Any) -> list[Any]:
-    """Series come as [value, ...] or [[t, value], ...]."""
-    if not isinstance(series, list):
-        return []
-    return [p[-1] if isinstance(p, list | tuple) and p else p for p in series]
-
-
-Reading = Callable[[Context, float], str]
-
-
-def _read_ttft(c: Context, ratio: float) -> str:
-    if ratio > 1 + AGREE:
-        if c.waited:
-            return (
-                "Requests waited for a slot or shared prefill steps with others longer than the "
-                "formula's waves of queueing allow."
-            )
-        return (
-            "Prefill ran in several chunks, beside decodes, or below the GPU's peak, so the first "
-            "token came later."
-        )
-    if ratio < 1 - AGREE:
-        return "Prefix-cache hits or shorter prompts left less to prefill than the formula assumes."
-    return "One prefill step dominates, as the formula assumes."
-
-
-def _read_tpot(c: Context, ratio: float) -> str:
-    if ratio > 1 + AGREE:
-        if c.preempted:
-            return "Preempted sequences were recomputed, stretching the time between tokens."
-        return (
-            "Prefill chunks shared decode steps and the KV read grew as outputs lengthened; "
-            "the formula prices a steady batch of pure decodes."
-        )
-    if ratio < 1 - AGREE:
-        return (
-            "The batch was often smaller than predicted (ramp-up and drain), and small batches "
-            "take shorter steps."
-        )
-    return "Decode steps are memory-bound and priced the same way in both."
-
-
-def _read_throughput(c: Context, ratio: float) -> str:
-    if ratio < 1 - AGREE:
-        return (
-            "Ramp-up, drain and prefill steps ran with fewer decoding sequences than the "
-            "formula's steady batch, lowering the average."
-        )
-    if ratio > 1 + AGREE:
-        return (
-            "More sequences ran at once than the predicted batch (concurrency), "
-            "so each weight read was shared by more of them."
-        )
-    return "The run spent most of its time at the predicted batch size."
-
-
-def _read_running(c: Context, ratio: float) -> str:
-    if ratio < 1 - AGREE:
-        if c.preempted:
-            return "The KV pool ran out as sequences grew; the scheduler preempted some."
-        return "Arrivals or the closed loop kept fewer requests in flight than the limit allowed."
-    if ratio > 1 + AGREE:
-        if c.preempted:
-            return (
-                "Sequences start short, so more fit than at full length; as they grew the pool "
-                "filled and some were preempted."
-            )
-        return "More requests were in flight than the concurrency the formula was given."
-    return "The batch reached the size the KV pool and max_num_seqs allow."
-
-
-def _read_e2e(c: Context, ratio: float) -> str:
-    if abs(ratio - 1) <= AGREE:
-        return "TTFT + TPOT × (output − 1) holds end to end."
-    return "E2E inherits the queueing in TTFT and the batching in TPOT."
-
-
-def _read_prefix(c: Context, ratio: float) -> str:
-    if ratio < 1 - AGREE:
-        return "The first requests found an empty cache and paid the whole prompt; later ones hit."
-    return "Every request after the first reused the shared blocks."
-
-
-def _read_spec(c: Context, ratio: float) -> str:
-    if abs(ratio - 1) <= AGREE:
-        return "Each draft token was accepted at the configured rate."
-    return "Acceptance is random per token; a short run drifts from the configured rate."
-
-
-@dataclass(frozen=True)
 class Metric:
     label: str
     measured: str
     predicted: str | None
     unit: str
-    reading: Reading | None = None
+    # How "why they differ" is derived (labs/explain.py): "time" (a mean split over the
+    # breakdowns' parts), "throughput", "counter" (no parts), or None (nothing predicted).
+    derive: str | None = None
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric("TTFT, median", "ttft_s.p50", "loaded_ttft_p50_s", "s", _read_ttft),
+    Metric("TTFT, mean", "ttft_s.mean", "loaded_ttft_s", "s", "time"),
+    Metric("TTFT, median", "ttft_s.p50", None, "s"),
     Metric("TTFT, p99", "ttft_s.p99", None, "s"),
-    Metric("TPOT, median", "tpot_s.p50", "tpot_s", "s", _read_tpot),
+    Metric("TPOT, mean", "tpot_s.mean", "tpot_s", "s", "time"),
+    Metric("TPOT, median", "tpot_s.p50", None, "s"),
     Metric("ITL, p99", "itl_s.p99", None, "s"),
-    Metric("E2E latency, mean", "e2e_s.mean", "loaded_e2e_s", "s", _read_e2e),
-    Metric(
-        "Output tokens/s", "output_tokens_per_s", "output_tokens_per_s", "tok/s", _read_throughput
-    ),
+    Metric("E2E latency, mean", "e2e_s.mean", "loaded_e2e_s", "s", "time"),
+    Metric("Output tokens/s", "output_tokens_per_s", "output_tokens_per_s", "tok/s", "throughput"),
     Metric("Requests/s", "requests_per_s", None, "req/s"),
-    Metric("Running sequences, peak", "max_running_seqs", "running_seqs", "", _read_running),
+    Metric("Running sequences, peak", "max_running_seqs", "running_seqs", "", "counter"),
     Metric("KV usage, peak", "kv_usage_peak", None, "ratio"),
     Metric("Preemptions", "preemptions", None, ""),
+    Metric("Prefix-cache hit rate", "prefix_cache_hit_rate", "prefix_hit_rate", "ratio", "counter"),
     Metric(
-        "Prefix-cache hit rate", "prefix_cache_hit_rate", "prefix_hit_rate", "ratio", _read_prefix
-    ),
-    Metric(
-        "Draft tokens accepted",
-        "spec_acceptance_rate",
-        "draft_acceptance_rate",
-        "ratio",
-        _read_spec,
+        "Draft tokens accepted", "spec_acceptance_rate", "draft_acceptance_rate", "ratio", "counter"
     ),
 )
 
 
 def derived_predictions(predicted: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """Predicted values the table compares that the predictor does not name directly."""
+    """Predicted values the table compares that the predictor does not name directly (runs
+    stored since labs.predict.lab_prediction have them; older rows get them here)."""
     extra: dict[str, Any] = dict(predicted)
+    if "breakdown" not in extra:
+        extra["breakdown"] = _predicted_breakdown(params)
     # Runs stored before the load-aware predictions compare with the idle numbers.
     extra.setdefault("loaded_ttft_p50_s", predicted.get("ttft_s"))
     extra.setdefault("loaded_e2e_s", predicted.get("e2e_s"))
@@ -287,6 +197,18 @@ def derived_predictions(predicted: Mapping[str, Any], params: Mapping[str, Any])
     return extra
 
 
+def _predicted_breakdown(params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The predicted parts of a run stored before they were (by today's formulas; a figure the
+    formulas have changed since shows as "not explained")."""
+    from labs.params import ParamError, parse_lab_params
+    from labs.predict import predicted_breakdown
+
+    try:
+        return predicted_breakdown(parse_lab_params(params, ignore_unknown=True))
+    except (ParamError, TypeError, ValueError):
+        return None
+
+
 @dataclass(frozen=True)
 class Row:
     label: str
@@ -296,6 +218,12 @@ class Row:
     diff_class: str  # "agree" | "off" | ""
     reading: str
     ratio: float | None
+    explanation: Explanation | None = None
+
+    @property
+    def shown_percent(self) -> float | None:
+        """The difference as the page shows it, in percent (what "differs most" ranks by)."""
+        return None if self.ratio is None else (self.ratio - 1) * 100
 
 
 def percent_diff(measured: float | None, predicted: float | None) -> tuple[str, float | None]:
@@ -315,7 +243,6 @@ def compare(
     if not summary:
         return []
     expected = derived_predictions(predicted, params)
-    ctx = Context(summary=summary, predicted=predicted, params=params)
     rows = []
     for m in METRICS:
         measured = _finite(dig(summary, m.measured))
@@ -325,7 +252,9 @@ def compare(
             continue
         want = _finite(expected.get(m.predicted)) if m.predicted else None
         diff, ratio = percent_diff(measured, want)
-        reading = m.reading(ctx, ratio) if (m.reading and ratio is not None) else ""
+        explanation = None
+        if m.derive and want is not None:
+            explanation = _explain(m, measured, want, summary, expected, params)
         agree = ratio is not None and abs(ratio - 1) <= AGREE
         rows.append(
             Row(
@@ -334,11 +263,32 @@ def compare(
                 predicted=format_value(want, m.unit) if m.predicted else "",
                 diff=diff,
                 diff_class="" if ratio is None else ("agree" if agree else "off"),
-                reading=reading,
+                reading=explanation.text if explanation else "",
                 ratio=ratio,
+                explanation=explanation,
             )
         )
     return rows
+
+
+def _explain(
+    m: Metric,
+    measured: float,
+    predicted: float,
+    summary: Summary,
+    prediction: Mapping[str, Any],
+    params: Mapping[str, Any],
+) -> Explanation:
+    def fmt(value: float) -> str:
+        return format_value(value, m.unit)
+
+    if m.derive == "time":
+        key = m.measured.split(".", 1)[0]
+        return explain.explain_time(key, measured, predicted, summary, prediction, fmt)
+    if m.derive == "throughput":
+        n = _finite(params.get("output_tokens"))
+        return explain.explain_throughput(measured, predicted, summary, prediction, n, fmt)
+    return explain.explain_counter(m.measured, measured, predicted, summary, fmt)
 
 
 def _not_reported(label: str) -> Row:
@@ -355,15 +305,18 @@ def _not_reported(label: str) -> Row:
 
 
 def headline(rows: list[Row], breakdown: Mapping[str, Any] | None = None) -> str:
-    """One line: the biggest disagreement and why (or that they agree), then where the time
-    went when the run has a breakdown."""
-    compared = [r for r in rows if r.ratio is not None and r.ratio > 0]
+    """One line: the row whose shown difference is largest and why (or that all agree), then
+    where the time went when the run has a breakdown."""
+    compared = [r for r in rows if r.shown_percent is not None]
     where = breakdown_sentence(breakdown)
     if not compared:
         return where
-    worst = max(compared, key=lambda r: abs(math.log(r.ratio or 1)))
+    worst = max(compared, key=lambda r: abs(r.shown_percent or 0.0))
     if worst.diff_class == "agree":
-        line = "Measured and predicted agree within 15%: the run behaved like the formulas."
+        line = (
+            "Measured and predicted agree within 15%: the run behaved like the formulas "
+            f"(largest difference: {worst.label}, {worst.diff})."
+        )
     else:
         line = f"{worst.label} differs most ({worst.diff}): {worst.reading}"
     return f"{line} {where}".strip()
@@ -385,25 +338,32 @@ PART_WHY: dict[str, str] = {
 }
 
 
-def breakdown_bars(breakdown: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    """The stacked bars of a run page: for mean E2E and mean TPOT, each non-zero part with its
-    seconds and share of the total (a negative "unexplained" is listed, not drawn)."""
+def breakdown_bars(
+    breakdown: Mapping[str, Any] | None, predicted: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The stacked bars of a run page: for mean E2E, TTFT and TPOT, each non-zero part with its
+    seconds and share of the total (a negative "unexplained" is listed, not drawn), and beside
+    it the formulas' value of the same part (`predicted`: labs.predict.predicted_breakdown), so
+    that "why they differ" can be checked against both."""
     from labs.sim.breakdown import PART_LABELS
 
     bars = []
     for key, label in (
         ("e2e_s", "Mean end-to-end latency"),
+        ("ttft_s", "Mean time to first token"),
         ("tpot_s", "Mean time per output token"),
     ):
         section = (breakdown or {}).get(key)
         total = _finite((section or {}).get("total"))
         if not section or not total:
             continue
+        formula = ((predicted or {}).get(key) or {}).get("parts") or {}
         drawn = sum(max(0.0, _finite(v) or 0.0) for v in section["parts"].values()) or 1.0
         parts = []
-        for name, value in section["parts"].items():
-            seconds = _finite(value) or 0.0
-            if abs(seconds) < total * 1e-4:
+        for name in dict.fromkeys([*section["parts"], *formula]):
+            seconds = _finite(section["parts"].get(name)) or 0.0
+            expected = _finite(formula.get(name))
+            if abs(seconds) < total * 1e-4 and abs(expected or 0.0) < total * 1e-4:
                 continue
             parts.append(
                 {
@@ -412,9 +372,19 @@ def breakdown_bars(breakdown: Mapping[str, Any] | None) -> list[dict[str, Any]]:
                     "value": format_value(seconds, "s"),
                     "share": f"{seconds / total * 100:.0f}%",
                     "width": f"{max(seconds, 0.0) / drawn * 100:.2f}",
+                    "formula": "" if expected is None else format_value(expected, "s"),
                 }
             )
-        bars.append({"key": key, "label": label, "total": format_value(total, "s"), "parts": parts})
+        formula_total = ((predicted or {}).get(key) or {}).get("total")
+        bars.append(
+            {
+                "key": key,
+                "label": label,
+                "total": format_value(total, "s"),
+                "formula_total": "" if formula_total is None else format_value(formula_total, "s"),
+                "parts": parts,
+            }
+        )
     return bars
 
 

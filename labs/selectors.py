@@ -17,6 +17,7 @@ from labs import results
 from labs.backends.vllm.gpus import GpuInventory
 from labs.device_calibration import DeviceConstants
 from labs.models import DeviceCalibration, LabRun, RunState, Sweep, WorkerHeartbeat
+from labs.params import LabParams
 from labs.presets import LABS, Lab, load_presets
 from labs.workers import start_command
 
@@ -125,6 +126,15 @@ def device_calibration(device: str) -> DeviceConstants | None:
     device then keeps the published constants of labs/sim/calibration.yaml."""
     row = DeviceCalibration.objects.filter(device=device).order_by("-fitted_at", "-id").first()
     return row.to_constants() if row else None
+
+
+def device_prediction(params: LabParams) -> dict[str, object]:
+    """The one prediction (labs.predict.lab_prediction) for these settings, priced by the lab
+    device's own calibration when it has one: the lab page, runs, `lab predict` and personal
+    cards all call this, so they show the same figures."""
+    from labs.predict import lab_prediction
+
+    return lab_prediction(params, device_calibration(params.hardware.name))
 
 
 def where_label(run: LabRun) -> str:

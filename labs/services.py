@@ -69,10 +69,9 @@ def backend_queue(backend: str) -> str:
 
 
 def _predicted(params: LabParams) -> dict[str, object]:
-    from labs.predict import predict
-    from labs.selectors import device_calibration
+    from labs.selectors import device_prediction
 
-    return predict(params, device_calibration(params.hardware.name)).as_dict()
+    return device_prediction(params)
 
 
 def _precheck(backend: str, params: LabParams) -> None:

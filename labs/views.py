@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -15,12 +16,12 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
 from labs import results, selectors, services
+from labs.backends.vllm.cpu import CPU_LAB_SETTINGS
 from labs.backends.vllm.fit import memory_problem, requirement
 from labs.forms import LabParamsForm, SweepForm
 from labs.params import FIELDS_BY_NAME, ParamError
-from labs.predict import predict
 from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
-from labs.workers import gpu_offer
+from labs.workers import cpu_worker_hardware, gpu_offer
 
 # A refusal is not the learner's mistake: no worker or no queue is the service being unavailable.
 REFUSAL_STATUS = {
@@ -42,8 +43,7 @@ def _lab_or_404(slug: str) -> Lab:
 def _prediction(lab: Lab, form: LabParamsForm) -> list[dict[str, str]]:
     if form.params is None:
         return []
-    device = selectors.device_calibration(form.params.hardware.name)
-    return results.predicted_items(predict(form.params, device).as_dict(), lab.predicted)
+    return results.predicted_items(selectors.device_prediction(form.params), lab.predicted)
 
 
 def _prediction_calibration(form: LabParamsForm) -> str:
@@ -52,6 +52,10 @@ def _prediction_calibration(form: LabParamsForm) -> str:
         return ""
     device = selectors.device_calibration(form.params.hardware.name)
     return device.label() if device else ""
+
+
+def _load(form: LabParamsForm) -> str:
+    return "" if form.params is None else results.load_label(form.params.as_dict())
 
 
 def _lab_page(
@@ -74,12 +78,14 @@ def _lab_page(
         "form": form,
         "prediction": _prediction(lab, form),
         "prediction_calibration": _prediction_calibration(form),
+        "load": _load(form),
         "refusal": refusal,
         "preset": preset,
         "presets": [p for p in load_presets().values() if p.lab == lab.slug],
         "cards": selectors.cards_for_lab(lab.slug),
         "backends": backends,
         "preset_gpu_note": _preset_gpu_note(preset, form, offer),
+        "cpu_worker": _cpu_worker_offer(lab),
         "recent": [
             r
             for r in selectors.run_list_for_owner(user=request.user, limit=50)
@@ -87,6 +93,21 @@ def _lab_page(
         ][:5],
     }
     return render(request, "labs/lab_detail.html", context, status=status)
+
+
+def _cpu_worker_offer(lab: Lab) -> dict[str, object] | None:
+    """ "vLLM on this CPU": the online CPU worker's CPU and a link that opens this lab on it
+    with the CPU build's settings; None when no CPU worker is online."""
+    found = cpu_worker_hardware()
+    if found is None:
+        return None
+    _, gpus = found
+    url = reverse("labs:lab-detail", args=[lab.slug])
+    return {
+        "name": gpus.get("name") or "CPU",
+        "cores": gpus.get("cores"),
+        "url": f"{url}?{urlencode(CPU_LAB_SETTINGS)}",
+    }
 
 
 def _preset_gpu_note(preset: Any, form: SweepForm, offer: dict[str, int]) -> str:
@@ -124,7 +145,10 @@ def lab_detail(request: HttpRequest, lab: str) -> HttpResponse:
     # "?block_size=32": a link that opens the lab with a setting changed (from a run's page).
     overrides = {k: v for k, v in request.GET.items() if k in FIELDS_BY_NAME}
     initial = lab_initial(the_lab, preset, overrides)
-    form = SweepForm(data={k: _text(v) for k, v in initial.items()}, lab=the_lab)
+    data = {k: _text(v) for k, v in initial.items()}
+    if request.GET.get("backend") in settings.LABS_BACKEND_QUEUES:
+        data["backend"] = request.GET["backend"]  # "vLLM on this CPU" opens on vLLM
+    form = SweepForm(data=data, lab=the_lab)
     return _lab_page(request, the_lab, form, preset=preset)
 
 
@@ -146,6 +170,7 @@ def lab_predict(request: HttpRequest, lab: str) -> HttpResponse:
         "form": form,
         "prediction": _prediction(the_lab, form),
         "prediction_calibration": _prediction_calibration(form),
+        "load": _load(form),
     }
     return render(request, "labs/lab_detail.html#prediction", context, status=200 if valid else 400)
 
@@ -219,6 +244,7 @@ def _run_context(run: Any) -> dict[str, Any]:
     lab = LABS.get(run.lab) or LABS["sandbox"]
     rows = results.compare(run.result, run.predicted, run.params)
     breakdown = (run.result or {}).get("breakdown")
+    expected = results.derived_predictions(run.predicted, run.params) if run.result else {}
     return {
         "run": run,
         "lab": lab,
@@ -226,8 +252,9 @@ def _run_context(run: Any) -> dict[str, Any]:
         "preset": run.preset if run.preset in load_presets() else "",
         "where": selectors.where_label(run),
         "rows": rows,
+        "load": results.load_label(run.params),
         "headline": results.headline(rows, breakdown),
-        "breakdown": results.breakdown_bars(breakdown),
+        "breakdown": results.breakdown_bars(breakdown, expected.get("breakdown")),
         "breakdown_source": (breakdown or {}).get("source"),
         "charts": selectors.run_charts(run) if run.result else None,
         "shown_params": [(name, run.params.get(name)) for name in lab.fields],

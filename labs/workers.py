@@ -26,6 +26,7 @@ from django.db import connections
 from django.utils import timezone
 
 from labs.backends.vllm.gpus import GPU_QUEUE, gpu_queue, queue_suffix
+from labs.catalog import CPU_KIND, GB, TB, TFLOPS, Hardware, cpu_hardware
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +135,34 @@ def gpu_offer(now: object = None) -> dict[str, int]:
         if kind and isinstance(count, int) and count > 0:
             offer[kind] = max(offer.get(kind, 0), count)
     return offer
+
+
+def cpu_worker_hardware(now: object = None) -> tuple[Hardware, dict[str, Any]] | None:
+    """The CPU of an online CPU vLLM worker (device kind "cpu") as the formulas price it, with
+    what it announced (name, cores, measurements); None when no such worker is online or it
+    measured nothing. With several, the most recently seen."""
+    from labs.models import WorkerHeartbeat
+
+    beats = WorkerHeartbeat.objects.online(now).filter(backend="vllm").order_by("-last_seen")
+    for gpus in beats.values_list("gpus", flat=True):
+        if (gpus or {}).get("kind") == CPU_KIND:
+            hardware = cpu_hardware(gpus)
+            if hardware is not None:
+                return hardware, dict(gpus)
+    return None
+
+
+def cpu_figures(now: object = None) -> dict[str, float]:
+    """gpu cpu's three figures (labs.params) from the online CPU worker; {} without one."""
+    found = cpu_worker_hardware(now)
+    if found is None:
+        return {}
+    hardware, _ = found
+    return {
+        "hbm_gb": hardware.hbm_bytes / GB,
+        "bandwidth_tbs": hardware.bandwidth_bytes_per_s / TB,
+        "tflops": hardware.bf16_flops_per_s / TFLOPS,
+    }
 
 
 @celeryd_after_setup.connect

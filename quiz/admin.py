@@ -189,14 +189,50 @@ class CardAdmin(admin.ModelAdmin):
         return SafeString(render_to_string("quiz/_card_preview.html", {"card": card}))
 
 
+class ReviewStateForm(forms.ModelForm):
+    """Carries the version the staff member saw: saving over a grade made since is refused
+    (ReviewState.save bumps the version and checks it), so a showing open before the edit (or
+    a suspension) can no longer be graded either."""
+
+    class Meta:
+        model = ReviewState
+        fields = [
+            "user",
+            "card",
+            "state",
+            "step",
+            "stability",
+            "difficulty",
+            "due",
+            "last_review",
+            "lapses",
+            "reps",
+            "suspended",
+            "leech",
+            "version",
+        ]
+        widgets = {"version": forms.HiddenInput}
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        if self.instance.pk is not None:
+            now = ReviewState.objects.filter(pk=self.instance.pk).values_list("version", flat=True)
+            if cleaned.get("version") != now.first():
+                raise forms.ValidationError(
+                    "The learner graded or undid this card since you opened it: reload the page"
+                    " to edit the current state."
+                )
+        return cleaned
+
+
 @admin.register(ReviewState)
 class ReviewStateAdmin(admin.ModelAdmin):
+    form = ReviewStateForm
     list_display = ["user", "card", "state", "due", "stability", "lapses", "suspended", "leech"]
     list_filter = ["state", "suspended", "leech"]
     search_fields = ["user__username", "card__slug"]
     list_select_related = ["user", "card"]
     raw_id_fields = ["user", "card"]
-    readonly_fields = ["version"]
 
 
 @admin.register(ReviewLog)

@@ -199,6 +199,9 @@ class ReviewState(models.Model):
     # Optimistic lock: every write bumps it, a grade computed from an older version is refused.
     version = models.PositiveIntegerField(default=0)
 
+    class Changed(Exception):
+        """The row's version moved on since this copy was read (a grade, undo or staff edit)."""
+
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["user", "card"], name="quiz_reviewstate_user_card"),
@@ -207,6 +210,28 @@ class ReviewState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user_id}:{self.card_id} {self.get_state_display()}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Every write bumps the version, an admin's included: a showing made before a staff edit
+        (or a suspension) can no longer be graded, and an edit made from a copy that is out of
+        date (the learner graded meanwhile) raises Changed instead of overwriting the grade."""
+        if self._state.adding or kwargs.get("force_insert"):
+            super().save(*args, **kwargs)
+            return
+        expected = self.version
+        values = {
+            f.attname: getattr(self, f.attname)
+            for f in self._meta.concrete_fields
+            if not f.primary_key and f.name != "version"
+        }
+        updated = ReviewState.objects.filter(pk=self.pk, version=expected).update(
+            **values, version=expected + 1
+        )
+        if updated != 1:
+            raise ReviewState.Changed(
+                "This review state changed since it was read (the learner graded or undid it)."
+            )
+        self.version = expected + 1
 
     @property
     def is_new(self) -> bool:
@@ -238,6 +263,13 @@ class ReviewLog(models.Model):
     correct = models.BooleanField(null=True)
     state_before = models.JSONField()
     token = models.CharField(max_length=64, unique=True)
+    # What the outcome was computed with (scheduling.Context), so replay needs nothing else: the
+    # learner's zone and rollover then, the desired retention, and the FSRS parameters in force
+    # (NULL: fsrs's defaults).
+    time_zone = models.CharField(max_length=64, default="UTC")
+    rollover_hour = models.PositiveSmallIntegerField(default=4)
+    desired_retention = models.FloatField(default=0.9)
+    parameters = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["-reviewed_at", "-id"]
@@ -276,6 +308,12 @@ class LearnerSettings(models.Model):
         validators=[MinValueValidator(0.70), MaxValueValidator(0.97)],
         help_text="0.70 to 0.97; higher means more reviews.",
     )
+
+    # FSRS parameters fitted to this learner's reviews (quiz/optimizer.py); NULL: fsrs's defaults.
+    # The ones they replaced are kept so the learner can go back.
+    fsrs_parameters = models.JSONField(null=True, blank=True)
+    previous_parameters = models.JSONField(null=True, blank=True)
+    parameters_changed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "learner settings"
@@ -361,3 +399,35 @@ class PersonalCardRequest(models.Model):
     @property
     def in_flight(self) -> bool:
         return self.state in self.IN_FLIGHT
+
+
+class ParameterFit(models.Model):
+    """One run of "Optimize my parameters": queued, running (with progress), then done or failed.
+    The figures compare the fitted parameters with the ones in force on the same reviews."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="parameter_fits"
+    )
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    progress = models.PositiveSmallIntegerField(default=0, help_text="Percent.")
+    stage = models.CharField(max_length=120, blank=True)
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    reviews = models.PositiveIntegerField(default=0)
+    parameters = models.JSONField(null=True, blank=True)
+    # {"current": {...}, "fitted": {...}} with log_loss and rmse; the interval table.
+    evaluation = models.JSONField(null=True, blank=True)
+    intervals = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"fit {self.pk} of {self.user_id}: {self.status}"

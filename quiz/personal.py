@@ -199,9 +199,9 @@ def _check_fits_worker(params: Mapping[str, Any]) -> None:
 
 
 def _predicted(params: Mapping[str, Any]) -> dict[str, Any]:
-    from labs.predict import predict
+    from labs.selectors import device_prediction
 
-    return results.derived_predictions(predict(parse_lab_params(params)).as_dict(), params)
+    return device_prediction(parse_lab_params(params))
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from fsrs import Card as FsrsCard
 from fsrs import Rating, Scheduler, State
-from fsrs.scheduler import FUZZ_RANGES
+from fsrs.scheduler import DEFAULT_PARAMETERS, FUZZ_RANGES
 
 UTC = dt.UTC  # py-fsrs accepts only this tzinfo object, not ZoneInfo("UTC")
 LEARNING_STEPS = (dt.timedelta(minutes=1), dt.timedelta(minutes=10))
@@ -100,8 +101,12 @@ def new_card_state(now: dt.datetime) -> CardState:
     return CardState(State.Learning, 0, None, None, to_utc(now), None)
 
 
-def make_scheduler(desired_retention: float, *, fuzz: bool = True) -> Scheduler:
+def make_scheduler(
+    desired_retention: float, *, parameters: Sequence[float] | None = None, fuzz: bool = True
+) -> Scheduler:
+    """The app's fsrs scheduler; `parameters` None means fsrs's defaults (FSRS-6, 21 floats)."""
     return Scheduler(
+        parameters=tuple(parameters) if parameters is not None else DEFAULT_PARAMETERS,
         desired_retention=desired_retention,
         learning_steps=LEARNING_STEPS,
         relearning_steps=RELEARNING_STEPS,
@@ -130,14 +135,19 @@ def outcomes(
       previous review as logged; without it, the study day of `state.last_review`);
     - an interval of whole days ends at the start of the study day it names, in the learner's zone
       (DST-safe), not a multiple of 24 h after `now`;
-    - passing intervals grow with the button: Hard < Good < Easy in days (capped at the maximum).
+    - passing intervals grow with the button: Hard < Good < Easy in days (capped at the maximum);
+      Easy from a (re)learning step is longer than Good's interval would be (at least 2 days);
+    - fuzz never makes a passing Review interval shorter than the card's previous interval.
     """
     review_at = to_utc(now)
     today = study_date(review_at, tz, rollover_hour)
     card = state.to_fsrs(card_id)
+    previous_interval = 0  # the card's current interval in study days (Review cards only)
     if state.last_review is not None:
         previous = last_day or study_date(to_utc(state.last_review), tz, rollover_hour)
         card.last_review = review_at - dt.timedelta(days=max(0, (today - previous).days))
+        if state.state == State.Review:
+            previous_interval = (study_date(to_utc(state.due), tz, rollover_hour) - previous).days
     exact = dataclasses.replace(scheduler, enable_fuzzing=False)
     results = {int(r): exact.review_card(card, r, review_at)[0] for r in RATINGS}
     # Fuzz seeded by the card and the review instant (Anki seeds by card and reps), so the log
@@ -151,10 +161,17 @@ def outcomes(
             low, high = days, days
             if scheduler.enable_fuzzing and days >= FUZZ_FROM_DAYS:
                 low, high = fuzz_bounds(days, scheduler.maximum_interval)
+                if days >= previous_interval:
+                    # Anki: fuzz never takes a passing interval below the one the card had.
+                    low = max(low, min(previous_interval, high))
             low = min(max(low, floor + 1, 1), scheduler.maximum_interval)
             days = rng.randint(low, max(low, high))
             floor = days
             result.due = day_start(today + dt.timedelta(days=days), tz, rollover_hour)
+        elif rating == Rating.Good and result.stability is not None:
+            # Good is a (re)learning step: as Anki, Easy still beats the interval Good's
+            # stability would earn (at least a day), so Easy is at least 2 days.
+            floor = max(floor, 1, exact._next_interval(stability=result.stability))
         result.last_review = review_at
         out[rating] = CardState.from_fsrs(result)
     return out
@@ -179,32 +196,69 @@ def interval_label(outcome: CardState, revealed_at: dt.datetime, tz: ZoneInfo, h
     return format_interval(outcome.due - revealed_at)
 
 
-def replay(
-    history: list[tuple[dt.datetime, int, dt.date]],
-    *,
-    card_id: int,
-    scheduler: Scheduler,
-    tz: ZoneInfo,
-    rollover_hour: int,
-) -> CardState:
-    """The state a card reaches from its review log, `(reviewed_at, rating, study_date)` oldest
-    first, through the same conversion grading uses (seeded fuzz included): the stored state."""
-    state = new_card_state(history[0][0]) if history else None
+@dataclass(frozen=True)
+class Context:
+    """What an outcome is computed with besides the card: the learner's day and scheduler.
+    Stored with the showing (to notice a change before the grade) and on each log row (replay)."""
+
+    time_zone: str
+    rollover_hour: int
+    desired_retention: float
+    parameters: tuple[float, ...] | None = None  # None: fsrs's defaults
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return ZoneInfo(self.time_zone)
+
+    def scheduler(self) -> Scheduler:
+        return make_scheduler(self.desired_retention, parameters=self.parameters)
+
+    def study_date(self, instant: dt.datetime) -> dt.date:
+        return study_date(to_utc(instant), self.tz, self.rollover_hour)
+
+
+@dataclass(frozen=True)
+class LoggedReview:
+    """One review log row as replay needs it: when, which button, and what it was computed with."""
+
+    reviewed_at: dt.datetime
+    rating: int
+    study_date: dt.date
+    context: Context
+
+
+def outcomes_in(
+    state: CardState, *, card_id: int, now: dt.datetime, context: Context, last_day: dt.date | None
+) -> dict[int, CardState]:
+    """`outcomes` with everything but the card taken from `context`."""
+    return outcomes(
+        state,
+        card_id=card_id,
+        now=now,
+        scheduler=context.scheduler(),
+        tz=context.tz,
+        rollover_hour=context.rollover_hour,
+        last_day=last_day,
+    )
+
+
+def replay(history: Sequence[LoggedReview], *, card_id: int) -> CardState:
+    """The state a card reaches from its review log (oldest first) through the same conversion
+    grading uses, each review with the zone, rollover, retention and parameters it was made with
+    (seeded fuzz included): the stored state."""
+    if not history:
+        raise ValueError("an empty history has no state")
+    state = new_card_state(history[0].reviewed_at)
     last_day: dt.date | None = None
-    for reviewed_at, rating, day in history:
-        assert state is not None
-        state = outcomes(
+    for review in history:
+        state = outcomes_in(
             state,
             card_id=card_id,
-            now=reviewed_at,
-            scheduler=scheduler,
-            tz=tz,
-            rollover_hour=rollover_hour,
+            now=review.reviewed_at,
+            context=review.context,
             last_day=last_day,
-        )[rating]
-        last_day = day
-    if state is None:
-        raise ValueError("an empty history has no state")
+        )[review.rating]
+        last_day = review.study_date
     return state
 
 

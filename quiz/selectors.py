@@ -295,22 +295,40 @@ def showing_get(*, user: AbstractBaseUser, token: str) -> Showing:
 
 
 # A grade pressed this recently can be undone even when a rollover came in between.
-UNDO_GRACE = dt.timedelta(minutes=30)
-
-
 def undo_candidate(*, user: AbstractBaseUser, day: StudyDay, now: dt.datetime) -> ReviewLog | None:
-    """The learner's latest review if it may be undone: one of today's, or one graded less than
-    UNDO_GRACE ago (pressed minutes before the rollover). Anki-style stack: latest first."""
-    log = (
-        ReviewLog.objects.filter(user=user, study_date__gte=day.date - dt.timedelta(days=1))
-        .order_by("-id")
-        .first()
-    )
+    """The learner's latest review if it may be undone, Anki-style (latest first): any of today's,
+    and the last answer of an earlier day however long ago, until another card is answered (or
+    undone) after it."""
+    log = ReviewLog.objects.filter(user=user).order_by("-id").first()
     if log is None or log.study_date == day.date:
         return log
     pressed = Showing.objects.filter(user=user, token=log.token).values_list("used_at", flat=True)
     graded_at = pressed.first() or log.reviewed_at
-    return log if graded_at >= now - UNDO_GRACE else None
+    # Every grade stamps its showing, and an undone one keeps the stamp: a press after this log's
+    # means another card was answered since (or this stack was already undone past it).
+    later = Showing.objects.filter(user=user, used_at__gt=graded_at).exclude(token=log.token)
+    return None if later.exists() else log
+
+
+def logged_review(log: ReviewLog) -> scheduling.LoggedReview:
+    """A log row as replay takes it: the review and everything its outcome was computed with."""
+    return scheduling.LoggedReview(
+        reviewed_at=log.reviewed_at,
+        rating=log.rating,
+        study_date=log.study_date,
+        context=scheduling.Context(
+            time_zone=log.time_zone,
+            rollover_hour=log.rollover_hour,
+            desired_retention=log.desired_retention,
+            parameters=tuple(log.parameters) if log.parameters else None,
+        ),
+    )
+
+
+def card_replayed(*, user: AbstractBaseUser, card_id: int) -> scheduling.CardState:
+    """The learner's state of a card recomputed from its review log alone."""
+    logs = ReviewLog.objects.filter(user=user, card_id=card_id).order_by("id")
+    return scheduling.replay([logged_review(log) for log in logs], card_id=card_id)
 
 
 def undo_available(

@@ -56,6 +56,8 @@ REVEAL_TTL = dt.timedelta(hours=1)
 # An unanswered showing is reused on reload for this long (no new token per refresh).
 SHOWING_REUSE = dt.timedelta(hours=12)
 RETENTION_KEY = "retention"  # beside the four outcomes in Showing.outcomes
+# Also beside them: what they were computed with, at which instant, for which study day.
+CONTEXT_KEY = "context"
 
 
 class QuizConflict(Exception):
@@ -183,29 +185,45 @@ def _judge(card: Card, showing: Showing, answer: Answer) -> tuple[str, bool | No
     return "", None
 
 
+def learner_context(settings: LearnerSettings) -> scheduling.Context:
+    """What the learner's outcomes are computed with now."""
+    parameters = settings.fsrs_parameters
+    return scheduling.Context(
+        time_zone=settings.time_zone,
+        rollover_hour=settings.rollover_hour,
+        desired_retention=settings.desired_retention,
+        parameters=tuple(parameters) if parameters else None,
+    )
+
+
+def _context_key(context: scheduling.Context, day: dt.date) -> dict[str, Any]:
+    return {
+        **dataclasses.asdict(context),
+        "parameters": context.parameters and list(context.parameters),
+        "day": day.isoformat(),
+    }
+
+
 def _compute_outcomes(
     showing: Showing,
     state: ReviewState,
-    settings: LearnerSettings,
+    context: scheduling.Context,
     at: dt.datetime,
     last_day: dt.date | None,
 ) -> dict[str, Any]:
-    """The four outcomes of reviewing at `at`, plus the retention they were computed with (a
-    change made before the grade is then noticed). `last_day`: the study day of the card's latest
-    logged review (None for a new card, which has no previous day to count from)."""
-    scheduler = scheduling.make_scheduler(settings.desired_retention)
-    day = study_day_for(settings, at)
-    result = scheduling.outcomes(
+    """The four outcomes of reviewing at `at`, plus what they were computed with (a change of
+    zone, rollover, retention, parameters or study day before the grade is then noticed).
+    `last_day`: the study day of the card's latest logged review (None for a new card)."""
+    result = scheduling.outcomes_in(
         _state_columns(state),
         card_id=showing.card_id,
         now=at,
-        scheduler=scheduler,
-        tz=day.tz,
-        rollover_hour=day.rollover_hour,
+        context=context,
         last_day=last_day if state.last_review is not None else None,
     )
     data: dict[str, Any] = {str(rating): outcome.to_json() for rating, outcome in result.items()}
-    data[RETENTION_KEY] = settings.desired_retention
+    data[RETENTION_KEY] = context.desired_retention
+    data[CONTEXT_KEY] = {**_context_key(context, context.study_date(at)), "at": at.isoformat()}
     return data
 
 
@@ -281,7 +299,8 @@ def showing_reveal(
                 card = card_for_quiz(card_id=showing.card_id, fresh=True)
             showing.answer, showing.correct = _judge(card, showing, answer)
         settings = settings or learner_settings_get(user=user)
-        showing.outcomes = _compute_outcomes(showing, state, settings, now, last_day)
+        context = learner_context(settings)
+        showing.outcomes = _compute_outcomes(showing, state, context, now, last_day)
         showing.revealed_at = now
         rows.update(
             Showing,
@@ -353,17 +372,24 @@ def review_grade(
             raise QuizConflict("Show the answer before grading.")
         if now - showing.revealed_at > REVEAL_TTL:
             raise ShowingExpired("The answer was shown a while ago; the intervals were updated.")
+        if state.suspended:
+            raise QuizConflict("This card was suspended; it cannot be graded.")
         if state.version != showing.state_version:
-            raise QuizConflict("This card was already graded in another tab.")
+            raise QuizConflict("This card changed since it was shown (graded in another tab?).")
 
         settings = settings or learner_settings_get(user=user)
-        # One instant for the state and the log: the one the outcomes were computed at (the
-        # reveal), so the log replays through fsrs to exactly this state.
-        reviewed_at = showing.revealed_at
-        if showing.outcomes.get(RETENTION_KEY) != settings.desired_retention:
-            # Retention changed after the reveal: honour it, at the same instant.
-            showing.outcomes = _compute_outcomes(showing, state, settings, reviewed_at, last_day)
+        context = learner_context(settings)
+        computed = showing.outcomes.get(CONTEXT_KEY) or {}
+        if {k: v for k, v in computed.items() if k != "at"} != _context_key(
+            context, context.study_date(now)
+        ):
+            # The study day turned, or the zone, rollover, retention or parameters changed, since
+            # the reveal: as Anki, schedule from the press (its instant and its study day).
+            showing.outcomes = _compute_outcomes(showing, state, context, now, last_day)
             rows.update(Showing, showing.pk, {"outcomes": showing.outcomes})
+        # One instant for the state and the log: the one the applied outcome was computed at (the
+        # reveal, or the press when recomputed), so the log replays exactly.
+        reviewed_at = dt.datetime.fromisoformat(showing.outcomes[CONTEXT_KEY]["at"])
         before = _snapshot(state)
         after = CardState.from_json(showing.outcomes[str(rating)])
         lapses = state.lapses + scheduling.is_lapse(_state_columns(state), rating)
@@ -382,8 +408,7 @@ def review_grade(
             expect={"version": state.version},
         )
         if updated != 1:
-            raise QuizConflict("This card was already graded in another tab.")
-        day = study_day_for(settings, reviewed_at)
+            raise QuizConflict("This card changed since it was shown (graded in another tab?).")
         elapsed_ms = int((now - showing.created_at).total_seconds() * 1000)
         log = ReviewLog(
             user_id=showing.user_id,
@@ -391,12 +416,16 @@ def review_grade(
             rating=rating,
             kind=_log_kind(state),
             reviewed_at=reviewed_at,
-            study_date=day.date,
+            study_date=context.study_date(reviewed_at),
             duration_ms=max(0, min(elapsed_ms, scheduling.MAX_ANSWER_MS)),
             answer=showing.answer,
             correct=showing.correct,
             state_before=before,
             token=token,
+            time_zone=context.time_zone,
+            rollover_hour=context.rollover_hour,
+            desired_retention=context.desired_retention,
+            parameters=context.parameters and list(context.parameters),
         )
         rows.insert(log)
         showing.used_at = now
@@ -413,10 +442,10 @@ def review_undo(*, user: AbstractBaseUser, now: dt.datetime) -> int:
     with transaction.atomic():
         candidate = undo_candidate(user=user, day=day, now=now)
         if candidate is None:
-            raise NothingToUndo("There is no answer to undo today.")
+            raise NothingToUndo("There is no answer to undo.")
         log = ReviewLog.objects.select_for_update().filter(pk=candidate.pk).first()
         if log is None:  # undone by a second request meanwhile
-            raise NothingToUndo("There is no answer to undo today.")
+            raise NothingToUndo("There is no answer to undo.")
         state = ReviewState.objects.select_for_update().get(user=user, card_id=log.card_id)
         before = CardState.from_json(log.state_before)
         ReviewState.objects.filter(pk=state.pk).update(

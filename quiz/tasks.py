@@ -1,5 +1,6 @@
 """Celery tasks of the quiz: thin. Making a personal card simulates, so it runs on the lab
-worker's queue (`quiz.personal._enqueue` chooses it and the time limits)."""
+worker's queue (`quiz.personal._enqueue` chooses it and the time limits); fitting a learner's
+parameters runs on the default queue (quiz/parameters.py does the work, the row holds the state)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,21 @@ def card_make_task(request_id: int) -> str:
     from quiz.personal import card_request_execute
 
     return card_request_execute(request_id=int(request_id))
+
+
+class _FitTask(Task):
+    def on_failure(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        # A fit that died unexpectedly says so instead of running forever.
+        from quiz.parameters import fit_fail
+
+        if args:
+            fit_fail(fit_id=int(args[0]), error=f"{type(exc).__name__}: {exc}")
+
+
+@shared_task(name="quiz.fit_parameters", base=_FitTask, ignore_result=True, queue="default")
+def fit_parameters_task(fit_id: int) -> None:
+    from quiz.parameters import fit_run
+
+    fit_run(fit_id=int(fit_id))

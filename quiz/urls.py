@@ -1,6 +1,6 @@
 from django.urls import path, register_converter
 
-from quiz import views
+from quiz import parameter_views, views
 
 
 class TokenConverter:
@@ -33,4 +33,8 @@ urlpatterns = [
     path("stats/", views.stats, name="stats"),
     path("stats/anki/", views.anki_export, name="anki-export"),
     path("settings/", views.settings_edit, name="settings-edit"),
+    path("parameters/", parameter_views.parameters_page, name="parameters"),
+    path("parameters/optimize/", parameter_views.parameters_optimize, name="parameters-optimize"),
+    path("parameters/use/<int:pk>/", parameter_views.parameters_use, name="parameters-use"),
+    path("parameters/revert/", parameter_views.parameters_revert, name="parameters-revert"),
 ]

@@ -149,7 +149,7 @@ def run_breakdown(
     except (ParamError, ValueError, RuntimeError, MemoryError):
         return None  # the expected parts are extra: never fail a measured run over them
     result: dict[str, Any] = {**expected, "source": "expected"}
-    for key in ("e2e_s", "tpot_s"):
+    for key in ("e2e_s", "tpot_s", "ttft_s"):
         section = expected.get(key)
         value = (measured.get(key) or {}).get("mean")
         if not section or value is None:

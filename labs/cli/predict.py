@@ -11,9 +11,10 @@ import json
 from collections.abc import Callable, Mapping
 from typing import TextIO
 
-from labs.cli import add_param_options, params_from_args
-from labs.params import LabParams
-from labs.predict import Prediction, predict
+from labs.cli import add_param_options, params_from_args, stored_calibration
+from labs.params import LabParams, align_run_batch
+from labs.predict import Prediction, lab_prediction, predict
+from labs.results import load_label
 
 HELP = "print the closed-form predictions (KV memory, capacity, TTFT, TPOT, ...) for the options"
 
@@ -27,12 +28,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(options: Mapping[str, object], stdout: TextIO) -> None:
     """Print the prediction. Raises ParamError for bad options."""
-    params = params_from_args(options)
-    prediction = predict(params)
+    # One batch for prediction and run, as the lab pages and `lab run` take them.
+    params = params_from_args(align_run_batch(options))
+    device = stored_calibration(params)
     if options.get("json"):
-        stdout.write(json.dumps(prediction.as_dict()) + "\n")
+        # The one prediction the lab pages, runs and cards show (predict() plus its parts).
+        stdout.write(json.dumps(lab_prediction(params, device)) + "\n")
     else:
-        stdout.write(format_table(params, prediction))
+        stdout.write(format_table(params, predict(params, device)))
 
 
 def _bytes(value: float) -> str:
@@ -75,12 +78,15 @@ _ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("gpus_needed", "GPUs for the concurrency", _count("GPUs")),
     ("prefix_cached_tokens", "prompt tokens from the prefix cache", _count("tokens")),
     ("prefill_s", "prefill compute", _seconds),
-    ("ttft_s", "TTFT (alone, no queueing)", _seconds),
+    ("ttft_s", "TTFT (one request, idle engine)", _seconds),
     ("weight_read_s", "weight read per decode step", _seconds),
     ("kv_read_s", "KV read per decode step", _seconds),
     ("decode_step_s", "decode step", _seconds),
     ("tpot_s", "TPOT", _seconds),
     ("e2e_s", "end to end", _seconds),
+    ("queue_wait_s", "wait for a slot under this load (mean)", _seconds),
+    ("loaded_ttft_s", "TTFT under this load (mean)", _seconds),
+    ("loaded_e2e_s", "end to end under this load (mean)", _seconds),
     ("output_tokens_per_s", "output throughput", lambda v: f"{v:,.1f} tokens/s"),
     ("batch_speedup_vs_batch1", "throughput vs batch 1", _ratio),
     ("spec_tokens_per_step", "tokens per target pass (speculation)", lambda v: f"{v:.2f}"),
@@ -103,6 +109,7 @@ def format_table(params: LabParams, prediction: Prediction) -> str:
     lines = [
         f"{params.model.name} on {e.tp} x {params.hardware.name}: {e.weight_dtype} weights, "
         f"{e.kv_dtype} KV cache, block_size {e.block_size}, {e.kv_allocation} allocation",
+        f"  {load_label(params.as_dict())}",
     ]
     if not prediction.fits:
         lines.append(f"  does not fit: {_why_not(params, prediction)}")

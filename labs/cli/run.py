@@ -3,8 +3,9 @@
     python manage.py lab run --backend sim --num-prompts 200 --request-rate 8 --seed 0 --json
 
 With --json, one object: {"backend", "where", "measured": labs.metrics.summarize(...) without
-the chart series, "predicted": labs.predict.predict(...).as_dict(), "breakdown": where the mean
-E2E and TPOT went (labs/sim/breakdown.py)}. Without it, a table and the breakdown.
+the chart series, "predicted": labs.predict.lab_prediction(...), "breakdown": where the mean
+E2E, TTFT and TPOT went (labs/sim/breakdown.py)}. Without it, a table, the breakdown and why
+measured and predicted differ (labs/explain.py, as the run page words it).
 Every lab parameter is an option (labs.cli.add_param_options), validated by parse_lab_params;
 `--sim-profile realistic|ideal` picks the simulator's engine model.
 """
@@ -18,10 +19,11 @@ from typing import Any, TextIO
 
 from labs.backends import BACKENDS, get_backend
 from labs.backends.sim import run_breakdown
-from labs.cli import add_param_options, params_from_args
+from labs.cli import add_param_options, params_from_args, stored_calibration
 from labs.metrics import SLO_KEYS, summarize
 from labs.params import ParamError, align_run_batch
-from labs.predict import predict
+from labs.predict import lab_prediction
+from labs.results import load_label
 
 HELP = "run a workload on a backend (sim: simulated on CPU) and print measured vs predicted"
 
@@ -80,9 +82,10 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
     extra = {k: options[k] for k in BACKEND_OPTIONS.get(name, ()) if options.get(k) is not None}
     record = get_backend(name, **extra).run(params, lambda fraction: None)
     measured = summarize(record, slo_ms)
-    measured.pop("series")
-    predicted = predict(params).as_dict()
+    predicted = lab_prediction(params, stored_calibration(params))
     breakdown = run_breakdown(params, record, measured)
+    why = format_why({**measured, "breakdown": breakdown}, predicted, params.as_dict())
+    measured.pop("series")
     if options.get("json"):
         result = {
             "backend": record.backend,
@@ -94,7 +97,9 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
         stdout.write(json.dumps(result) + "\n")
     else:
         stdout.write(format_table(record.where, measured, predicted))
+        stdout.write(f"  predicted {load_label(params.as_dict())}\n")
         stdout.write(format_breakdown(breakdown))
+        stdout.write(why)
 
 
 def _ms(value: float | None) -> str:
@@ -156,7 +161,7 @@ def format_breakdown(breakdown: Mapping[str, Any] | None) -> str:
     if not breakdown:
         return ""
     lines = [f"where the time went ({breakdown['source']}):"]
-    for key, label in (("e2e_s", "mean E2E"), ("tpot_s", "mean TPOT")):
+    for key, label in (("e2e_s", "mean E2E"), ("ttft_s", "mean TTFT"), ("tpot_s", "mean TPOT")):
         section = breakdown.get(key)
         if not section:
             continue
@@ -165,4 +170,20 @@ def format_breakdown(breakdown: Mapping[str, Any] | None) -> str:
             if abs(value) >= 1e-9:
                 lines.append(f"    {PART_LABELS.get(name, name):<40}{_ms(value):>13}")
     lines.append("  " + breakdown_sentence(breakdown))
+    return "\n".join(lines) + "\n"
+
+
+def format_why(
+    summary: Mapping[str, Any], predicted: Mapping[str, Any], params: Mapping[str, Any]
+) -> str:
+    """The run page's "why they differ" for each compared metric, and its reading."""
+    from labs.results import compare, headline
+
+    rows = compare(summary, predicted, params)
+    lines = ["why they differ (measured vs predicted):"]
+    for row in rows:
+        if row.reading and row.diff:
+            lines.append(f"  {row.label}: {row.measured} vs {row.predicted} ({row.diff})")
+            lines.append(f"    {row.reading}")
+    lines.append("reading: " + headline(rows, summary.get("breakdown")))
     return "\n".join(lines) + "\n"

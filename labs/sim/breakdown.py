@@ -31,21 +31,13 @@ from typing import Any
 import numpy as np
 
 from labs.backends.base import RequestRecord
+
+# The breakdown's parts, in the order a stacked bar shows them (the predictor's parts too).
+from labs.predict import BREAKDOWN_PARTS
 from labs.sim.engine_model import PARTS
 from labs.sim.entities import RequestTable
 from labs.sim.scheduler import SchedulerOutput
 
-# The breakdown's parts, in the order a stacked bar shows them.
-BREAKDOWN_PARTS = (
-    "ideal",
-    "efficiency",
-    "overhead",
-    "communication",
-    "queueing",
-    "prefill_interference",
-    "preemption",
-    "speculation",
-)
 PART_LABELS = {
     "ideal": "ideal compute/memory",
     "efficiency": "efficiency loss",
@@ -115,6 +107,15 @@ class BreakdownAccumulator:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(E2E parts, TPOT parts) per request, columns BREAKDOWN_PARTS; NaN rows for requests
         that did not finish (E2E) or made one token (TPOT).
+        """
+        e2e, _, tpot = self._per_request(requests, clamp=clamp)
+        return e2e, tpot
+
+    def _per_request(
+        self, requests: Sequence[RequestRecord], *, clamp: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(E2E parts, TTFT parts, TPOT parts) per request; TTFT's are the parts up to the
+        first token, queueing included.
 
         Parts are clamped at 0, which only hides float rounding (a difference of sums a few ulps
         below zero); `clamp=False` gives them as computed, for the test that checks that.
@@ -122,6 +123,7 @@ class BreakdownAccumulator:
         floor = 0.0 if clamp else -np.inf
         n = len(requests)
         e2e = np.full((n, len(BREAKDOWN_PARTS)), np.nan)
+        ttft = np.full((n, len(BREAKDOWN_PARTS)), np.nan)
         tpot = np.full((n, len(BREAKDOWN_PARTS)), np.nan)
         col = {name: i for i, name in enumerate(BREAKDOWN_PARTS)}
         nan = float("nan")
@@ -156,21 +158,29 @@ class BreakdownAccumulator:
         both = rows[0] + rows[1]
         both[:, col["queueing"]] = np.maximum(queue, floor)
         e2e[done] = both
+        before = rows[0].copy()
+        before[:, col["queueing"]] = np.maximum(queue, floor)
+        ttft[done] = before
         many = outputs[done] > 1
         tpot_rows = np.flatnonzero(done)[many]
         tpot[tpot_rows] = rows[1][many] / (outputs[done][many] - 1)[:, None]
-        return e2e, tpot
+        return e2e, ttft, tpot
 
     def summary(self, requests: Sequence[RequestRecord], source: str) -> dict[str, Any]:
-        """The run's breakdown: mean E2E and mean TPOT split into BREAKDOWN_PARTS."""
-        e2e, tpot = self.per_request(requests)
-        return breakdown_summary(e2e, tpot, source)
+        """The run's breakdown: mean E2E, mean TTFT and mean TPOT split into BREAKDOWN_PARTS."""
+        e2e, ttft, tpot = self._per_request(requests)
+        return breakdown_summary(e2e, tpot, source, ttft=ttft)
 
 
-def breakdown_summary(e2e: np.ndarray, tpot: np.ndarray, source: str) -> dict[str, Any]:
+def breakdown_summary(
+    e2e: np.ndarray, tpot: np.ndarray, source: str, *, ttft: np.ndarray | None = None
+) -> dict[str, Any]:
     """Means over requests of per-request parts (rows), as stored in the run record."""
     result: dict[str, Any] = {"source": source, "parts": list(BREAKDOWN_PARTS)}
-    for key, rows in (("e2e_s", e2e), ("tpot_s", tpot)):
+    sections = [("e2e_s", e2e), ("tpot_s", tpot)]
+    if ttft is not None:
+        sections.append(("ttft_s", ttft))
+    for key, rows in sections:
         done = rows[~np.isnan(rows).any(axis=1)]
         if len(done) == 0:
             result[key] = None

@@ -100,7 +100,7 @@ def test_block_size_updates_the_prediction_then_a_run_draws_its_charts(page, cel
         ".options.scales.x.title.text"
     )
     assert axis == "simulated time in the run (s), not wall-clock"
-    ttft = page.locator("table.results tr", has_text="TTFT, median")
+    ttft = page.locator("table.results tr", has_text="TTFT, mean")
     assert re.fullmatch(r"[\d.]+ m?s", ttft.locator("td.measured").inner_text())
     assert re.fullmatch(r"[\d.]+ m?s", ttft.locator("td.predicted").inner_text())
     assert re.fullmatch(r"[+−][\d,]+%", ttft.locator("td.diff").inner_text())

@@ -36,3 +36,25 @@ def make_heartbeat(backend: str = "sim", *, age_s: float = 0, **overrides: Any) 
     }
     fields.update(overrides)
     return WorkerHeartbeat.objects.create(**fields)
+
+
+def gpu_record_slower_than_the_model(params: Any, factor: float = 1.25) -> Any:
+    """A run record as if a GPU had run the simulator's requests `factor` times slower than the
+    engine model expects (every chunk and finish stretched from its arrival), marked vllm."""
+    from labs.backends.base import RequestRecord
+    from labs.backends.sim import SimBackend
+
+    record = SimBackend().run(params)
+    record.simulated, record.backend = False, "vllm"
+    record.requests = [
+        RequestRecord(
+            req_id=r.req_id,
+            prompt_tokens=r.prompt_tokens,
+            max_tokens=r.max_tokens,
+            arrival_s=r.arrival_s,
+            chunks=[(r.arrival_s + factor * (t - r.arrival_s), n) for t, n in r.chunks],
+            finish_s=r.arrival_s + factor * (r.finish_s - r.arrival_s),
+        )
+        for r in record.requests
+    ]
+    return record

@@ -18,6 +18,9 @@ from labs.predict import Prediction
 ROOT = Path(__file__).resolve().parents[2]
 PREDICTION_KEYS = {f.name for f in fields(Prediction)}
 
+# `lab predict` and `lab run` read the device calibrations stored in the database.
+pytestmark = pytest.mark.django_db
+
 
 def lab_predict(*options: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -42,8 +45,10 @@ def test_it_prints_one_json_object_with_the_issues_keys():
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.strip().splitlines()) == 1
     result = json.loads(done.stdout)
-    # Every key of the prediction; test_predict checks that these include the issue's.
-    assert set(result) == PREDICTION_KEYS
+    # Every key of the prediction (test_predict checks that these include the issue's), and
+    # what the run page compares beside them: the one prediction (labs.predict.lab_prediction).
+    assert set(result) == PREDICTION_KEYS | {"prefix_hit_rate", "breakdown"}
+    assert result["breakdown"]["ttft_s"]["total"] == result["loaded_ttft_s"]
     # The seed numbers come through the command unchanged.
     assert result["kv_bytes_per_token"] == 128 * 1024
     assert (result["blocks_per_seq"], result["slots_wasted_per_seq"]) == (63, 8)
@@ -132,3 +137,29 @@ def test_boolean_options_have_a_no_form():
         "--prompt-tokens", "1000", "--shared-prefix-tokens", "512", "--no-prefix-caching"
     )
     assert (on["prefix_cached_tokens"], off["prefix_cached_tokens"]) == (512, 0)
+
+
+def test_it_takes_one_batch_for_prediction_and_run_as_the_lab_page_does():
+    """`--max-concurrency 64` alone is the load the run keeps in flight; the lab page's form
+    makes it the predictor's concurrency too (align_run_batch), and so does `lab predict`."""
+    result = predict_json("--max-concurrency", "64", "--max-num-seqs", "8", "--num-prompts", "96")
+    assert result["running_seqs"] == 8
+    # 64 in flight on 8 slots wait for earlier waves; with concurrency 1 nothing would wait.
+    assert result["queue_wait_s"] > 0
+    assert result["loaded_ttft_s"] > result["ttft_s"]
+
+
+def test_it_predicts_with_no_migrated_database_to_read_calibrations_from(tmp_path):
+    import os
+
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'empty.sqlite3'}"}
+    done = subprocess.run(
+        [sys.executable, "manage.py", "lab", "predict", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["tpot_s"] > 0

@@ -33,6 +33,9 @@ MEASURED_KEYS = {
 STATS = {"mean", "p50", "p90", "p95", "p99"}
 SMALL = ("--num-prompts", "20", "--prompt-tokens", "256", "--output-tokens", "32")
 
+# `lab predict` and `lab run` read the device calibrations stored in the database.
+pytestmark = pytest.mark.django_db
+
 
 def lab_run(*options: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -62,7 +65,10 @@ def test_it_prints_one_json_object_with_the_issues_keys():
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
         assert set(result["measured"][key]) == STATS
     assert result["measured"]["completed"] == 20
-    assert set(result["predicted"]) == {f.name for f in Prediction.__dataclass_fields__.values()}
+    # The one prediction every page shows (labs.predict.lab_prediction): every Prediction field,
+    # the rates the table compares and the predicted breakdown.
+    assert set(result["predicted"]) >= {f.name for f in Prediction.__dataclass_fields__.values()}
+    assert result["predicted"]["breakdown"]["e2e_s"]["total"] == result["predicted"]["loaded_e2e_s"]
 
 
 def test_every_option_of_the_issue_reaches_the_simulator():
@@ -107,6 +113,11 @@ def test_it_prints_a_table_labelled_simulated_without_json():
     text = out.getvalue()
     assert "simulated on CPU" in text
     assert "TTFT" in text and " ms" in text and "predicted" in text
+    # The run page's words for why they differ, and its reading, from the same functions.
+    assert "predicted under this load: concurrency 20, max_num_seqs 256, 20 prompts" in text
+    why = text.split("why they differ (measured vs predicted):\n", 1)[1]
+    assert "  TPOT, mean: " in why and "\nreading: " in why
+    assert "differs most" in why.split("\nreading: ", 1)[1]
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from labs.catalog import GPUS
 from labs.device_calibration import DeviceConstants, check_constants, cpu_device_key
 from labs.models import DeviceCalibration, RunState
 from labs.params import parse_lab_params
-from labs.predict import predict
+from labs.predict import lab_prediction, predict
 from labs.selectors import device_calibration
 from labs.sim.engine_model import load_calibration, with_device
 from tests.labs.factories import SMALL, make_run
@@ -57,10 +57,13 @@ def test_a_devices_stored_calibration_prices_its_predictor_and_simulator_and_not
     stored = device_calibration("h100-sxm")
     assert stored is not None and device_calibration("a100-80gb") is None
 
-    # The predictor: the calibrated device's numbers move, exactly as predict(params, device).
+    # The predictor: the calibrated device's numbers move, exactly as predict(params, device),
+    # and so do the predicted parts the run page shows.
     after = services._predicted(mine)
     assert after["tpot_s"] > 1.5 * before["h100-sxm"]["tpot_s"]
-    assert after == predict(mine, stored).as_dict()
+    assert after == lab_prediction(mine, stored)
+    assert {k: after[k] for k in predict(mine).as_dict()} == predict(mine, stored).as_dict()
+    assert after["breakdown"] != before["h100-sxm"]["breakdown"]
     assert services._predicted(other) == before["a100-80gb"]
 
     # The simulator: the calibrated device's run is slower and labelled with the calibration.

@@ -565,3 +565,68 @@ def test_one_prediction_at_the_most_prompts_allowed_traces_under_1_mb():
         tracemalloc.stop()
     assert p.queue_wait_s > 0  # the closed-loop queue, the path that counts every request
     assert peak < 1024 * 1024, f"peak {peak / 1024 / 1024:.1f} MB"
+
+
+# -- the prediction's parts (predicted_breakdown) ------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    max_num_seqs=st.sampled_from([1, 4, 8, 64, 256]),
+    concurrency=st.integers(1, 300),
+    num_prompts=st.integers(1, 5000),
+    prompt_tokens=st.integers(1, 4000),
+    output_tokens=st.integers(1, 1000),
+    spec_tokens=st.sampled_from([0, 0, 2, 4]),
+    draft_cost=st.sampled_from([0.0, 0.1]),
+    step_overhead_s=st.sampled_from([0.0, 0.002]),
+    compute_efficiency=st.sampled_from([1.0, 0.6]),
+    rate=st.sampled_from([None, None, 0.5, 20.0, 500.0]),
+)
+def test_the_predicted_parts_add_up_to_the_figures_the_pages_show(
+    max_num_seqs,
+    concurrency,
+    num_prompts,
+    prompt_tokens,
+    output_tokens,
+    spec_tokens,
+    draft_cost,
+    step_overhead_s,
+    compute_efficiency,
+    rate,
+):
+    from labs.predict import lab_prediction
+
+    data = {
+        "max_num_seqs": max_num_seqs,
+        "concurrency": concurrency,
+        "num_prompts": num_prompts,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "context_tokens": prompt_tokens + output_tokens,
+        "spec_tokens": spec_tokens,
+        "draft_cost": draft_cost,
+        "step_overhead_ms": step_overhead_s * 1000,
+        "compute_efficiency": compute_efficiency,
+        "request_rate": rate,
+    }
+    values = lab_prediction(parse_lab_params(data))
+    breakdown = values["breakdown"]
+    for key, figure in (
+        ("ttft_s", "loaded_ttft_s"),
+        ("tpot_s", "tpot_s"),
+        ("e2e_s", "loaded_e2e_s"),
+    ):
+        parts = breakdown[key]["parts"]
+        assert sum(parts.values()) == pytest.approx(values[figure], rel=1e-9)
+        assert breakdown[key]["total"] == pytest.approx(values[figure], rel=1e-9)
+        # What the formulas leave out is 0 on their side, by assumption.
+        assert parts["communication"] == parts["prefill_interference"] == parts["preemption"] == 0
+        assert parts["ideal"] > 0
+        assert all(v >= -1e-12 * values[figure] for v in parts.values()), parts
+        assert (parts["overhead"] > 0) == (step_overhead_s > 0)
+        if not spec_tokens or key == "ttft_s":
+            assert parts["speculation"] == 0
+    # The wait the lab page shows is all queueing; TTFT adds the wait behind the wave's prompts.
+    assert breakdown["ttft_s"]["parts"]["queueing"] >= values["queue_wait_s"] - 1e-12
+    assert breakdown["tpot_s"]["parts"]["queueing"] == 0

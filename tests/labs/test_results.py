@@ -21,3 +21,17 @@ from labs.results import format_value
 )
 def test_it_writes_one_of_a_count_in_the_singular(value, unit, text):
     assert format_value(value, unit) == text
+
+
+def test_differs_most_is_the_row_with_the_largest_percentage_shown():
+    """Issue 23: "differs most (−36%)" sat above rows at +52% and +43% (largest as a ratio,
+    |log 0.64| > |log 1.52|, but the page shows percentages)."""
+    from labs.results import Row, headline
+
+    def row(label: str, ratio: float) -> Row:
+        pct = (ratio - 1) * 100
+        diff = f"{'+' if pct >= 0 else '−'}{abs(pct):.0f}%"
+        return Row(label, "", "", diff, "off", f"because of {label}", ratio)
+
+    rows = [row("TTFT, mean", 0.64), row("TPOT, mean", 1.52), row("E2E latency, mean", 1.43)]
+    assert headline(rows).startswith("TPOT, mean differs most (+52%): because of TPOT, mean")

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from quiz import scheduling, selectors, services
 from quiz.models import FsrsState, ReviewLog, ReviewState
 from quiz.scheduling import CardState
+from quiz.selectors import logged_review
 from tests.quiz.factories import at, make_card, make_review_state, make_settings, review, show
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -184,7 +185,11 @@ def no_fuzz(monkeypatch):
     """The app's scheduler without fuzz, where a test compares exact due dates."""
     real = scheduling.make_scheduler
     monkeypatch.setattr(
-        scheduling, "make_scheduler", lambda retention, fuzz=True: real(retention, fuzz=False)
+        scheduling,
+        "make_scheduler",
+        lambda retention, parameters=None, fuzz=True: real(
+            retention, parameters=parameters, fuzz=False
+        ),
     )
 
 
@@ -308,7 +313,9 @@ def test_it_replays_its_own_log_through_fsrs_to_exactly_the_stored_state(
 
     real = scheduling.make_scheduler
     monkeypatch.setattr(
-        scheduling, "make_scheduler", lambda retention, **_: real(retention, fuzz=fuzz)
+        scheduling,
+        "make_scheduler",
+        lambda retention, parameters=None, **_: real(retention, parameters=parameters, fuzz=fuzz),
     )
     user = get_user_model().objects.create_user(f"learner-{next(_learners)}")
     make_settings(user, time_zone=zone, rollover_hour=rollover)
@@ -321,13 +328,7 @@ def test_it_replays_its_own_log_through_fsrs_to_exactly_the_stored_state(
         services.review_grade(user=user, token=showing.token, rating=rating, now=now)
 
     logs = ReviewLog.objects.filter(user=user, card=card).order_by("id")
-    replayed = scheduling.replay(
-        [(log.reviewed_at, log.rating, log.study_date) for log in logs],
-        card_id=card.pk,
-        scheduler=real(0.9, fuzz=fuzz),
-        tz=ZoneInfo(zone),
-        rollover_hour=rollover,
-    )
+    replayed = scheduling.replay([logged_review(log) for log in logs], card_id=card.pk)
     stored = services._state_columns(_state(user, card))
     assert stored.last_review == logs.last().reviewed_at  # one instant for state and log
     assert (replayed.state, replayed.step, replayed.stability, replayed.difficulty) == (
@@ -355,11 +356,25 @@ def test_it_undoes_a_grade_made_minutes_before_the_rollover(alice):
 
 
 @pytest.mark.django_db
-def test_it_does_not_undo_yesterdays_grade_made_long_before_the_rollover(alice):
-    card = make_card()
-    review(alice, card, 3, at(2026, 6, 1, 2, 0))
+def test_it_undoes_the_last_answer_however_late_until_another_card_is_answered(alice):
+    # Answered late at night, undone the next morning (Anki has no day limit on undo).
+    first, second, third = make_card(), make_card(), make_card()
+    review(alice, first, 3, at(2026, 5, 31, 20, 0))
+    review(alice, second, 3, at(2026, 6, 1, 2, 0))  # study day 31 May (rollover 04:00)
+    morning = at(2026, 6, 1, 9, 0)
+    day = selectors.study_day_for(selectors.learner_settings_get(user=alice), morning)
+    assert selectors.undo_available(user=alice, day=day, now=morning)
+    assert services.review_undo(user=alice, now=morning) == second.pk
+    assert _state(alice, second).last_review is None
+    # Only the last answer: the one before it stays (the stack of a past day is closed).
     with pytest.raises(services.NothingToUndo):
-        services.review_undo(user=alice, now=at(2026, 6, 1, 4, 3))
+        services.review_undo(user=alice, now=morning)
+    # And once another card is answered, yesterday's last answer is no longer "the last".
+    review(alice, second, 3, at(2026, 6, 2, 2, 0))
+    review(alice, third, 3, at(2026, 6, 3, 9, 0))
+    services.review_undo(user=alice, now=at(2026, 6, 3, 9, 5))  # today's: fine
+    with pytest.raises(services.NothingToUndo):
+        services.review_undo(user=alice, now=at(2026, 6, 3, 9, 6))
 
 
 @pytest.mark.django_db
@@ -471,3 +486,163 @@ def test_a_card_state_round_trips_through_json_with_every_field():
         assert json.loads(json.dumps(data)) == data
         assert CardState.from_json(data) == state
     assert learning.to_json()["due"] == "2026-03-01T08:30:00+00:00"
+
+
+# --- The day and context of the press (issue 28) ----------------------------------------------
+
+
+@pytest.mark.django_db
+def test_it_schedules_from_the_study_day_of_the_press_when_the_rollover_passed_since_reveal(alice):
+    # Berlin, rollover 04:00 (02:00 UTC in June): due 03:59, revealed 03:59:30, Good at 04:00:30.
+    make_settings(alice, time_zone="Europe/Berlin", rollover_hour=4)
+    card = _relearning_card(alice, at(2026, 6, 10, 1, 59))
+    before = services._state_columns(_state(alice, card))
+    showing = show(alice, card, at(2026, 6, 10, 1, 59, 30))
+    press = at(2026, 6, 10, 2, 0, 30)
+    log = services.review_grade(user=alice, token=showing.token, rating=3, now=press).log
+    state = _state(alice, card)
+    expected = scheduling.outcomes(
+        before,
+        card_id=card.pk,
+        now=press,
+        scheduler=scheduling.make_scheduler(0.9),
+        tz=BERLIN,
+        rollover_hour=4,
+        last_day=dt.date(2026, 6, 9),
+    )[3]
+    assert log.study_date == dt.date(2026, 6, 10) and log.reviewed_at == press
+    assert (state.due, state.stability) == (expected.due, expected.stability)
+    # A 1-day card is due the study day after the press, not straight away.
+    assert state.due >= scheduling.day_start(dt.date(2026, 6, 11), BERLIN, 4)
+    assert selectors.queue_today(user=alice, now=press + dt.timedelta(minutes=1)).review_left == 0
+
+
+@pytest.mark.django_db
+def test_a_zone_change_between_reveal_and_press_dates_the_log_and_the_outcome_alike(alice):
+    # Revealed at 20:00 UTC (study day 1 June in UTC), pressed after moving to Tokyo, where it is
+    # already 05:00 on 2 June (past the 04:00 rollover): both the log and the due use Tokyo.
+    card = make_card()
+    reveal = at(2026, 6, 1, 20)
+    make_review_state(
+        alice, card, due=reveal, stability=12.0, last_review=reveal - dt.timedelta(12)
+    )
+    showing = show(alice, card, reveal)
+    make_settings(alice, time_zone="Asia/Tokyo")
+    press = reveal + dt.timedelta(minutes=2)
+    log = services.review_grade(user=alice, token=showing.token, rating=3, now=press).log
+    state = _state(alice, card)
+    assert (log.time_zone, log.rollover_hour, log.study_date) == (
+        "Asia/Tokyo",
+        4,
+        dt.date(2026, 6, 2),
+    )
+    days = (scheduling.study_date(state.due, TOKYO, 4) - log.study_date).days
+    assert state.due == scheduling.day_start(log.study_date + dt.timedelta(days), TOKYO, 4)
+    assert days >= 1 and state.last_review == log.reviewed_at == press
+
+
+def test_easy_from_a_learning_or_relearning_step_beats_goods_interval_by_a_day():
+    # Anki: Easy >= Good's interval + 1 even when Good is a step, so never 1 day.
+    sched = scheduling.make_scheduler(0.9)
+    now = at(2026, 6, 1, 12)
+    checked = 0
+    for kind, step in ((FsrsState.LEARNING, 0), (FsrsState.LEARNING, 1), (FsrsState.RELEARNING, 0)):
+        for stability in (None, 0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 3.0):
+            for difficulty in (1.0, 5.0, 9.0, 10.0):
+                for card_id in range(1, 6):
+                    last = None if stability is None else now - dt.timedelta(minutes=10)
+                    if stability is None and (kind, step) != (FsrsState.LEARNING, 0):
+                        continue
+                    state = CardState(
+                        kind, step, stability, None if stability is None else difficulty, now, last
+                    )
+                    result = scheduling.outcomes(state, card_id=card_id, now=now, scheduler=sched)
+                    good, easy = result[3], result[4]
+                    easy_days = (easy.due.date() - now.date()).days
+                    if good.state == FsrsState.REVIEW:
+                        good_days = (good.due.date() - now.date()).days
+                    else:
+                        good_days = max(1, sched._next_interval(stability=good.stability))
+                    assert easy.state == FsrsState.REVIEW
+                    assert easy_days >= max(2, good_days + 1), (state, easy_days, good_days)
+                    checked += 1
+    assert checked > 300
+
+
+def test_fuzz_never_makes_a_passing_review_interval_shorter_than_the_previous_one():
+    # Anki: Hard on a 7-day card whose unfuzzed interval is 7 is never shown as 5.
+    fuzzed = scheduling.make_scheduler(0.9)
+    exact = scheduling.make_scheduler(0.9, fuzz=False)
+    now = at(2026, 6, 1, 12)
+    compared = 0
+    for previous in (3, 5, 7, 10, 20, 40):
+        for stability in (previous * f for f in (0.6, 0.8, 1.0, 1.3)):
+            for difficulty in (3.0, 7.0, 9.5):
+                last = now - dt.timedelta(days=previous)
+                state = CardState(FsrsState.REVIEW, None, stability, difficulty, now, last)
+                plain = scheduling.outcomes(state, card_id=1, now=now, scheduler=exact)
+                for card_id in range(1, 30):
+                    result = scheduling.outcomes(state, card_id=card_id, now=now, scheduler=fuzzed)
+                    for rating in (2, 3, 4):
+                        unfuzzed = (plain[rating].due.date() - now.date()).days
+                        shown = (result[rating].due.date() - now.date()).days
+                        if unfuzzed >= previous:
+                            assert shown >= previous, (state, rating, unfuzzed, shown)
+                            compared += 1
+    assert compared > 1000
+
+
+def _other_parameters(rng) -> list[float]:
+    """Valid FSRS-6 parameters unlike the defaults: initial stabilities and decay moved."""
+    params = list(scheduling.DEFAULT_PARAMETERS)
+    for i in range(4):
+        params[i] = round(params[i] * rng.uniform(0.4, 2.5), 4)
+    params[20] = round(rng.uniform(0.1, 0.6), 4)
+    return params
+
+
+def _change_something(rng, user) -> None:
+    """What a learner may change mid-history: zone, rollover hour, retention or parameters."""
+    what = rng.choice(["zone", "rollover", "retention", "parameters"])
+    if what == "zone":
+        make_settings(user, time_zone=rng.choice(ZONES))
+    elif what == "rollover":
+        make_settings(user, rollover_hour=rng.randrange(24))
+    elif what == "retention":
+        make_settings(user, desired_retention=rng.choice([0.75, 0.8, 0.85, 0.9, 0.95]))
+    else:
+        make_settings(user, fsrs_parameters=rng.choice([None, _other_parameters(rng)]))
+
+
+@pytest.mark.django_db
+def test_replay_reproduces_every_stored_state_for_learners_who_change_their_settings():
+    from django.contrib.auth import get_user_model
+
+    rng = __import__("random").Random(28)
+    histories = changes = 0
+    for n in range(200):
+        user = get_user_model().objects.create_user(f"traveller-{n}")
+        make_settings(user, time_zone=rng.choice(ZONES), rollover_hour=rng.randrange(24))
+        card = make_card()
+        now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(hours=rng.randrange(8000))
+        for _ in range(rng.randint(3, 7)):
+            now += rng.choice(
+                [
+                    dt.timedelta(minutes=rng.randint(0, 90)),
+                    dt.timedelta(hours=rng.randint(1, 40)),
+                    dt.timedelta(days=rng.randint(1, 60), minutes=rng.randint(0, 1440)),
+                ]
+            )
+            if rng.random() < 0.3:
+                _change_something(rng, user)
+                changes += 1
+            showing = show(user, card, now)
+            now += dt.timedelta(seconds=rng.randint(0, 3500))
+            if rng.random() < 0.2:  # between the reveal and the press
+                _change_something(rng, user)
+                changes += 1
+            services.review_grade(user=user, token=showing.token, rating=rng.randint(1, 4), now=now)
+        stored = services._state_columns(_state(user, card))
+        assert selectors.card_replayed(user=user, card_id=card.pk) == stored, n
+        histories += 1
+    assert histories == 200 and changes > 200

@@ -6,9 +6,11 @@ import datetime as dt
 
 import pytest
 from django.forms.models import model_to_dict
+from django.urls import reverse
 
 from quiz import services
 from quiz.models import FsrsState, ReviewLog, ReviewState, Showing
+from tests.conftest import make_user
 from tests.quiz.factories import at, make_card, make_review_state, review, show
 
 pytestmark = pytest.mark.django_db
@@ -244,3 +246,75 @@ def test_a_pick_of_an_option_removed_since_the_showing_is_a_clear_refusal(alice)
             user=alice, token=showing.token, answer=services.Answer(option_id=gone), now=NOW
         )
     assert "removed from this card" in str(info.value)
+
+
+# --- Staff edits of a review state (issue 28) -------------------------------------------------
+
+
+def _admin_post(client, state, **changes):
+    """The ReviewState change form as the admin page posts it, with the version it was opened at."""
+    values = {
+        "user": state.user_id,
+        "card": state.card_id,
+        "state": state.state,
+        "step": "" if state.step is None else state.step,
+        "stability": state.stability or "",
+        "difficulty": state.difficulty or "",
+        "due_0": state.due.strftime("%Y-%m-%d"),
+        "due_1": state.due.strftime("%H:%M:%S"),
+        "last_review_0": state.last_review.strftime("%Y-%m-%d") if state.last_review else "",
+        "last_review_1": state.last_review.strftime("%H:%M:%S") if state.last_review else "",
+        "lapses": state.lapses,
+        "reps": state.reps,
+        "version": state.version,
+        **changes,
+    }
+    for flag in ("suspended", "leech"):
+        if values.pop(flag, getattr(state, flag)):
+            values[flag] = "on"
+    url = reverse("admin:quiz_reviewstate_change", args=[state.pk])
+    return client.post(url, values)
+
+
+@pytest.fixture
+def staff_client(client):
+    client.force_login(make_user("staff", is_staff=True, is_superuser=True))
+    return client
+
+
+def test_a_staff_edit_after_the_showing_wins_over_its_grade(alice, staff_client):
+    card = make_card()
+    make_review_state(alice, card, due=NOW, stability=10.0)
+    showing = show(alice, card, NOW)
+    state = ReviewState.objects.get(user=alice, card=card)
+    response = _admin_post(staff_client, state, stability="42.5")
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert ReviewState.objects.get(pk=state.pk).version == state.version + 1
+    with pytest.raises(services.QuizConflict):
+        services.review_grade(user=alice, token=showing.token, rating=3, now=NOW)
+    assert ReviewState.objects.get(pk=state.pk).stability == 42.5
+    assert not ReviewLog.objects.exists()
+
+
+def test_a_card_suspended_in_the_admin_after_it_was_shown_cannot_be_graded(alice, staff_client):
+    card = make_card()
+    make_review_state(alice, card, due=NOW)
+    showing = show(alice, card, NOW)
+    state = ReviewState.objects.get(user=alice, card=card)
+    assert _admin_post(staff_client, state, suspended=True).status_code == 302
+    with pytest.raises(services.QuizConflict, match="suspended"):
+        services.review_grade(user=alice, token=showing.token, rating=3, now=NOW)
+    assert not ReviewLog.objects.exists()
+
+
+def test_a_staff_edit_opened_before_a_grade_is_refused_not_saved_over_it(alice, staff_client):
+    card = make_card()
+    make_review_state(alice, card, due=NOW, stability=10.0)
+    opened = ReviewState.objects.get(user=alice, card=card)  # the page the staff member has open
+    review(alice, card, 3, NOW)
+    graded = ReviewState.objects.get(pk=opened.pk)
+    response = _admin_post(staff_client, opened, stability="1.0")
+    assert response.status_code == 200 and "since you opened it" in response.content.decode()
+    assert ReviewState.objects.get(pk=opened.pk).stability == graded.stability
+    with pytest.raises(ReviewState.Changed):
+        opened.save()  # the model refuses too, whoever calls it

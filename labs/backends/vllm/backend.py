@@ -41,7 +41,7 @@ from labs.backends.base import (
     RequestRecord,
     RunRecord,
 )
-from labs.backends.vllm import prom
+from labs.backends.vllm import cpu, prom
 from labs.backends.vllm.gpus import GpuInventory, read_gpus
 from labs.backends.vllm.loadgen import (
     LoadOptions,
@@ -71,7 +71,9 @@ def server_manager() -> ServerManager:
     global _manager
     with _manager_lock:
         if _manager is None:
-            _manager = ServerManager()
+            # A CPU worker runs vLLM's CPU build with that virtualenv's python (cpu.py).
+            executable = cpu.vllm_python() if cpu.device() == "cpu" else None
+            _manager = ServerManager(executable=executable)
         return _manager
 
 
@@ -90,7 +92,9 @@ with contextlib.suppress(ImportError):
 
 @functools.lru_cache(maxsize=1)
 def gpu_inventory() -> GpuInventory | None:
-    """This worker's GPUs as nvidia-smi reports them (read once)."""
+    """This worker's GPUs as nvidia-smi reports them (read once); on a CPU worker, its CPU."""
+    if cpu.device() == "cpu":
+        return cpu.cpu_inventory()
     return read_gpus()
 
 
@@ -243,6 +247,15 @@ class VLLMBackend:
 
     def describe(self) -> dict[str, Any]:
         """How this worker's results are labelled (for its heartbeat row)."""
+        if cpu.device() == "cpu" and self.base_url is None:
+            version = cpu.installed_version()
+            gpus = {**cpu.inventory_dict(), "vllm": version}
+            return {
+                "where": cpu.where_label(version, gpus),
+                "gpu_name": str(gpus.get("name") or ""),
+                "versions": {"vllm": version},
+                "gpus": gpus,
+            }
         version, gpu, inventory = installed_vllm(), None, None
         if self.base_url is None or _is_local(self.base_url):
             gpu, inventory = gpu_name(), gpu_inventory()
@@ -401,9 +414,12 @@ class VLLMBackend:
             unreadable_metrics_pages=bad_pages,
             load_wall_s=round(result.wall_s, 3),
         )
+        where = where_label(version, gpu, params.engine.tp, base_url if self.base_url else None)
+        if meta.get("device") == "cpu":
+            where = cpu.where_label(version, cpu.inventory_dict())
         return RunRecord(
             backend=self.name,
-            where=where_label(version, gpu, params.engine.tp, base_url if self.base_url else None),
+            where=where,
             simulated=False,
             requests=requests,
             samples=samples,

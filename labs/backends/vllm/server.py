@@ -37,6 +37,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -53,7 +54,8 @@ from typing import Any
 import httpx
 
 from labs.backends.base import BackendError
-from labs.catalog import KV_DTYPE_BYTES, ModelSpec
+from labs.backends.vllm.cpu import cpu_args, cpu_refusals, made_model
+from labs.catalog import CPU_KIND, KV_DTYPE_BYTES, ModelSpec
 from labs.params import LabParams, ParamError
 from labs.predict import spec_tokens_per_step
 
@@ -133,6 +135,12 @@ def model_source(
         config = _read_config(path)
         _check_matches(params.model, config, path)
         return ModelSource(path, True, config)
+    made = made_model(slug)
+    if made is not None:
+        # Built by `lab make-model`: real (random) weights and a tokenizer.
+        config = _read_config(made)
+        _check_matches(params.model, config, made)
+        return ModelSource(made, True, config)
     path = MODELS_DIR / slug
     if not (path / "config.json").is_file():
         raise ParamError(
@@ -247,6 +255,8 @@ def check_supported(params: LabParams) -> None:
         ParamError: each unsupported setting, naming its field.
     """
     errors = _unsupported(params)
+    if params.hardware.name == CPU_KIND:
+        errors.update(cpu_refusals(params))
     if errors:
         raise ParamError(errors)
     engine = params.engine
@@ -331,10 +341,32 @@ def build_plan(
             )
     # Per-request prefix-cache hits in the final usage chunk (prompt_tokens_details).
     args.append("--enable-prompt-tokens-details")
+    if params.hardware.name == CPU_KIND:
+        notes.pop("synthetic_acceptance_rates", None)
+        notes.pop("spec_tokens_per_step_expected", None)
+        if engine.spec_method == "ngram":
+            notes["spec_note"] = (
+                "ngram on vLLM's CPU build: no synthetic sampler, so which drafts are accepted "
+                "is the engine's own (greedy sampling), read from /metrics; alpha is only the "
+                "prediction's"
+            )
+        return ServePlan(args=cpu_args(tuple(args)), files=files, notes={**notes, "device": "cpu"})
     return ServePlan(args=tuple(args), files=files, notes=notes)
 
 
 # -- the manager ----------------------------------------------------------------------------------
+
+
+_ERROR_LINE = re.compile(r"\b(\w+(Error|Exception)): \S")
+
+
+def vllm_error_line(lines: list[str]) -> str | None:
+    """The last `SomethingError: message` line of a server log (vLLM's own reason it stopped,
+    e.g. "ValueError: ... block_size ..."), or None."""
+    for line in reversed(lines):
+        if _ERROR_LINE.search(line):
+            return line.strip()
+    return None
 
 
 class ServerError(BackendError):
@@ -632,5 +664,9 @@ class ServerManager:
                 text = log.read().decode("utf-8", "replace")
         except OSError as exc:
             return f"(its log {server.log_path} cannot be read: {exc})"
-        tail = "\n".join(text.splitlines()[-lines:])
-        return f"Last lines of its log ({server.log_path}):\n{tail}"
+        all_lines = text.splitlines()
+        tail = "\n".join(all_lines[-lines:])
+        said = vllm_error_line(all_lines)
+        # vLLM's reason can sit above a long shutdown traceback: name it first.
+        first = f"vLLM said: {said}\n" if said else ""
+        return f"{first}Last lines of its log ({server.log_path}):\n{tail}"

@@ -15,6 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from labs.backends.base import BackendError
 from labs.cli import calibrate as calibrate_cli
 from labs.cli import error_line
+from labs.cli import make_model as make_model_cli
 from labs.cli import predict as predict_cli
 from labs.cli import run as run_cli
 from labs.cli import serve_args as serve_args_cli
@@ -25,6 +26,7 @@ SUBCOMMANDS: dict[str, ModuleType] = {
     "predict": predict_cli,
     "run": run_cli,
     "serve-args": serve_args_cli,
+    "make-model": make_model_cli,
 }
 
 

@@ -172,26 +172,14 @@ def test_the_fast_path_entry_charges_decode_steps_to_their_requests():
 
 
 def test_a_real_gpu_run_gets_the_expected_parts_and_an_honest_unexplained_remainder():
-    from labs.backends.base import RequestRecord
     from labs.backends.sim import run_breakdown
+    from tests.labs.factories import gpu_record_slower_than_the_model
 
     params = parse_lab_params(
         {"num_prompts": 8, "max_concurrency": 2, "prompt_tokens": 128, "output_tokens": 16}
     )
-    record = SimBackend().run(params)
     # The same requests, as if a GPU had taken 25% longer than the engine model expects.
-    record.simulated, record.backend = False, "vllm"
-    record.requests = [
-        RequestRecord(
-            req_id=r.req_id,
-            prompt_tokens=r.prompt_tokens,
-            max_tokens=r.max_tokens,
-            arrival_s=r.arrival_s,
-            chunks=[(r.arrival_s + 1.25 * (t - r.arrival_s), n) for t, n in r.chunks],
-            finish_s=r.arrival_s + 1.25 * (r.finish_s - r.arrival_s),
-        )
-        for r in record.requests
-    ]
+    record = gpu_record_slower_than_the_model(params, 1.25)
     measured = summarize(record)
     breakdown = run_breakdown(params, record, measured)
     assert breakdown["source"] == "expected"
@@ -199,3 +187,22 @@ def test_a_real_gpu_run_gets_the_expected_parts_and_an_honest_unexplained_remain
     assert e2e["total"] == measured["e2e_s"]["mean"]
     assert sum(e2e["parts"].values()) == pytest.approx(e2e["total"], rel=1e-9)
     assert e2e["parts"]["unexplained"] == pytest.approx(0.2 * e2e["total"], rel=0.05)
+    ttft = breakdown["ttft_s"]
+    assert ttft["total"] == measured["ttft_s"]["mean"]
+    assert sum(ttft["parts"].values()) == pytest.approx(ttft["total"], rel=1e-9)
+
+
+def test_the_ttft_parts_add_up_to_the_measured_mean_ttft_and_e2e_adds_the_rest():
+    params = parse_lab_params(
+        {"num_prompts": 24, "max_concurrency": 8, "max_num_seqs": 4, "prompt_tokens": 700}
+    )
+    record = SimBackend().run(params)
+    measured = summarize(record)
+    breakdown = record.meta["breakdown"]
+    ttft, e2e = breakdown["ttft_s"], breakdown["e2e_s"]
+    assert ttft["total"] == pytest.approx(measured["ttft_s"]["mean"], rel=1e-6)
+    # Queueing happens before the first token only, so both sections carry all of it.
+    assert ttft["parts"]["queueing"] == pytest.approx(e2e["parts"]["queueing"], rel=1e-12)
+    assert ttft["parts"]["queueing"] > 0
+    for name, value in ttft["parts"].items():
+        assert 0 <= value <= e2e["parts"][name] + 1e-12

