@@ -13,6 +13,7 @@ Pure Python; never Django (the command does the storing).
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any
 
 from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants
 from labs.metrics import summarize
-from labs.params import LabParams, parse_lab_params
+from labs.params import LabParams, align_run_batch, parse_lab_params
 from labs.sim.calibration import coordinate_search, log_error_loss, relative_error
 from labs.sim.engine_model import load_calibration
 
@@ -56,6 +57,28 @@ SWEEP: tuple[SweepPoint, ...] = (
 
 
 @dataclass(frozen=True)
+class Change:
+    """A change of one setting the lessons teach: measured on the device and simulated with its
+    fitted constants, compared as the ratio after / before (never fitted)."""
+
+    what: str
+    before: Mapping[str, Any]
+    after: Mapping[str, Any]
+    metric: str
+
+
+# Each side equal to a sweep point's settings where it can be, so it is measured once.
+_EIGHT_DECODING = {**_DECODE, "max_concurrency": 8, "num_prompts": 16}
+_ONE_DECODING = {**_DECODE, "max_concurrency": 1, "num_prompts": 3}
+CHANGES: tuple[Change, ...] = (
+    Change("max_num_seqs 1 -> 8", {**_EIGHT_DECODING, "max_num_seqs": 1},
+           {**_EIGHT_DECODING, "max_num_seqs": 8}, "output_tokens_per_s"),
+    Change("ngram speculation off -> on (3 drafts)", _ONE_DECODING,
+           {**_ONE_DECODING, "spec_method": "ngram", "spec_tokens": 3}, "tpot_s.mean"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Measured:
     point: SweepPoint
     params: LabParams
@@ -79,37 +102,99 @@ def metric_value(summary: Mapping[str, Any], metric: str) -> float:
     return float(value)
 
 
-def point_params(base: Mapping[str, Any], point: SweepPoint) -> LabParams:
-    """The point's lab parameters: the base settings (model, GPU, ...) with its changes, on the
-    realistic profile, lengths fixed. Raises ParamError naming a bad base setting."""
-    values = {**base, **point.changes, "sim_profile": "realistic"}
+def settings_params(base: Mapping[str, Any], changes: Mapping[str, Any]) -> LabParams:
+    """The base settings (model, GPU, ...) with `changes`, on the realistic profile, lengths
+    fixed. Raises ParamError naming a bad base setting."""
+    values = {**base, **changes, "sim_profile": "realistic"}
     values.update(input_range_ratio=0, output_range_ratio=0, request_rate=None)
-    return parse_lab_params(values)
+    return parse_lab_params(align_run_batch(values))
+
+
+def point_params(base: Mapping[str, Any], point: SweepPoint) -> LabParams:
+    """The point's lab parameters (settings_params with the point's changes)."""
+    return settings_params(base, point.changes)
+
+
+class Runs:
+    """Runs each distinct setting `repeats` times, once: a setting asked for again (a change's
+    side that is also a sweep point) gets the summaries already measured."""
+
+    def __init__(self, run: Callable[[LabParams], Mapping[str, Any]], repeats: int = 3) -> None:
+        self._run, self.repeats = run, repeats
+        self._done: dict[str, list[Mapping[str, Any]]] = {}
+
+    def median(self, params: LabParams, metric: str) -> float:
+        key = json.dumps(params.as_dict(), sort_keys=True, default=str)
+        if key not in self._done:
+            self._done[key] = [self._run(params) for _ in range(self.repeats)]
+        return statistics.median(metric_value(s, metric) for s in self._done[key])
 
 
 def measure_sweep(
-    base: Mapping[str, Any],
-    run: Callable[[LabParams], Mapping[str, Any]],
-    repeats: int = 3,
-    log: Callable[[str], None] = print,
+    base: Mapping[str, Any], runs: Runs, log: Callable[[str], None] = print
 ) -> list[Measured]:
-    """Each point of SWEEP run `repeats` times with `run` (lab parameters -> a summary of
-    labs.metrics.summarize); the median of its metric kept."""
+    """Each point of SWEEP measured with `runs`; the median of its metric kept."""
     measured = []
     for point in SWEEP:
         params = point_params(base, point)
-        values = [metric_value(run(params), point.metric) for _ in range(repeats)]
-        measured.append(Measured(point, params, statistics.median(values)))
+        measured.append(Measured(point, params, runs.median(params, point.metric)))
         log(f"{point.id} {point.what}: {point.metric} {measured[-1].value:.6g}")
     return measured
 
 
-def simulate_point(m: Measured, device: DeviceConstants) -> float:
-    """What the simulator, priced with `device`'s constants, gives for the point."""
+@dataclass(frozen=True)
+class MeasuredChange:
+    change: Change
+    before: LabParams
+    after: LabParams
+    ratio: float  # measured after / before (medians)
+
+
+def measure_changes(
+    base: Mapping[str, Any], runs: Runs, log: Callable[[str], None] = print
+) -> list[MeasuredChange]:
+    """Each of CHANGES measured on the device with `runs`: the ratio of the medians."""
+    out = []
+    for change in CHANGES:
+        before, after = settings_params(base, change.before), settings_params(base, change.after)
+        ratio = runs.median(after, change.metric) / runs.median(before, change.metric)
+        out.append(MeasuredChange(change, before, after, ratio))
+        log(f"{change.what}: {change.metric} x{ratio:.4g} measured")
+    return out
+
+
+def check_changes(measured: list[MeasuredChange], device: DeviceConstants) -> list[dict[str, Any]]:
+    """Each measured change beside the simulator's, priced with the device's constants: the
+    changes as fractions, the error of the simulated ratio against the measured one and of the
+    simulated change against the measured change."""
+    rows = []
+    for m in measured:
+        metric = m.change.metric
+        simulated = simulate(m.after, metric, device) / simulate(m.before, metric, device)
+        rows.append(
+            {
+                "what": m.change.what,
+                "metric": metric,
+                "measured_change": m.ratio - 1,
+                "simulated_change": simulated - 1,
+                "error": relative_error(simulated, m.ratio),
+                # The change itself (+300% vs +250% is 17% off), the stricter reading.
+                "change_error": relative_error(simulated - 1, m.ratio - 1),
+            }
+        )
+    return rows
+
+
+def simulate(params: LabParams, metric: str, device: DeviceConstants) -> float:
+    """What the simulator, priced with `device`'s constants, gives for `metric`."""
     from labs.backends.sim import build_simulator  # it imports labs.sim's simulator
 
-    record = build_simulator(m.params, device=device).run()
-    return metric_value(summarize(record), m.point.metric)
+    return metric_value(summarize(build_simulator(params, device=device).run()), metric)
+
+
+def simulate_point(m: Measured, device: DeviceConstants) -> float:
+    """What the simulator, priced with `device`'s constants, gives for the point."""
+    return simulate(m.params, m.point.metric, device)
 
 
 def _constants(device: str, values: Mapping[str, float], on: date) -> DeviceConstants:
@@ -127,6 +212,7 @@ def starting_values(measured: list[Measured]) -> dict[str, float]:
         "gemm_efficiency": gpu.gemm_efficiency,
         "decode_step_overhead_s": cal.decode_step_overhead_s if decode is None else decode,
         "mixed_step_overhead_s": cal.mixed_step_overhead_s,
+        "gemm_half_tokens": gpu.gemm_half_tokens,
     }
 
 

@@ -29,7 +29,12 @@ CONSTANT_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_efficiency": (0.001, 1.0),
     "decode_step_overhead_s": (0.0, 0.5),
     "mixed_step_overhead_s": (0.0, 0.5),
+    # Tokens at which GEMMs reach half their ceiling: tens on a GPU (idle tensor cores at small
+    # batches), near zero on a CPU, whose matmul is as efficient for one row as for many.
+    "gemm_half_tokens": (0.01, 4096.0),
 }
+# A calibration stored before this constant was fitted keeps its GPU kind's published value.
+OPTIONAL_CONSTANTS = frozenset({"gemm_half_tokens"})
 
 
 def cpu_device_key(cpu_model: str, cores: int) -> str:
@@ -45,6 +50,8 @@ def check_constants(constants: dict[str, Any]) -> dict[str, float]:
     """
     checked = {}
     for name, (low, high) in CONSTANT_BOUNDS.items():
+        if name not in constants and name in OPTIONAL_CONSTANTS:
+            continue
         if name not in constants:
             raise ValueError(f"{name} is missing from the device's constants")
         try:
@@ -71,6 +78,7 @@ class DeviceConstants:
     fit_error: float  # median |relative error| of the fitted points
     held_out_error: float  # median |relative error| of the held-out points
     where: str = "this worker"
+    gemm_half_tokens: float | None = None  # None: the GPU kind's published value
 
     def label(self) -> str:
         """What every number priced with these constants says about them."""

@@ -504,11 +504,11 @@ def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     from labs.metrics import summarize
 
     params = parse_lab_params(run.params)
-    from labs.selectors import device_calibration
+    from labs.selectors import lab_calibration
 
-    # The run's GPU kind's own calibration, if a worker measured one: prices the simulation, or
+    # The run's device's own calibration, if a worker measured one: prices the simulation, or
     # a real run's expected parts.
-    device = device_calibration(params.hardware.name)
+    device = lab_calibration(params)
     options: dict[str, object] = {}
     if run.backend == "sim":
         options = {"max_run_mb": settings.LABS_SIM_MAX_RUN_MB, "device": device}

@@ -50,7 +50,7 @@ def _prediction_calibration(form: LabParamsForm) -> str:
     """ "calibrated on this worker, <date>, held-out error N%" when the lab's GPU has its own."""
     if form.params is None:
         return ""
-    device = selectors.device_calibration(form.params.hardware.name)
+    device = selectors.lab_calibration(form.params)
     return device.label() if device else ""
 
 

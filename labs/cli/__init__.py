@@ -80,10 +80,10 @@ def stored_calibration(params: LabParams) -> DeviceConstants | None:
     migration, and then no device has a calibration of its own."""
     from django.db import DatabaseError
 
-    from labs.selectors import device_calibration
+    from labs.selectors import lab_calibration
 
     try:
-        return device_calibration(params.hardware.name)
+        return lab_calibration(params)
     except DatabaseError:
         return None
 

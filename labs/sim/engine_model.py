@@ -175,8 +175,12 @@ def with_device(cal: Calibration, hardware: Hardware, device: DeviceConstants) -
     """`cal` with the GPU's efficiencies and the step overheads replaced by the constants fitted
     on that device itself (labs/device_calibration.py). Only the run priced for that device gets
     this Calibration; every other run keeps `cal`."""
+    own = cal.gpu(hardware)
     gpu = replace(
-        cal.gpu(hardware),
+        own,
+        gemm_half_tokens=(
+            own.gemm_half_tokens if device.gemm_half_tokens is None else device.gemm_half_tokens
+        ),
         bandwidth_efficiency=device.bandwidth_efficiency,
         kv_bandwidth_efficiency=device.kv_bandwidth_efficiency,
         gemm_efficiency=device.gemm_efficiency,

@@ -12,8 +12,22 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from labs.calibrate_device import SWEEP, Measured, fit_device, point_params, simulate_point
+from labs.backends.sim import build_simulator
+from labs.calibrate_device import (
+    CHANGES,
+    SWEEP,
+    Measured,
+    Runs,
+    check_changes,
+    fit_device,
+    measure_changes,
+    measure_sweep,
+    point_params,
+    simulate,
+    simulate_point,
+)
 from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants
+from labs.metrics import summarize
 from labs.models import DeviceCalibration
 from labs.selectors import device_calibration
 from tests.labs.vllm.conftest import fake_server  # noqa: F401 (the fixture)
@@ -101,6 +115,8 @@ def test_the_command_calibrates_a_device_from_its_vllm_server_and_stores_it(
     stored = device_calibration("l4")
     assert stored is not None and stored.where == "the test worker"
     assert "stored for l4: calibrated on the test worker" in out.getvalue()
+    assert "max_num_seqs 1 -> 8" in out.getvalue()
+    assert "ngram speculation off -> on" in out.getvalue()
 
 
 @pytest.mark.django_db
@@ -110,3 +126,67 @@ def test_the_command_refuses_bad_repeats_naming_the_option():
     with pytest.raises(CommandError, match="--repeats must be a whole number from 1 to 10"):
         call_command("lab", "calibrate", "--repeats", "0", "--base-url", "http://127.0.0.1:9")
     assert not DeviceCalibration.objects.exists()
+
+
+def test_the_lessons_changes_are_measured_once_per_setting_and_set_beside_the_simulators():
+    base = {**BASE, "max_num_seqs": 8}
+    ran: list[Any] = []
+
+    def device_runs(params: Any, faster_batches: float = 1.0) -> dict[str, Any]:
+        """A device with TRUTH's constants; max_num_seqs 8 runs `faster_batches` x faster."""
+        ran.append(params)
+        summary = summarize(build_simulator(params, device=TRUTH).run())
+        if params.engine.max_num_seqs == 8 and params.workload.max_concurrency == 8:
+            summary["output_tokens_per_s"] *= faster_batches
+        return summary
+
+    runs = Runs(device_runs, repeats=2)
+    measure_sweep(base, runs, log=lambda _: None)
+    changes = measure_changes(base, runs, log=lambda _: None)
+    # Speculation off/on are the sweep's D1/S1 and max_num_seqs 8 its D3: one new setting.
+    assert len(ran) == 2 * (len(SWEEP) + 1)
+    assert [c.change.what for c in changes] == [c.what for c in CHANGES]
+    rows = check_changes(changes, TRUTH)
+    batching = rows[0]
+    assert batching["measured_change"] > 1.0  # eight sequences at once: more tokens/s
+    assert batching["error"] == pytest.approx(0, abs=1e-9)
+    assert batching["simulated_change"] == pytest.approx(batching["measured_change"])
+
+    # A device whose batches run twice as fast as the constants say: the change is off by half.
+    skewed = Runs(lambda p: device_runs(p, faster_batches=2.0), repeats=1)
+    rows = check_changes(measure_changes(base, skewed, log=lambda _: None), TRUTH)
+    assert rows[0]["error"] == pytest.approx(-0.5)
+    assert rows[1]["error"] == pytest.approx(0, abs=1e-9)
+
+
+def test_a_change_is_simulated_with_the_devices_constants():
+    params = point_params(BASE, SWEEP[0])
+    slow = replace(TRUTH, bandwidth_efficiency=0.1)
+    assert simulate(params, "tpot_s.mean", slow) > simulate(params, "tpot_s.mean", TRUTH)
+
+
+def test_a_cpu_whose_matmuls_need_no_batch_to_be_efficient_is_fitted():
+    """On a CPU a one-row matmul runs near the rate of a large one: the fit moves the GEMM
+    half-efficiency token count below a GPU's tens, or batch-1 decode stays several times off
+    (it did: +700% on this machine's CPU vLLM worker)."""
+    base = {
+        "model": "lab-llama-20m",
+        "gpu": "cpu",
+        "hbm_gb": 25,
+        "bandwidth_tbs": 0.014,
+        "tflops": 0.065,
+        "block_size": 128,
+        "kv_capacity_tokens": 8192,
+        "max_num_seqs": 8,
+    }
+    cpu_like = replace(TRUTH, device="cpu:test:2", gemm_efficiency=0.8, gemm_half_tokens=0.5)
+    measured = []
+    for point in SWEEP:
+        m = Measured(point, point_params(base, point), 0.0)
+        measured.append(replace(m, value=simulate_point(m, cpu_like)))
+    result = fit_device("cpu:test:2", measured, on=date(2026, 12, 2), log=lambda _: None)
+    assert result.constants.gemm_half_tokens is not None
+    assert result.constants.gemm_half_tokens <= 10  # from the published 40
+    assert result.constants.fit_error < 0.15
+    decode = next(p for p in result.points if p["id"] == "D1")
+    assert abs(decode["error"]) < 0.15

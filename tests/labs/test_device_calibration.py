@@ -160,3 +160,17 @@ def test_a_real_runs_expected_parts_are_priced_with_its_devices_calibration():
     assert own["tpot_s"]["total"] == published["tpot_s"]["total"]  # the measurement itself
     # The slower device explains more of the same measurement: less is left unexplained.
     assert own["tpot_s"]["parts"]["unexplained"] < published["tpot_s"]["parts"]["unexplained"]
+
+
+def test_a_devices_gemm_half_tokens_prices_its_runs_and_an_older_row_keeps_the_gpus():
+    cal = load_calibration()
+    published = cal.gpus["h100-sxm"].gemm_half_tokens
+    assert with_device(cal, GPUS["h100-sxm"], _constants()).gpus["h100-sxm"].gemm_half_tokens == (
+        published
+    )
+    mine = with_device(cal, GPUS["h100-sxm"], _constants(gemm_half_tokens=0.5))
+    assert mine.gpus["h100-sxm"].gemm_half_tokens == 0.5
+    # A row stored before the constant was fitted still loads, without it.
+    assert "gemm_half_tokens" not in check_constants(SLOW)
+    with pytest.raises(ValueError, match="gemm_half_tokens must be between"):
+        check_constants({**SLOW, "gemm_half_tokens": 0})
