@@ -123,11 +123,20 @@ class Runs:
         self._run, self.repeats = run, repeats
         self._done: dict[str, list[Mapping[str, Any]]] = {}
 
-    def median(self, params: LabParams, metric: str) -> float:
+    def values(self, params: LabParams, metric: str) -> list[float]:
+        """The metric of each repeat, in the order run."""
         key = json.dumps(params.as_dict(), sort_keys=True, default=str)
         if key not in self._done:
             self._done[key] = [self._run(params) for _ in range(self.repeats)]
-        return statistics.median(metric_value(s, metric) for s in self._done[key])
+        return [metric_value(s, metric) for s in self._done[key]]
+
+    def median(self, params: LabParams, metric: str) -> float:
+        return statistics.median(self.values(params, metric))
+
+    def spread(self, params: LabParams, metric: str) -> str:
+        """ "(4.1e-03 to 5.7e-03 over 3 runs)": how far the repeats disagree on a busy machine."""
+        values = self.values(params, metric)
+        return f"({min(values):.3g} to {max(values):.3g} over {len(values)} runs)"
 
 
 def measure_sweep(
@@ -138,7 +147,10 @@ def measure_sweep(
     for point in SWEEP:
         params = point_params(base, point)
         measured.append(Measured(point, params, runs.median(params, point.metric)))
-        log(f"{point.id} {point.what}: {point.metric} {measured[-1].value:.6g}")
+        log(
+            f"{point.id} {point.what}: {point.metric} {measured[-1].value:.6g} "
+            + runs.spread(params, point.metric)
+        )
     return measured
 
 
@@ -159,7 +171,10 @@ def measure_changes(
         before, after = settings_params(base, change.before), settings_params(base, change.after)
         ratio = runs.median(after, change.metric) / runs.median(before, change.metric)
         out.append(MeasuredChange(change, before, after, ratio))
-        log(f"{change.what}: {change.metric} x{ratio:.4g} measured")
+        log(
+            f"{change.what}: {change.metric} x{ratio:.4g} measured, before "
+            f"{runs.spread(before, change.metric)}, after {runs.spread(after, change.metric)}"
+        )
     return out
 
 

@@ -141,8 +141,11 @@ def test_the_lessons_changes_are_measured_once_per_setting_and_set_beside_the_si
         return summary
 
     runs = Runs(device_runs, repeats=2)
-    measure_sweep(base, runs, log=lambda _: None)
-    changes = measure_changes(base, runs, log=lambda _: None)
+    logged: list[str] = []
+    measure_sweep(base, runs, log=logged.append)
+    changes = measure_changes(base, runs, log=logged.append)
+    # Each line shows how far its repeats disagree, not only their median.
+    assert all(line.endswith("over 2 runs)") for line in logged), logged
     # Speculation off/on are the sweep's D1/S1 and max_num_seqs 8 its D3: one new setting.
     assert len(ran) == 2 * (len(SWEEP) + 1)
     assert [c.change.what for c in changes] == [c.what for c in CHANGES]
