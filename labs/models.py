@@ -14,6 +14,8 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from labs.device_calibration import DeviceConstants, check_constants
+
 
 class RunState(models.TextChoices):
     QUEUED = "queued", "queued"
@@ -163,3 +165,42 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hostname} ({self.backend})"
+
+
+class DeviceCalibration(models.Model):
+    """Constants fitted to runs measured on one device (`manage.py lab calibrate`), with their
+    errors. The newest row of a device prices that device's predictions and simulations
+    (labs.selectors.device_calibration); no other device's runs read it."""
+
+    device = models.CharField(
+        max_length=200,
+        db_index=True,
+        help_text='a catalog GPU kind ("h100-sxm") or "cpu:<model>:<cores>"',
+    )
+    where = models.CharField(
+        max_length=200, default="this worker", help_text="who measured the runs, for the label"
+    )
+    constants = models.JSONField(help_text="labs.device_calibration.CONSTANT_BOUNDS names")
+    fit_error = models.FloatField(help_text="median |relative error| of the fitted points")
+    held_out_error = models.FloatField(help_text="median |relative error| of held-out points")
+    points = models.JSONField(
+        default=list, blank=True, help_text="each point: id, role, metric, measured, predicted"
+    )
+    fitted_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["device", "-fitted_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.device}: held-out error {self.held_out_error:.0%}"
+
+    def to_constants(self) -> DeviceConstants:
+        """The row as plain data for the predictor and the simulator."""
+        return DeviceConstants(
+            device=self.device,
+            **check_constants(self.constants),
+            fitted_on=timezone.localdate(self.fitted_at),
+            fit_error=self.fit_error,
+            held_out_error=self.held_out_error,
+            where=self.where,
+        )

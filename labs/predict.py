@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from labs.catalog import KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, Hardware, ModelSpec
 from labs.params import EngineConfig, LabParams, Workload
+
+if TYPE_CHECKING:
+    from labs.device_calibration import DeviceConstants
 
 Bound = Literal["compute", "memory-bandwidth", "kv-capacity"]
 
@@ -495,9 +498,14 @@ def prefix_cached_tokens(engine: EngineConfig, workload: Workload) -> int:
     return min(whole, workload.prompt_tokens - 1)
 
 
-def predict(params: LabParams) -> Prediction:
+def predict(params: LabParams, device: DeviceConstants | None = None) -> Prediction:
     """All predictions for one lab: one request alone for TTFT, `concurrency` sequences of
-    `context_tokens` for the batch, capacity and fleet figures."""
+    `context_tokens` for the batch, capacity and fleet figures.
+
+    `device`: the calibration measured on the lab's device, if it has one; its fitted
+    efficiencies and step overhead replace the knobs the lab left at their ideal defaults."""
+    if device is not None:
+        params = replace(params, engine=device.predictor_engine(params.engine))
     model, hw, engine, work = params.model, params.hardware, params.engine, params.workload
     bs = engine.block_size
     used = work.prompt_tokens + work.output_tokens
@@ -669,10 +677,15 @@ def predicted_breakdown(params: LabParams) -> dict[str, object] | None:
     }
 
 
-def lab_prediction(params: LabParams) -> dict[str, object]:
+def lab_prediction(params: LabParams, device: DeviceConstants | None = None) -> dict[str, object]:
     """The one prediction every page, the CLI and the personal cards show for a lab's settings:
     `predict(params)` as a dict, the rates the run's table compares (prefix-cache hit rate,
-    draft acceptance) and the predicted breakdown (`predicted_breakdown`)."""
+    draft acceptance) and the predicted breakdown (`predicted_breakdown`).
+
+    `device`: the lab device's own calibration, if it has one; the figures and the breakdown
+    are then both priced by it (see `predict`)."""
+    if device is not None:
+        params = replace(params, engine=device.predictor_engine(params.engine))
     values = predict(params).as_dict()
     engine, work = params.engine, params.workload
     if engine.prefix_caching and work.prompt_tokens:

@@ -15,10 +15,13 @@ from django.urls import NoReverseMatch, reverse
 
 from labs import results
 from labs.backends.vllm.gpus import GpuInventory
-from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
+from labs.catalog import CPU_KIND
+from labs.device_calibration import DeviceConstants, cpu_device_key
+from labs.models import DeviceCalibration, LabRun, RunState, Sweep, WorkerHeartbeat
+from labs.params import LabParams
 from labs.presets import LABS, Lab, load_presets
 from labs.sim.engine_model import short_where_label
-from labs.workers import start_command
+from labs.workers import cpu_worker_hardware, start_command
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +121,39 @@ def _gpu_labels(workers: list[WorkerHeartbeat]) -> tuple[str, ...]:
         version = f", vLLM {g['vllm']}" if g.get("vllm") else ""
         labels.append(f"{inventory.label()}{version}")
     return tuple(labels)
+
+
+def device_calibration(device: str) -> DeviceConstants | None:
+    """The newest calibration measured on `device` (a GPU kind or a CPU key), or None: the
+    device then keeps the published constants of labs/sim/calibration.yaml."""
+    row = DeviceCalibration.objects.filter(device=device).order_by("-fitted_at", "-id").first()
+    return row.to_constants() if row else None
+
+
+def device_key(params: LabParams) -> str:
+    """The device these settings run on, as calibrations are stored: the GPU kind, or for gpu
+    cpu the online CPU worker's model and core count (cpu_device_key); "cpu" with none online."""
+    if params.hardware.name != CPU_KIND:
+        return params.hardware.name
+    found = cpu_worker_hardware()
+    if found is None:
+        return CPU_KIND
+    announced = found[1]
+    return cpu_device_key(str(announced.get("name") or ""), int(announced.get("cores") or 0))
+
+
+def lab_calibration(params: LabParams) -> DeviceConstants | None:
+    """The stored calibration of the device these settings run on (device_key), or None."""
+    return device_calibration(device_key(params))
+
+
+def device_prediction(params: LabParams) -> dict[str, object]:
+    """The one prediction (labs.predict.lab_prediction) for these settings, priced by the lab
+    device's own calibration when it has one: the lab page, runs, `lab predict` and personal
+    cards all call this, so they show the same figures."""
+    from labs.predict import lab_prediction
+
+    return lab_prediction(params, lab_calibration(params))
 
 
 def where_label(run: LabRun) -> str:

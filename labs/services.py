@@ -69,9 +69,9 @@ def backend_queue(backend: str) -> str:
 
 
 def _predicted(params: LabParams) -> dict[str, object]:
-    from labs.predict import lab_prediction
+    from labs.selectors import device_prediction
 
-    return lab_prediction(params)
+    return device_prediction(params)
 
 
 def backend_options(backend: str) -> dict[str, object]:
@@ -529,10 +529,19 @@ def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     from labs.metrics import summarize
 
     params = parse_lab_params(run.params)
-    backend = get_backend(run.backend, **backend_options(run.backend))
+    from labs.selectors import lab_calibration
+
+    # The run's device's own calibration, if a worker measured one: prices the simulation, or
+    # a real run's expected parts.
+    device = lab_calibration(params)
+    options = dict(backend_options(run.backend))
+    if run.backend == "sim":
+        options["device"] = device
+    backend = get_backend(run.backend, **options)
     record = backend.run(params, _progress_reporter(run.pk, beat))
     summary = summarize(record)
-    summary["breakdown"] = _json_safe({"b": run_breakdown(params, record, summary)})["b"]
+    breakdown = run_breakdown(params, record, summary, device)
+    summary["breakdown"] = _json_safe({"b": breakdown})["b"]
     # Stored once, at the top, where a vLLM run's expected parts go too; not again in meta.
     meta = {k: v for k, v in (getattr(record, "meta", {}) or {}).items() if k != "breakdown"}
     summary["meta"] = _json_safe(meta)

@@ -21,7 +21,6 @@ from labs.backends.vllm.fit import requirement
 from labs.backends.vllm.start import check_can_start
 from labs.forms import LabParamsForm, SweepForm
 from labs.params import FIELDS_BY_NAME, ParamError
-from labs.predict import lab_prediction
 from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
 from labs.workers import cpu_worker_hardware, devices_online, gpu_offer
 
@@ -45,7 +44,15 @@ def _lab_or_404(slug: str) -> Lab:
 def _prediction(lab: Lab, form: LabParamsForm) -> list[dict[str, str]]:
     if form.params is None:
         return []
-    return results.predicted_items(lab_prediction(form.params), lab.predicted)
+    return results.predicted_items(selectors.device_prediction(form.params), lab.predicted)
+
+
+def _prediction_calibration(form: LabParamsForm) -> str:
+    """ "calibrated on this worker, <date>, held-out error N%" when the lab's GPU has its own."""
+    if form.params is None:
+        return ""
+    device = selectors.lab_calibration(form.params)
+    return device.label() if device else ""
 
 
 def _load(form: LabParamsForm) -> str:
@@ -71,6 +78,7 @@ def _lab_page(
         "labs": LABS.values(),
         "form": form,
         "prediction": _prediction(lab, form),
+        "prediction_calibration": _prediction_calibration(form),
         "load": _load(form),
         "refusal": refusal,
         "preset": preset,
@@ -166,6 +174,7 @@ def lab_predict(request: HttpRequest, lab: str) -> HttpResponse:
         "lab": the_lab,
         "form": form,
         "prediction": _prediction(the_lab, form),
+        "prediction_calibration": _prediction_calibration(form),
         "load": _load(form),
     }
     return render(request, "labs/lab_detail.html#prediction", context, status=200 if valid else 400)

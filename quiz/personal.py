@@ -199,9 +199,9 @@ def _check_fits_worker(params: Mapping[str, Any]) -> None:
 
 
 def _predicted(params: Mapping[str, Any]) -> dict[str, Any]:
-    from labs.predict import lab_prediction
+    from labs.selectors import device_prediction
 
-    return lab_prediction(parse_lab_params(params))
+    return device_prediction(parse_lab_params(params))
 
 
 @dataclass(frozen=True)

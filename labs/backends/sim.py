@@ -18,6 +18,7 @@ import numpy as np
 
 from labs.backends.base import Device, Placement, ProgressCallback, RunRecord
 from labs.definitions import definitions
+from labs.device_calibration import DeviceConstants
 from labs.params import LabParams, ParamError
 from labs.predict import kv_capacity_tokens
 from labs.sim.cost_model import build_cost_model
@@ -46,8 +47,9 @@ def build_simulator(
     *,
     on_progress: ProgressCallback | None = None,
     on_step: Callable[[StepInfo], None] | None = None,
+    device: DeviceConstants | None = None,
 ) -> Simulator:
-    """A Simulator for validated lab parameters.
+    """A Simulator for validated lab parameters; `device` = the lab's GPU's own calibration.
 
     Raises:
         ParamError: the KV pool cannot hold even one request (naming kv_capacity_tokens).
@@ -81,7 +83,7 @@ def build_simulator(
         return Simulator(
             config,
             workload,
-            build_cost_model(params.hardware, params.model, engine),
+            build_cost_model(params.hardware, params.model, engine, device),
             np.random.default_rng(run_seed),
             on_progress=on_progress,
             on_step=on_step,
@@ -98,12 +100,17 @@ class SimBackend:
             estimate is larger is refused before anything is built (RunTooLarge), and the process
             may grow by at most twice that while the run lasts, so a wrong estimate ends in a
             MemoryError for this run, never in the OOM killer taking the worker. None: no limit.
+        device: the calibration measured on the lab's GPU kind, if one is stored
+            (labs.selectors.device_calibration); the caller looks it up for the run's GPU.
     """
 
     name = "sim"
 
-    def __init__(self, max_run_mb: int | None = None) -> None:
+    def __init__(
+        self, max_run_mb: int | None = None, device: DeviceConstants | None = None
+    ) -> None:
         self.max_run_mb = max_run_mb
+        self.device = device
 
     def run(self, params: LabParams, on_progress: ProgressCallback | None = None) -> RunRecord:
         if self.max_run_mb is None:
@@ -113,10 +120,11 @@ class SimBackend:
             return self._run(params, on_progress)
 
     def _run(self, params: LabParams, on_progress: ProgressCallback | None) -> RunRecord:
-        simulator = build_simulator(params, on_progress=on_progress)
+        device = self.device if self.device and self.device.device == params.hardware.name else None
+        simulator = build_simulator(params, on_progress=on_progress, device=device)
         record = simulator.run()
         config = simulator.config
-        record.where = where_label(params.hardware, params.engine.sim_profile)
+        record.where = where_label(params.hardware, params.engine.sim_profile, device)
         record.meta.update(
             {
                 "sim_profile": params.engine.sim_profile,
@@ -125,25 +133,30 @@ class SimBackend:
                 "num_gpu_blocks": config.num_gpu_blocks,
                 "kv_capacity_tokens": config.num_gpu_blocks * config.block_size,
                 "definitions": definitions(self.name, params.workload.temperature),
+                "device_calibration": device.label() if device else None,
             }
         )
         return record
 
 
 def run_breakdown(
-    params: LabParams, record: RunRecord, measured: dict[str, Any]
+    params: LabParams,
+    record: RunRecord,
+    measured: dict[str, Any],
+    device: DeviceConstants | None = None,
 ) -> dict[str, Any] | None:
     """Where a finished run's time went (labs/sim/breakdown.py), for any backend.
 
     A simulated run knows its parts step by step (record.meta["breakdown"]). For a real run the
-    same workload is simulated on the realistic profile to get the expected parts, and what the
-    measurement has beyond them is shown as "unexplained" (negative when the GPU beat the model).
+    same workload is simulated on the realistic profile to get the expected parts (priced with
+    `device`, the GPU's own calibration, when it has one), and what the measurement has beyond
+    them is shown as "unexplained" (negative when the GPU beat the model).
     """
     if record.simulated:
         return record.meta.get("breakdown")
     realistic = replace(params, engine=replace(params.engine, sim_profile="realistic"))
     try:
-        expected = build_simulator(realistic).run().meta["breakdown"]
+        expected = build_simulator(realistic, device=device).run().meta["breakdown"]
     except (ParamError, ValueError, RuntimeError, MemoryError):
         return None  # the expected parts are extra: never fail a measured run over them
     result: dict[str, Any] = {**expected, "source": "expected"}

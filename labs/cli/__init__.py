@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
+from labs.device_calibration import DeviceConstants
 from labs.params import (
     FIELDS_BY_NAME,
     PARAM_FIELDS,
@@ -71,6 +72,20 @@ def params_from_args(options: argparse.Namespace | Mapping[str, object]) -> LabP
     values = vars(options) if isinstance(options, argparse.Namespace) else options
     given = {f.name: values[f.name] for f in PARAM_FIELDS if values.get(f.name) is not None}
     return parse_lab_params(given)
+
+
+def stored_calibration(params: LabParams) -> DeviceConstants | None:
+    """The calibration stored for the device these settings run on, as the pages use it; None
+    without a database to read: `lab predict` and `lab run` also serve scripts run before any
+    migration, and then no device has a calibration of its own."""
+    from django.db import DatabaseError
+
+    from labs.selectors import lab_calibration
+
+    try:
+        return lab_calibration(params)
+    except DatabaseError:
+        return None
 
 
 def error_line(error: ParamError) -> str:

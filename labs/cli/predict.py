@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import TextIO
 
-from labs.cli import add_param_options, params_from_args
+from labs.cli import add_param_options, params_from_args, stored_calibration
 from labs.params import LabParams, align_run_batch
 from labs.predict import Prediction, lab_prediction, predict
 from labs.results import load_label
@@ -30,12 +30,12 @@ def run(options: Mapping[str, object], stdout: TextIO) -> None:
     """Print the prediction. Raises ParamError for bad options."""
     # One batch for prediction and run, as the lab pages and `lab run` take them.
     params = params_from_args(align_run_batch(options))
-    prediction = predict(params)
+    device = stored_calibration(params)
     if options.get("json"):
         # The one prediction the lab pages, runs and cards show (predict() plus its parts).
-        stdout.write(json.dumps(lab_prediction(params)) + "\n")
+        stdout.write(json.dumps(lab_prediction(params, device)) + "\n")
     else:
-        stdout.write(format_table(params, prediction))
+        stdout.write(format_table(params, predict(params, device)))
 
 
 def _bytes(value: float) -> str:

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from labs.backends import BACKENDS, get_backend
 from labs.backends.sim import run_breakdown
 from labs.backends.vllm.served import ServedModel
-from labs.cli import add_param_options, params_from_args
+from labs.cli import add_param_options, params_from_args, stored_calibration
 from labs.metrics import SLO_KEYS, summarize
 from labs.params import LabParams, ParamError, align_run_batch
 from labs.predict import lab_prediction
@@ -88,7 +88,7 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
         params, no_prediction = for_served_model(values, params, backend.served_model())
     record = backend.run(params, lambda fraction: None)
     measured = summarize(record, slo_ms)
-    predicted = None if no_prediction else lab_prediction(params)
+    predicted = None if no_prediction else lab_prediction(params, stored_calibration(params))
     breakdown = None if no_prediction else run_breakdown(params, record, measured)
     why = (
         ""

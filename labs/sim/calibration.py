@@ -2,6 +2,7 @@
 
     python -m labs.sim.calibration          # the table: source, settings, published, simulated
     python -m labs.sim.calibration --fit    # search the fitted constants on the `fit` runs only
+    python -m labs.sim.calibration --report # per catalog GPU kind: its runs, or what it borrows
 
 Each measurement's `settings` are lab parameters; the simulator runs them on the realistic
 profile and reads `metric` from labs.metrics.summarize (for a ratio, the same with `baseline`
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -47,6 +49,8 @@ class Measurement:
     baseline: Mapping[str, Any] | None = None
     uncertain: str = ""
     excluded_because: str = ""
+    # Moved to `excluded` after it had been simulated in its first role (the count is reported).
+    moved_after_seen: bool = False
 
     @property
     def label(self) -> str:
@@ -79,6 +83,7 @@ def load_measurements() -> tuple[Measurement, ...]:
             baseline=m.get("baseline"),
             uncertain=m.get("uncertain", ""),
             excluded_because=m.get("excluded_because", ""),
+            moved_after_seen=bool(m.get("moved_after_seen", False)),
         )
         for m in data["measurements"]
     )
@@ -134,6 +139,55 @@ def _fmt(value: float, metric: str) -> str:
     return f"{value:.3g}"
 
 
+# -- the per-GPU report ------------------------------------------------------------------------
+
+
+def held_out_errors(rows: list[tuple[Measurement, float]]) -> list[float]:
+    """|relative error| of every held-out run."""
+    return [abs(relative_error(sim, m.published)) for m, sim in rows if m.role == "held_out"]
+
+
+def format_report(rows: list[tuple[Measurement, float]], cal: Calibration | None = None) -> str:
+    """Every catalog GPU kind with its fitted and held-out runs and their errors, or "not
+    calibrated" and the part whose constants it borrows; then the held-out summary and how many
+    runs were moved out of fit/held-out after being seen."""
+    from labs.catalog import GPUS
+
+    cal = cal or load_calibration()
+    lines = []
+    for name in GPUS:
+        gpu = cal.gpus.get(name)
+        own = [(m, sim) for m, sim in rows if m.settings["gpu"] == name and m.role in TOLERANCE]
+        title = f"{gpu.display if gpu else name} ({name})"
+        if not own:
+            borrows = gpu.borrows if gpu and gpu.borrows else "the custom GPU's"
+            lines.append(
+                f"{title}: not calibrated (no usable published vLLM run); borrows {borrows}"
+            )
+            continue
+        counts = {role: sum(m.role == role for m, _ in own) for role in TOLERANCE}
+        lines.append(f"{title}: {counts['fit']} fit, {counts['held_out']} held out")
+        for m, sim in own:
+            lines.append(
+                f"    {m.id:<4}{m.role:<10}{m.label:<52}{m.metric:<22}"
+                f"{_fmt(m.published, m.metric):>12}{_fmt(sim, m.metric):>12}"
+                f"{relative_error(sim, m.published):>+9.1%}"
+            )
+    errors = held_out_errors(rows)
+    if errors:
+        lines.append(
+            f"held out: {len(errors)} runs, median |error| {statistics.median(errors):.1%},"
+            f" worst {max(errors):.1%}"
+        )
+    excluded = [m for m, _ in rows if m.role == "excluded"]
+    moved = sum(m.moved_after_seen for m in excluded)
+    lines.append(
+        f"excluded: {len(excluded)} runs, {moved} of them moved out of fit/held-out after being"
+        " simulated (each says why in calibration.yaml)"
+    )
+    return "\n".join(lines)
+
+
 # -- fitting ---------------------------------------------------------------------------------------
 
 # (dotted path in the YAML, lower bound, upper bound) of every constant the search may move.
@@ -170,6 +224,43 @@ def _set(data: dict[str, Any], path: str, value: float) -> None:
         node[last] = value
 
 
+def coordinate_search(
+    loss: Callable[[dict[str, float]], float],
+    values: dict[str, float],
+    bounds: Mapping[str, tuple[float, float]],
+    rounds: int = 3,
+    log: Callable[[str], None] = print,
+    *,
+    step: float = 0.25,
+    max_moves: int = 1,
+) -> tuple[dict[str, float], float]:
+    """Minimise `loss` over `values` one constant at a time: each round tries every constant
+    `step` (25%, then half that, ...) lower and higher within its bounds and keeps what lowers
+    the loss, moving the same way up to `max_moves` times while it keeps helping (a device far
+    from the published constants needs more than one move). The published fit (`fit`) and a
+    device's own fit (labs/calibrate_device.py) both use it."""
+    best = loss(values)
+    for r in range(rounds):
+        for path, (low, high) in bounds.items():
+            for factor in (1 - step, 1 + step):
+                for _ in range(max_moves):
+                    trial = dict(values)
+                    trial[path] = min(high, max(low, values[path] * factor))
+                    value = loss(trial) if trial[path] != values[path] else best
+                    if value >= best:
+                        break
+                    best, values = value, trial
+        log(f"round {r}: loss {best:.4f}")
+        step /= 2
+    return values, best
+
+
+def log_error_loss(pairs: list[tuple[float, float]]) -> float:
+    """Sum of squared log errors of (simulated, measured) pairs: a run 10% slow costs as much
+    as one 10% fast, whatever its unit."""
+    return sum(math.log(sim / measured) ** 2 for sim, measured in pairs)
+
+
 def fit(rounds: int = 3, log: Callable[[str], None] = print) -> tuple[dict[str, float], float]:
     """Coordinate search of FREE on the `fit` measurements: minimise the sum of squared log
     errors. Returns the constants found and the loss."""
@@ -180,27 +271,19 @@ def fit(rounds: int = 3, log: Callable[[str], None] = print) -> tuple[dict[str, 
         for path, v in values.items():
             _set(data, path, v)
         cal = parse_calibration(data)
-        return sum(math.log(simulate(m, cal) / m.published) ** 2 for m in fitted)
+        return log_error_loss([(simulate(m, cal), m.published) for m in fitted])
 
     values = {path: _get(data, path) for path, _, _ in FREE}
-    best = loss(values)
-    step = 0.25
-    for r in range(rounds):
-        for path, low, high in FREE:
-            for factor in (1 - step, 1 + step):
-                trial = dict(values)
-                trial[path] = min(high, max(low, values[path] * factor))
-                value = loss(trial)
-                if value < best:
-                    best, values = value, trial
-        log(f"round {r}: loss {best:.4f}")
-        step /= 2
-    return values, best
+    bounds = {path: (low, high) for path, low, high in FREE}
+    return coordinate_search(loss, values, bounds, rounds, log)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fit", action="store_true", help="search the fitted constants")
+    parser.add_argument(
+        "--report", action="store_true", help="every catalog GPU kind with its runs and errors"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     if args.fit:
@@ -210,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"loss {best:.4f}")
         return 0
     rows = [(m, simulate(m)) for m in load_measurements()]
-    print(format_table(rows))
+    print(format_report(rows) if args.report else format_table(rows))
     return 0
 
 

@@ -25,8 +25,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from labs.catalog import Hardware, ModelSpec
+from labs.device_calibration import DeviceConstants
 from labs.params import EngineConfig
-from labs.sim.engine_model import PARTS, EngineModel
+from labs.sim.engine_model import PARTS, EngineModel, load_calibration, with_device
 from labs.sim.scheduler import SchedulerOutput
 
 
@@ -66,11 +67,20 @@ class RooflineCostModel(EngineModel):
         super().__init__(hardware, model, engine, profile="ideal")
 
 
-def build_cost_model(hardware: Hardware, model: ModelSpec, engine: EngineConfig) -> EngineModel:
-    """The cost model of `engine.sim_profile`."""
+def build_cost_model(
+    hardware: Hardware,
+    model: ModelSpec,
+    engine: EngineConfig,
+    device: DeviceConstants | None = None,
+) -> EngineModel:
+    """The cost model of `engine.sim_profile`; on the realistic profile, priced with `device`'s
+    own fitted constants when the lab's GPU has them (labs/device_calibration.py)."""
     if engine.sim_profile == "ideal":
         return RooflineCostModel(hardware, model, engine)
-    return EngineModel(hardware, model, engine, profile=engine.sim_profile)
+    calibration = None
+    if device is not None:
+        calibration = with_device(load_calibration(), hardware, device)
+    return EngineModel(hardware, model, engine, profile=engine.sim_profile, calibration=calibration)
 
 
 def step_parts_s(cost_model: CostModel, out: SchedulerOutput) -> tuple[np.ndarray, float]:

@@ -41,6 +41,7 @@ import numpy as np
 import yaml
 
 from labs.catalog import Hardware, ModelSpec
+from labs.device_calibration import DeviceConstants
 from labs.params import EngineConfig
 from labs.predict import (
     compute_rate,
@@ -79,6 +80,7 @@ class GpuConstants:
     # False where no published vLLM run of this GPU was found and its efficiencies are
     # borrowed from a calibrated part (their source says "not calibrated").
     calibrated: bool = True
+    borrows: str = ""  # which part's constants an uncalibrated GPU uses, and how
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ def parse_calibration(data: dict[str, Any]) -> Calibration:
                 else None
             ),
             calibrated=not borrowed,
+            borrows=str(c.get("borrows", "")),
         )
     if "custom" not in gpus:
         raise ValueError("calibration.yaml needs a `custom` GPU entry")
@@ -169,17 +172,44 @@ def load_calibration(path: Path = CALIBRATION_PATH) -> Calibration:
     return parse_calibration(yaml.safe_load(path.read_text()))
 
 
+def with_device(cal: Calibration, hardware: Hardware, device: DeviceConstants) -> Calibration:
+    """`cal` with the GPU's efficiencies and the step overheads replaced by the constants fitted
+    on that device itself (labs/device_calibration.py). Only the run priced for that device gets
+    this Calibration; every other run keeps `cal`."""
+    own = cal.gpu(hardware)
+    gpu = replace(
+        own,
+        gemm_half_tokens=(
+            own.gemm_half_tokens if device.gemm_half_tokens is None else device.gemm_half_tokens
+        ),
+        bandwidth_efficiency=device.bandwidth_efficiency,
+        kv_bandwidth_efficiency=device.kv_bandwidth_efficiency,
+        gemm_efficiency=device.gemm_efficiency,
+        decode_step_overhead_s=device.decode_step_overhead_s,
+        calibrated=True,
+    )
+    return replace(
+        cal,
+        gpus={**cal.gpus, hardware.name: gpu},
+        decode_step_overhead_s=device.decode_step_overhead_s,
+        mixed_step_overhead_s=device.mixed_step_overhead_s,
+    )
+
+
 def gpu_display_name(hardware: Hardware) -> str:
     """ "H100 SXM" for a catalog GPU, "a custom GPU" otherwise."""
     found = load_calibration().gpus.get(hardware.name)
     return found.display if found is not None else "a custom GPU"
 
 
-def where_label(hardware: Hardware, profile: str) -> str:
-    """What every simulated number is labelled with: where it ran and on which profile."""
+def where_label(hardware: Hardware, profile: str, device: DeviceConstants | None = None) -> str:
+    """What every simulated number is labelled with: where it ran and on which profile, and
+    whose constants priced it (the device's own calibration when `device` is given)."""
     name = gpu_display_name(hardware)
     if profile == "ideal":
         return f"simulated on CPU as {name}, ideal hardware (roofline, no overheads)"
+    if device is not None:
+        return f"simulated on CPU as {name} ({device.label()})"
     calibration = load_calibration()
     if not calibration.gpu(hardware).calibrated:
         return (

@@ -18,6 +18,9 @@ from labs.predict import Prediction
 ROOT = Path(__file__).resolve().parents[2]
 PREDICTION_KEYS = {f.name for f in fields(Prediction)}
 
+# `lab predict` and `lab run` read the device calibrations stored in the database.
+pytestmark = pytest.mark.django_db
+
 
 def lab_predict(*options: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -144,3 +147,19 @@ def test_it_takes_one_batch_for_prediction_and_run_as_the_lab_page_does():
     # 64 in flight on 8 slots wait for earlier waves; with concurrency 1 nothing would wait.
     assert result["queue_wait_s"] > 0
     assert result["loaded_ttft_s"] > result["ttft_s"]
+
+
+def test_it_predicts_with_no_migrated_database_to_read_calibrations_from(tmp_path):
+    import os
+
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'empty.sqlite3'}"}
+    done = subprocess.run(
+        [sys.executable, "manage.py", "lab", "predict", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["tpot_s"] > 0

@@ -34,6 +34,9 @@ MEASURED_KEYS = {
 STATS = {"mean", "p50", "p90", "p95", "p99"}
 SMALL = ("--num-prompts", "20", "--prompt-tokens", "256", "--output-tokens", "32")
 
+# `lab predict` and `lab run` read the device calibrations stored in the database.
+pytestmark = pytest.mark.django_db
+
 
 def lab_run(*options: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

@@ -12,12 +12,14 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from labs import services
-from labs.models import LabRun, RunState
-from labs.params import FIELDS_BY_NAME
+from labs.models import DeviceCalibration, LabRun, RunState
+from labs.params import FIELDS_BY_NAME, parse_lab_params
+from labs.predict import lab_prediction
 from labs.presets import LABS, lab_initial
 from labs.results import format_value
 from quiz import personal
 from tests.labs.factories import make_heartbeat
+from tests.labs.test_device_calibration import SLOW
 from tests.labs.test_views import no_broker  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.django_db
@@ -49,12 +51,19 @@ def _cli_predict(params: dict) -> dict:
     return json.loads(out.getvalue())
 
 
+@pytest.mark.parametrize("calibrated", [False, True], ids=["published", "device-calibrated"])
 def test_lab_page_run_page_cli_and_card_show_the_same_prediction(
     alice,
     alice_client,
     no_broker,  # noqa: F811
+    calibrated,
 ):
     make_heartbeat("sim")
+    gpu = parse_lab_params(lab_initial(LABS["batching"], None, SETTINGS)).hardware.name
+    if calibrated:  # the device's own calibration prices every one of them alike
+        DeviceCalibration.objects.create(
+            device=gpu, constants=SLOW, fit_error=0.02, held_out_error=0.05
+        )
     lab_page = alice_client.get(reverse("labs:lab-detail", args=["batching"]), SETTINGS)
     on_lab_page = {item["key"]: item["value"] for item in lab_page.context["prediction"]}
     html = lab_page.content.decode().lower()
@@ -76,6 +85,8 @@ def test_lab_page_run_page_cli_and_card_show_the_same_prediction(
     )
 
     cli = _cli_predict(run.params)
+    published = lab_prediction(parse_lab_params(run.params))
+    assert (cli["tpot_s"] > 1.5 * published["tpot_s"]) if calibrated else cli == published
     for key, (row, unit) in SHOWN.items():
         shown = format_value(cli[key], unit)
         assert on_lab_page[key].removesuffix(" seqs") == shown, key

@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from labs.backends.base import BackendError
+from labs.cli import calibrate as calibrate_cli
 from labs.cli import error_line
 from labs.cli import make_model as make_model_cli
 from labs.cli import predict as predict_cli
@@ -21,6 +22,7 @@ from labs.cli import serve_args as serve_args_cli
 from labs.params import ParamError
 
 SUBCOMMANDS: dict[str, ModuleType] = {
+    "calibrate": calibrate_cli,
     "predict": predict_cli,
     "run": run_cli,
     "serve-args": serve_args_cli,

@@ -7,16 +7,21 @@ Run with -s to see the table (the same table is in docs/engine-model.md).
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from labs.catalog import GPUS
 from labs.sim.calibration import (
     TOLERANCE,
+    format_report,
     format_table,
+    held_out_errors,
     load_measurements,
     relative_error,
     simulate,
 )
+from labs.sim.engine_model import load_calibration
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +59,23 @@ def test_the_runs_cover_four_gpus_models_tensor_parallelism_batch_1_and_high_con
         for m in asserted
     )
     assert all(m.source.strip() and m.engine.strip() for m in runs)
+
+
+def test_the_report_lists_every_catalog_gpu_with_its_runs_or_what_it_borrows(table):
+    report = format_report(table)
+    print("\n" + report)
+    calibration = load_calibration()
+    for name in GPUS:
+        (line,) = [row for row in report.splitlines() if f"({name})" in row]
+        gpu = calibration.gpus[name]
+        if gpu.calibrated:
+            runs = [m for m, _ in table if m.settings["gpu"] == name and m.role in TOLERANCE]
+            assert any(m.role == "held_out" for m in runs), f"{name} has no held-out run"
+            assert any(m.role == "fit" for m in runs), f"{name} has no fitted run"
+            assert all(f"    {m.id} " in report for m in runs)
+        else:
+            assert "not calibrated" in line and gpu.borrows and gpu.borrows in line
+    errors = held_out_errors(table)
+    assert f"median |error| {statistics.median(errors):.1%}" in report
+    moved = sum(m.moved_after_seen for m, _ in table)
+    assert f"{moved} of them moved out of fit/held-out after being simulated" in report

@@ -344,6 +344,7 @@ def test_every_catalog_model_has_a_config_that_matches_the_catalog(slug: str) ->
     assert sorted(p.name for p in (MODELS_DIR / slug).iterdir()) == ["config.json"]
 
 
+@pytest.mark.django_db  # `lab run` reads the device calibrations
 def test_lab_run_measures_an_already_running_server(fake_server: Any) -> None:
     import io
 

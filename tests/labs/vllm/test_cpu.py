@@ -215,3 +215,32 @@ def test_a_cpu_run_is_queued_for_the_cpu_worker(alice_client, cpu_worker_online)
     run = LabRun.objects.get()
     assert run.queue == "labs.gpu.cpu.x1" and run.params["gpu"] == "cpu"
     assert run.predicted["tpot_s"] > 0
+
+
+def test_a_cpu_run_is_priced_by_the_calibration_of_the_cpu_worker_online(cpu_worker_online):
+    from labs.device_calibration import cpu_device_key
+    from labs.models import DeviceCalibration
+    from labs.predict import lab_prediction
+    from labs.selectors import device_key, device_prediction
+    from tests.labs.test_device_calibration import SLOW
+
+    params = cpu_params()
+    published = lab_prediction(params)
+    assert device_key(params) == "cpu:Intel(R) Xeon(R) Test CPU:2"
+    # Another CPU's calibration (other cores) is not this worker's.
+    DeviceCalibration.objects.create(
+        device=cpu_device_key(CPU_GPUS["name"], 4), constants=SLOW, fit_error=0, held_out_error=0
+    )
+    assert device_prediction(params) == published
+    DeviceCalibration.objects.create(
+        device=cpu_device_key(CPU_GPUS["name"], 2), constants=SLOW, fit_error=0, held_out_error=0
+    )
+    assert device_prediction(params)["tpot_s"] != published["tpot_s"]
+    l4 = parse_lab_params({"gpu": "l4", "model": "qwen2.5-0.5b"})
+    assert device_prediction(l4) == lab_prediction(l4)
+
+
+def test_without_a_cpu_worker_online_a_cpu_run_has_no_device_calibration(db):
+    from labs.selectors import device_key, lab_calibration
+
+    assert device_key(cpu_params()) == "cpu" and lab_calibration(cpu_params()) is None

@@ -1,0 +1,285 @@
+"""Calibrate one device from its own runs: a short sweep on its vLLM engine, fitted with the
+published calibration's search (labs.sim.calibration.coordinate_search), part of it held out.
+
+The sweep (SWEEP) is fixed here, roles included, before anything is measured: batch-1 decode, a
+batch sweep, a long prefill and an ngram speculation run. Each point is measured `repeats` times
+and its median kept. The fit moves the device's constants (labs/device_calibration.py) to match
+the `fit` points on the simulator's realistic profile; the `held_out` points are only simulated
+with the result and give the held-out error. `manage.py lab calibrate` runs it and stores a
+labs.models.DeviceCalibration.
+
+Pure Python; never Django (the command does the storing).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import date
+from typing import Any
+
+from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants
+from labs.metrics import summarize
+from labs.params import LabParams, align_run_batch, parse_lab_params
+from labs.sim.calibration import coordinate_search, log_error_loss, relative_error
+from labs.sim.engine_model import load_calibration
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    id: str
+    role: str  # "fit" | "held_out", fixed before any measurement
+    what: str
+    changes: Mapping[str, Any]  # lab parameters over the base settings
+    metric: str  # a dotted key of labs.metrics.summarize
+
+
+# Small on purpose: the CPU vLLM worker must finish it in minutes. Prompt and output lengths are
+# fixed (range ratio 0) so every repeat asks the same. Decode points are measured by their
+# end-to-end latency, not TPOT: on a 2-core CPU worker the API server shares a core and sometimes
+# streams a whole output in its first chunk, so TPOT read 0 (2026-12-02, D1's 5 repeats: 0 to
+# 1.75 ms); E2E does not depend on how tokens are chunked. (Changed after that run: D1, D2, S1
+# and the speculation change were tpot_s.mean.)
+_DECODE = {"prompt_tokens": 64, "output_tokens": 32, "max_tokens": 64}
+SWEEP: tuple[SweepPoint, ...] = (
+    SweepPoint("D1", "fit", "batch-1 decode", {**_DECODE, "max_concurrency": 1, "num_prompts": 3},
+               "e2e_s.mean"),
+    SweepPoint("D2", "fit", "4 sequences decoding", {**_DECODE, "max_concurrency": 4,
+               "num_prompts": 8}, "e2e_s.mean"),
+    SweepPoint("D3", "held_out", "8 sequences decoding", {**_DECODE, "max_concurrency": 8,
+               "num_prompts": 16}, "output_tokens_per_s"),
+    SweepPoint("P1", "fit", "a long prefill", {"prompt_tokens": 1024, "output_tokens": 2,
+               "max_tokens": 16, "max_concurrency": 1, "num_prompts": 2}, "ttft_s.mean"),
+    SweepPoint("P2", "held_out", "a shorter prefill", {"prompt_tokens": 512, "output_tokens": 2,
+               "max_tokens": 16, "max_concurrency": 1, "num_prompts": 2}, "ttft_s.mean"),
+    SweepPoint("S1", "held_out", "ngram speculation, 3 drafts", {**_DECODE,
+               "max_concurrency": 1, "num_prompts": 3, "spec_method": "ngram",
+               "spec_tokens": 3}, "e2e_s.mean"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Change:
+    """A change of one setting the lessons teach: measured on the device and simulated with its
+    fitted constants, compared as the ratio after / before (never fitted)."""
+
+    what: str
+    before: Mapping[str, Any]
+    after: Mapping[str, Any]
+    metric: str
+
+
+# Each side equal to a sweep point's settings where it can be, so it is measured once.
+_EIGHT_DECODING = {**_DECODE, "max_concurrency": 8, "num_prompts": 16}
+_ONE_DECODING = {**_DECODE, "max_concurrency": 1, "num_prompts": 3}
+CHANGES: tuple[Change, ...] = (
+    Change("max_num_seqs 1 -> 8", {**_EIGHT_DECODING, "max_num_seqs": 1},
+           {**_EIGHT_DECODING, "max_num_seqs": 8}, "output_tokens_per_s"),
+    Change("ngram speculation off -> on (3 drafts)", _ONE_DECODING,
+           {**_ONE_DECODING, "spec_method": "ngram", "spec_tokens": 3}, "e2e_s.mean"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Measured:
+    point: SweepPoint
+    params: LabParams
+    value: float  # median over the repeats
+
+
+@dataclass(frozen=True)
+class DeviceFit:
+    constants: DeviceConstants
+    points: list[dict[str, Any]]  # id, role, what, metric, measured, predicted, error
+
+    @property
+    def held_out_errors(self) -> list[float]:
+        return [abs(p["error"]) for p in self.points if p["role"] == "held_out"]
+
+
+def metric_value(summary: Mapping[str, Any], metric: str) -> float:
+    value: Any = summary
+    for part in metric.split("."):
+        value = value[part]
+    return float(value)
+
+
+def settings_params(base: Mapping[str, Any], changes: Mapping[str, Any]) -> LabParams:
+    """The base settings (model, GPU, ...) with `changes`, on the realistic profile, lengths
+    fixed. Raises ParamError naming a bad base setting."""
+    values = {**base, **changes, "sim_profile": "realistic"}
+    values.update(input_range_ratio=0, output_range_ratio=0, request_rate=None)
+    return parse_lab_params(align_run_batch(values))
+
+
+def point_params(base: Mapping[str, Any], point: SweepPoint) -> LabParams:
+    """The point's lab parameters (settings_params with the point's changes)."""
+    return settings_params(base, point.changes)
+
+
+class Runs:
+    """Runs each distinct setting `repeats` times, once: a setting asked for again (a change's
+    side that is also a sweep point) gets the summaries already measured."""
+
+    def __init__(self, run: Callable[[LabParams], Mapping[str, Any]], repeats: int = 3) -> None:
+        self._run, self.repeats = run, repeats
+        self._done: dict[str, list[Mapping[str, Any]]] = {}
+
+    def values(self, params: LabParams, metric: str) -> list[float]:
+        """The metric of each repeat, in the order run."""
+        key = json.dumps(params.as_dict(), sort_keys=True, default=str)
+        if key not in self._done:
+            self._done[key] = [self._run(params) for _ in range(self.repeats)]
+        return [metric_value(s, metric) for s in self._done[key]]
+
+    def median(self, params: LabParams, metric: str) -> float:
+        return statistics.median(self.values(params, metric))
+
+    def spread(self, params: LabParams, metric: str) -> str:
+        """ "(4.1e-03 to 5.7e-03 over 3 runs)": how far the repeats disagree on a busy machine."""
+        values = self.values(params, metric)
+        return f"({min(values):.3g} to {max(values):.3g} over {len(values)} runs)"
+
+
+def measure_sweep(
+    base: Mapping[str, Any], runs: Runs, log: Callable[[str], None] = print
+) -> list[Measured]:
+    """Each point of SWEEP measured with `runs`; the median of its metric kept."""
+    measured = []
+    for point in SWEEP:
+        params = point_params(base, point)
+        measured.append(Measured(point, params, runs.median(params, point.metric)))
+        log(
+            f"{point.id} {point.what}: {point.metric} {measured[-1].value:.6g} "
+            + runs.spread(params, point.metric)
+        )
+    return measured
+
+
+@dataclass(frozen=True)
+class MeasuredChange:
+    change: Change
+    before: LabParams
+    after: LabParams
+    ratio: float  # measured after / before (medians)
+
+
+def measure_changes(
+    base: Mapping[str, Any], runs: Runs, log: Callable[[str], None] = print
+) -> list[MeasuredChange]:
+    """Each of CHANGES measured on the device with `runs`: the ratio of the medians."""
+    out = []
+    for change in CHANGES:
+        before, after = settings_params(base, change.before), settings_params(base, change.after)
+        ratio = runs.median(after, change.metric) / runs.median(before, change.metric)
+        out.append(MeasuredChange(change, before, after, ratio))
+        log(
+            f"{change.what}: {change.metric} x{ratio:.4g} measured, before "
+            f"{runs.spread(before, change.metric)}, after {runs.spread(after, change.metric)}"
+        )
+    return out
+
+
+def check_changes(measured: list[MeasuredChange], device: DeviceConstants) -> list[dict[str, Any]]:
+    """Each measured change beside the simulator's, priced with the device's constants: the
+    changes as fractions, the error of the simulated ratio against the measured one and of the
+    simulated change against the measured change."""
+    rows = []
+    for m in measured:
+        metric = m.change.metric
+        simulated = simulate(m.after, metric, device) / simulate(m.before, metric, device)
+        rows.append(
+            {
+                "what": m.change.what,
+                "metric": metric,
+                "measured_change": m.ratio - 1,
+                "simulated_change": simulated - 1,
+                "error": relative_error(simulated, m.ratio),
+                # The change itself (+300% vs +250% is 17% off), the stricter reading.
+                "change_error": relative_error(simulated - 1, m.ratio - 1),
+            }
+        )
+    return rows
+
+
+def simulate(params: LabParams, metric: str, device: DeviceConstants) -> float:
+    """What the simulator, priced with `device`'s constants, gives for `metric`."""
+    from labs.backends.sim import build_simulator  # it imports labs.sim's simulator
+
+    return metric_value(summarize(build_simulator(params, device=device).run()), metric)
+
+
+def simulate_point(m: Measured, device: DeviceConstants) -> float:
+    """What the simulator, priced with `device`'s constants, gives for the point."""
+    return simulate(m.params, m.point.metric, device)
+
+
+def _constants(device: str, values: Mapping[str, float], on: date) -> DeviceConstants:
+    return DeviceConstants(device=device, **values, fitted_on=on, fit_error=0.0, held_out_error=0.0)
+
+
+def starting_values(measured: list[Measured]) -> dict[str, float]:
+    """The published constants of the sweep's GPU kind: where the search starts."""
+    cal = load_calibration()
+    gpu = cal.gpu(measured[0].params.hardware)
+    decode = gpu.decode_step_overhead_s
+    return {
+        "bandwidth_efficiency": gpu.bandwidth_efficiency,
+        "kv_bandwidth_efficiency": gpu.kv_bandwidth_efficiency,
+        "gemm_efficiency": gpu.gemm_efficiency,
+        "decode_step_overhead_s": cal.decode_step_overhead_s if decode is None else decode,
+        "mixed_step_overhead_s": cal.mixed_step_overhead_s,
+        "gemm_half_tokens": gpu.gemm_half_tokens,
+    }
+
+
+def fit_device(
+    device: str,
+    measured: list[Measured],
+    *,
+    on: date,
+    where: str = "this worker",
+    rounds: int = 3,
+    log: Callable[[str], None] = print,
+) -> DeviceFit:
+    """Fit the device's constants to the `fit` points only, then price every point with them.
+    The errors are median |simulated / measured - 1| of each role."""
+    fitted = [m for m in measured if m.point.role == "fit"]
+
+    def loss(values: dict[str, float]) -> float:
+        constants = _constants(device, values, on)
+        return log_error_loss([(simulate_point(m, constants), m.value) for m in fitted])
+
+    values, _ = coordinate_search(
+        loss, starting_values(measured), CONSTANT_BOUNDS, rounds, log, step=0.5, max_moves=8
+    )
+    found = _constants(device, values, on)
+    points = []
+    for m in measured:
+        predicted = simulate_point(m, found)
+        points.append(
+            {
+                "id": m.point.id,
+                "role": m.point.role,
+                "what": m.point.what,
+                "metric": m.point.metric,
+                "measured": m.value,
+                "predicted": predicted,
+                "error": relative_error(predicted, m.value),
+            }
+        )
+
+    def median_error(role: str) -> float:
+        return statistics.median(abs(p["error"]) for p in points if p["role"] == role)
+
+    constants = DeviceConstants(
+        device=device,
+        **values,
+        fitted_on=on,
+        fit_error=median_error("fit"),
+        held_out_error=median_error("held_out"),
+        where=where,
+    )
+    return DeviceFit(constants=constants, points=points)

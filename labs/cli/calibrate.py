@@ -1,0 +1,131 @@
+"""`lab calibrate`: calibrate a device from its own vLLM runs and store the result.
+
+    python manage.py lab calibrate --base-url http://127.0.0.1:8000 --model qwen2.5-0.5b \
+        --gpu l4 [--device l4] [--repeats 3] [--where "gpu-worker-1"]
+
+Runs labs.calibrate_device.SWEEP on the vLLM server at --base-url (or the one the vllm backend
+starts), fits the device's constants to the sweep's `fit` points with the published calibration's
+search, checks them on the held-out points, and stores a labs.models.DeviceCalibration for
+--device (default: the --gpu kind; a CPU worker passes "cpu:<model>:<cores>"). From then on that
+device's predictions and simulations use it and say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from django.utils import timezone
+
+from labs.catalog import CPU_KIND
+from labs.cli import add_param_options, params_from_args
+from labs.device_calibration import CONSTANT_BOUNDS, cpu_device_key
+from labs.params import PARAM_FIELDS, LabParams, ParamError
+
+HELP = "calibrate a device from a short sweep on its vLLM engine and store the constants"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_param_options(parser)
+    parser.add_argument("--base-url", default=None, help="the device's running vLLM server")
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="what the calibration is stored for (default: the --gpu kind; for --gpu cpu, "
+        '"cpu:<this CPU\'s model>:<cores>")',
+    )
+    parser.add_argument("--repeats", default="3", help="runs per sweep point, median kept")
+    parser.add_argument("--rounds", default="3", help="rounds of the coordinate search")
+    parser.add_argument("--where", default="this worker", help="who measured, for the label")
+
+
+def _positive_int(options: Mapping[str, Any], name: str, most: int) -> int:
+    raw = options.get(name)
+    try:
+        value = int(str(raw))
+    except ValueError:
+        value = 0
+    if not 1 <= value <= most:
+        raise ParamError({name: f"--{name} must be a whole number from 1 to {most}, got {raw}"})
+    return value
+
+
+def run(options: Mapping[str, Any], stdout: TextIO) -> None:
+    """Measure, fit, store and print. Raises ParamError for bad options."""
+    from labs.backends import get_backend
+    from labs.calibrate_device import (
+        Runs,
+        check_changes,
+        fit_device,
+        measure_changes,
+        measure_sweep,
+    )
+    from labs.metrics import summarize
+    from labs.models import DeviceCalibration
+
+    params = params_from_args(options)  # validates the base settings
+    repeats = _positive_int(options, "repeats", 10)
+    rounds = _positive_int(options, "rounds", 6)
+    device = (options.get("device") or default_device(params)).strip()
+    if not device or len(device) > 200:
+        raise ParamError({"device": "--device must be 1 to 200 characters"})
+    base = {f.name: options[f.name] for f in PARAM_FIELDS if options.get(f.name) is not None}
+    extra = {"base_url": options["base_url"]} if options.get("base_url") else {}
+    backend = get_backend("vllm", **extra)
+
+    def log(line: str) -> None:
+        stdout.write(line + "\n")
+
+    runs = Runs(lambda p: summarize(backend.run(p)), repeats)
+    measured = measure_sweep(base, runs, log)
+    changes = measure_changes(base, runs, log)
+    where = str(options.get("where") or "this worker")[:200]
+    result = fit_device(
+        device, measured, on=timezone.localdate(), where=where, rounds=rounds, log=log
+    )
+    c = result.constants
+    DeviceCalibration.objects.create(
+        device=device,
+        where=where,
+        constants={name: getattr(c, name) for name in CONSTANT_BOUNDS},
+        fit_error=c.fit_error,
+        held_out_error=c.held_out_error,
+        points=result.points,
+    )
+    stdout.write(format_points(result.points))
+    stdout.write(format_changes(check_changes(changes, c)))
+    stdout.write(f"stored for {device}: {c.label()} (fit error {c.fit_error:.0%})\n")
+
+
+def default_device(params: LabParams) -> str:
+    """The --gpu kind; for gpu cpu this machine's CPU as its CPU worker announces itself (model
+    and cores), the key its runs look their calibration up by (labs.selectors.device_key)."""
+    if params.hardware.name != CPU_KIND:
+        return params.hardware.name
+    from labs.backends.vllm import cpu
+
+    return cpu_device_key(cpu.cpu_inventory().name or "", cpu.cores())
+
+
+def format_points(points: list[dict[str, Any]]) -> str:
+    lines = [f"{'id':<4}{'role':<10}{'what':<30}{'metric':<22}{'measured':>12}{'simulated':>12}"
+             f"{'error':>9}"]  # fmt: skip
+    for p in points:
+        lines.append(
+            f"{p['id']:<4}{p['role']:<10}{p['what']:<30}{p['metric']:<22}"
+            f"{p['measured']:>12.5g}{p['predicted']:>12.5g}{p['error']:>+9.1%}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def format_changes(rows: list[dict[str, Any]]) -> str:
+    """The lessons' changes: measured, simulated with the fitted constants, and how far off."""
+    lines = [f"{'change':<42}{'metric':<22}{'measured':>10}{'simulated':>11}{'ratio err':>10}"
+             f"{'change err':>11}"]  # fmt: skip
+    for r in rows:
+        lines.append(
+            f"{r['what']:<42}{r['metric']:<22}{r['measured_change']:>+10.1%}"
+            f"{r['simulated_change']:>+11.1%}{r['error']:>+10.1%}{r['change_error']:>+11.1%}"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,102 @@
+"""One device's own calibration: constants fitted to runs measured on that device.
+
+A worker that calibrates itself (a sweep on its own vLLM engine, fitted with the code of
+labs/sim/calibration.py) stores a `labs.models.DeviceCalibration` row; `DeviceConstants` is that
+row as plain data, so the predictor (labs/predict.py) and the simulator's engine model
+(labs/sim/engine_model.py) can take it as an argument without importing Django.
+
+A device is a catalog GPU kind ("h100-sxm") or a CPU model with its core count
+(`cpu_device_key`). Only runs priced for that device use its constants; every other device keeps
+the published calibration of labs/sim/calibration.yaml.
+
+Plain Python; never Django.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import date
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from labs.params import EngineConfig
+
+# The constants a device calibration holds, with the range a fit may give each (fractions of the
+# data-sheet peaks; overheads in seconds).
+CONSTANT_BOUNDS: dict[str, tuple[float, float]] = {
+    "bandwidth_efficiency": (0.001, 1.0),
+    "kv_bandwidth_efficiency": (0.001, 1.0),
+    "gemm_efficiency": (0.001, 1.0),
+    "decode_step_overhead_s": (0.0, 0.5),
+    "mixed_step_overhead_s": (0.0, 0.5),
+    # Tokens at which GEMMs reach half their ceiling: tens on a GPU (idle tensor cores at small
+    # batches), near zero on a CPU, whose matmul is as efficient for one row as for many.
+    "gemm_half_tokens": (0.01, 4096.0),
+}
+# A calibration stored before this constant was fitted keeps its GPU kind's published value.
+OPTIONAL_CONSTANTS = frozenset({"gemm_half_tokens"})
+
+
+def cpu_device_key(cpu_model: str, cores: int) -> str:
+    """The device key of a CPU worker: its model name and core count ("cpu:AMD EPYC 7763:2")."""
+    return f"cpu:{' '.join(cpu_model.split())}:{int(cores)}"
+
+
+def check_constants(constants: dict[str, Any]) -> dict[str, float]:
+    """The constants as floats, each within CONSTANT_BOUNDS.
+
+    Raises:
+        ValueError: a constant is missing, not a number or out of range (the message names it).
+    """
+    checked = {}
+    for name, (low, high) in CONSTANT_BOUNDS.items():
+        if name not in constants and name in OPTIONAL_CONSTANTS:
+            continue
+        if name not in constants:
+            raise ValueError(f"{name} is missing from the device's constants")
+        try:
+            value = float(constants[name])
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a number, got {constants[name]!r}") from None
+        if not low <= value <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, got {value:g}")
+        checked[name] = value
+    return checked
+
+
+@dataclass(frozen=True)
+class DeviceConstants:
+    """A device's fitted constants and how well they did on the runs the fit never saw."""
+
+    device: str
+    bandwidth_efficiency: float
+    kv_bandwidth_efficiency: float
+    gemm_efficiency: float
+    decode_step_overhead_s: float
+    mixed_step_overhead_s: float
+    fitted_on: date
+    fit_error: float  # median |relative error| of the fitted points
+    held_out_error: float  # median |relative error| of the held-out points
+    where: str = "this worker"
+    gemm_half_tokens: float | None = None  # None: the GPU kind's published value
+
+    def label(self) -> str:
+        """What every number priced with these constants says about them."""
+        return (
+            f"calibrated on {self.where}, {self.fitted_on.isoformat()},"
+            f" held-out error {self.held_out_error:.0%}"
+        )
+
+    def predictor_engine(self, engine: EngineConfig) -> EngineConfig:
+        """The predictor's efficiency knobs from this device's fit: GEMMs reach
+        `gemm_efficiency` of peak, weight reads `bandwidth_efficiency`, a decode step pays
+        `decode_step_overhead_s`. A knob the lab set away from its ideal default is the
+        learner's choice and stays."""
+        changes: dict[str, float] = {}
+        if engine.compute_efficiency == 1.0:
+            changes["compute_efficiency"] = self.gemm_efficiency
+        if engine.bandwidth_efficiency == 1.0:
+            changes["bandwidth_efficiency"] = self.bandwidth_efficiency
+        if engine.step_overhead_s == 0.0:
+            changes["step_overhead_s"] = self.decode_step_overhead_s
+        return replace(engine, **changes)

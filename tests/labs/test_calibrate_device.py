@@ -1,0 +1,197 @@
+"""Calibrating a device from its own sweep (labs/calibrate_device.py, `manage.py lab calibrate`):
+the fit sees only the `fit` points, recovers constants the runs were made with, and the command
+stores the result for the device against the fake vLLM server."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+from datetime import date
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from labs.backends.sim import build_simulator
+from labs.calibrate_device import (
+    CHANGES,
+    SWEEP,
+    Measured,
+    Runs,
+    check_changes,
+    fit_device,
+    measure_changes,
+    measure_sweep,
+    point_params,
+    simulate,
+    simulate_point,
+)
+from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants
+from labs.metrics import summarize
+from labs.models import DeviceCalibration
+from labs.selectors import device_calibration
+from tests.labs.vllm.conftest import fake_server  # noqa: F401 (the fixture)
+
+BASE = {"model": "qwen2.5-0.5b", "gpu": "l4"}
+TRUTH = DeviceConstants(
+    device="l4",
+    bandwidth_efficiency=0.5,
+    kv_bandwidth_efficiency=0.5,
+    gemm_efficiency=0.4,
+    decode_step_overhead_s=0.002,
+    mixed_step_overhead_s=0.004,
+    fitted_on=date(2026, 12, 2),
+    fit_error=0.0,
+    held_out_error=0.0,
+)
+
+
+def _measured_with(device: DeviceConstants) -> list[Measured]:
+    """The sweep as a device with `device`'s constants would measure it (by simulating it)."""
+    out = []
+    for point in SWEEP:
+        m = Measured(point, point_params(BASE, point), 0.0)
+        out.append(replace(m, value=simulate_point(m, device)))
+    return out
+
+
+def test_the_sweep_fixes_its_roles_and_covers_decode_batching_prefill_and_speculation():
+    roles = {p.role for p in SWEEP}
+    assert roles == {"fit", "held_out"}
+    changes = [p.changes for p in SWEEP]
+    assert any(c.get("max_concurrency") == 1 and c.get("output_tokens", 0) > 8 for c in changes)
+    assert len({c.get("max_concurrency") for c in changes}) >= 3  # a batch sweep
+    assert any(c.get("prompt_tokens", 0) >= 1024 for c in changes)
+    assert any(c.get("spec_method", "none") != "none" for c in changes)
+
+
+def test_the_fit_recovers_a_devices_runs_and_never_sees_the_held_out_ones():
+    measured = _measured_with(TRUTH)
+    result = fit_device("l4", measured, on=date(2026, 12, 2), rounds=3, log=lambda _: None)
+    assert result.constants.held_out_error < 0.15
+    assert result.constants.fit_error < 0.10
+    assert [p["id"] for p in result.points] == [p.id for p in SWEEP]
+
+    # Doubling every held-out measurement changes their errors, never the constants.
+    skewed = [replace(m, value=m.value * 2) if m.point.role == "held_out" else m for m in measured]
+    again = fit_device("l4", skewed, on=date(2026, 12, 2), rounds=3, log=lambda _: None)
+    names = tuple(CONSTANT_BOUNDS)
+    assert [getattr(again.constants, n) for n in names] == [
+        getattr(result.constants, n) for n in names
+    ]
+    assert again.constants.held_out_error > result.constants.held_out_error + 0.3
+
+
+@pytest.mark.django_db
+def test_the_command_calibrates_a_device_from_its_vllm_server_and_stores_it(
+    fake_server: Any,  # noqa: F811
+):
+    server = fake_server({"ttft_ms": 20, "itl_ms": [8], "chunk_tokens": [1]})
+    out = io.StringIO()
+    call_command(
+        "lab",
+        "calibrate",
+        "--base-url",
+        server.base_url,
+        "--model",
+        "qwen2.5-0.5b",
+        "--gpu",
+        "l4",
+        "--repeats",
+        "1",
+        "--rounds",
+        "1",
+        "--where",
+        "the test worker",
+        stdout=out,
+    )
+    row = DeviceCalibration.objects.get(device="l4")
+    assert [p["id"] for p in row.points] == [p.id for p in SWEEP]
+    held_out = sorted(abs(p["error"]) for p in row.points if p["role"] == "held_out")
+    assert row.held_out_error == pytest.approx(held_out[len(held_out) // 2])
+    # The fake answers the first token after 20 ms, then each 8 ms apart, whatever the batch:
+    # batch-1 decode's 32 tokens take 20 + 31 x 8 ms end to end.
+    decode = next(p for p in row.points if p["id"] == "D1")
+    assert decode["metric"] == "e2e_s.mean"
+    assert decode["measured"] == pytest.approx(0.020 + 31 * 0.008, rel=0.3)
+    stored = device_calibration("l4")
+    assert stored is not None and stored.where == "the test worker"
+    assert "stored for l4: calibrated on the test worker" in out.getvalue()
+    assert "max_num_seqs 1 -> 8" in out.getvalue()
+    assert "ngram speculation off -> on" in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_the_command_refuses_bad_repeats_naming_the_option():
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="--repeats must be a whole number from 1 to 10"):
+        call_command("lab", "calibrate", "--repeats", "0", "--base-url", "http://127.0.0.1:9")
+    assert not DeviceCalibration.objects.exists()
+
+
+def test_the_lessons_changes_are_measured_once_per_setting_and_set_beside_the_simulators():
+    base = {**BASE, "max_num_seqs": 8}
+    ran: list[Any] = []
+
+    def device_runs(params: Any, faster_batches: float = 1.0) -> dict[str, Any]:
+        """A device with TRUTH's constants; max_num_seqs 8 runs `faster_batches` x faster."""
+        ran.append(params)
+        summary = summarize(build_simulator(params, device=TRUTH).run())
+        if params.engine.max_num_seqs == 8 and params.workload.max_concurrency == 8:
+            summary["output_tokens_per_s"] *= faster_batches
+        return summary
+
+    runs = Runs(device_runs, repeats=2)
+    logged: list[str] = []
+    measure_sweep(base, runs, log=logged.append)
+    changes = measure_changes(base, runs, log=logged.append)
+    # Each line shows how far its repeats disagree, not only their median.
+    assert all(line.endswith("over 2 runs)") for line in logged), logged
+    # Speculation off/on are the sweep's D1/S1 and max_num_seqs 8 its D3: one new setting.
+    assert len(ran) == 2 * (len(SWEEP) + 1)
+    assert [c.change.what for c in changes] == [c.what for c in CHANGES]
+    rows = check_changes(changes, TRUTH)
+    batching = rows[0]
+    assert batching["measured_change"] > 1.0  # eight sequences at once: more tokens/s
+    assert batching["error"] == pytest.approx(0, abs=1e-9)
+    assert batching["simulated_change"] == pytest.approx(batching["measured_change"])
+
+    # A device whose batches run twice as fast as the constants say: the change is off by half.
+    skewed = Runs(lambda p: device_runs(p, faster_batches=2.0), repeats=1)
+    rows = check_changes(measure_changes(base, skewed, log=lambda _: None), TRUTH)
+    assert rows[0]["error"] == pytest.approx(-0.5)
+    assert rows[1]["error"] == pytest.approx(0, abs=1e-9)
+
+
+def test_a_change_is_simulated_with_the_devices_constants():
+    params = point_params(BASE, SWEEP[0])
+    slow = replace(TRUTH, bandwidth_efficiency=0.1)
+    assert simulate(params, "tpot_s.mean", slow) > simulate(params, "tpot_s.mean", TRUTH)
+
+
+def test_a_cpu_whose_matmuls_need_no_batch_to_be_efficient_is_fitted():
+    """On a CPU a one-row matmul runs near the rate of a large one: the fit moves the GEMM
+    half-efficiency token count below a GPU's tens, or batch-1 decode stays several times off
+    (it did: +700% on this machine's CPU vLLM worker)."""
+    base = {
+        "model": "lab-llama-20m",
+        "gpu": "cpu",
+        "hbm_gb": 25,
+        "bandwidth_tbs": 0.014,
+        "tflops": 0.065,
+        "block_size": 128,
+        "kv_capacity_tokens": 8192,
+        "max_num_seqs": 8,
+    }
+    cpu_like = replace(TRUTH, device="cpu:test:2", gemm_efficiency=0.8, gemm_half_tokens=0.5)
+    measured = []
+    for point in SWEEP:
+        m = Measured(point, point_params(base, point), 0.0)
+        measured.append(replace(m, value=simulate_point(m, cpu_like)))
+    result = fit_device("cpu:test:2", measured, on=date(2026, 12, 2), log=lambda _: None)
+    assert result.constants.gemm_half_tokens is not None
+    assert result.constants.gemm_half_tokens <= 10  # from the published 40
+    assert result.constants.fit_error < 0.15
+    decode = next(p for p in result.points if p["id"] == "D1")
+    assert abs(decode["error"]) < 0.15

@@ -1,0 +1,176 @@
+"""A device's own calibration (labs.models.DeviceCalibration) prices that device's predictions and
+simulations, says so, and leaves every other device's numbers as they were."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import date
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from labs import services
+from labs.catalog import GPUS
+from labs.device_calibration import DeviceConstants, check_constants, cpu_device_key
+from labs.models import DeviceCalibration, RunState
+from labs.params import parse_lab_params
+from labs.predict import lab_prediction, predict
+from labs.selectors import device_calibration
+from labs.sim.engine_model import load_calibration, with_device
+from tests.labs.factories import SMALL, make_run
+
+# Far from the published H100 SXM constants, so any use of them shows in every number.
+SLOW = {
+    "bandwidth_efficiency": 0.3,
+    "kv_bandwidth_efficiency": 0.25,
+    "gemm_efficiency": 0.2,
+    "decode_step_overhead_s": 0.004,
+    "mixed_step_overhead_s": 0.006,
+}
+
+
+def _params(gpu: str):
+    return parse_lab_params({**SMALL, "gpu": gpu, "num_prompts": 4, "concurrency": 2})
+
+
+def _simulated(owner, params) -> tuple[float, str]:
+    run = make_run(owner, params=params.as_dict())
+    assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
+    run.refresh_from_db()
+    return run.result["tpot_s"]["mean"], run.where
+
+
+@pytest.mark.django_db
+def test_a_devices_stored_calibration_prices_its_predictor_and_simulator_and_nothing_else(alice):
+    mine, other = _params("h100-sxm"), _params("a100-80gb")
+    before = {p.hardware.name: services._predicted(p) for p in (mine, other)}
+    sim_before = {p.hardware.name: _simulated(alice, p) for p in (mine, other)}
+
+    DeviceCalibration.objects.create(
+        device="h100-sxm",
+        constants=SLOW,
+        fit_error=0.03,
+        held_out_error=0.06,
+        fitted_at=timezone.make_aware(timezone.datetime(2026, 12, 2, 1, 0)),
+    )
+    stored = device_calibration("h100-sxm")
+    assert stored is not None and device_calibration("a100-80gb") is None
+
+    # The predictor: the calibrated device's numbers move, exactly as predict(params, device),
+    # and so do the predicted parts the run page shows.
+    after = services._predicted(mine)
+    assert after["tpot_s"] > 1.5 * before["h100-sxm"]["tpot_s"]
+    assert after == lab_prediction(mine, stored)
+    assert {k: after[k] for k in predict(mine).as_dict()} == predict(mine, stored).as_dict()
+    assert after["breakdown"] != before["h100-sxm"]["breakdown"]
+    assert services._predicted(other) == before["a100-80gb"]
+
+    # The simulator: the calibrated device's run is slower and labelled with the calibration.
+    tpot, where = _simulated(alice, mine)
+    assert tpot > 1.5 * sim_before["h100-sxm"][0]
+    assert "calibrated on this worker, 2026-12-02, held-out error 6%" in where
+    assert _simulated(alice, other) == sim_before["a100-80gb"]
+
+
+@pytest.mark.django_db
+def test_the_lab_page_prediction_says_it_uses_the_devices_calibration(client, alice):
+    client.force_login(alice)
+    url = reverse("labs:lab-detail", args=["sandbox"])
+    assert "held-out error" not in client.get(url, {"gpu": "h100-sxm"}).content.decode()
+    DeviceCalibration.objects.create(
+        device="h100-sxm", constants=SLOW, fit_error=0.02, held_out_error=0.09
+    )
+    page = client.get(url, {"gpu": "h100-sxm"}).content.decode()
+    assert "calibrated on this worker" in page and "held-out error 9%" in page
+    assert "held-out error" not in client.get(url, {"gpu": "a100-80gb"}).content.decode()
+
+
+@pytest.mark.django_db
+def test_the_newest_calibration_of_a_device_wins():
+    old = timezone.now() - timezone.timedelta(days=3)
+    DeviceCalibration.objects.create(
+        device="l4", constants=SLOW, fit_error=0.1, held_out_error=0.2, fitted_at=old
+    )
+    DeviceCalibration.objects.create(
+        device="l4", constants={**SLOW, "gemm_efficiency": 0.5}, fit_error=0.1, held_out_error=0.1
+    )
+    found = device_calibration("l4")
+    assert found is not None and found.gemm_efficiency == 0.5 and found.held_out_error == 0.1
+
+
+def _constants(**overrides) -> DeviceConstants:
+    fields = {
+        "device": "h100-sxm",
+        **SLOW,
+        "fitted_on": date(2026, 12, 2),
+        "fit_error": 0.02,
+        "held_out_error": 0.06,
+    }
+    fields.update(overrides)
+    return DeviceConstants(**fields)
+
+
+def test_an_efficiency_the_learner_set_is_kept_over_the_devices_fit():
+    engine = replace(_params("h100-sxm").engine, bandwidth_efficiency=0.8)
+    priced = _constants().predictor_engine(engine)
+    assert priced.bandwidth_efficiency == 0.8
+    assert priced.compute_efficiency == SLOW["gemm_efficiency"]
+    assert priced.step_overhead_s == SLOW["decode_step_overhead_s"]
+
+
+def test_with_device_changes_only_that_gpus_constants():
+    cal = load_calibration()
+    mine = with_device(cal, GPUS["h100-sxm"], _constants())
+    assert mine.gpus["h100-sxm"].bandwidth_efficiency == SLOW["bandwidth_efficiency"]
+    assert mine.gpus["a100-80gb"] == cal.gpus["a100-80gb"]
+    assert cal.gpus["h100-sxm"].bandwidth_efficiency != SLOW["bandwidth_efficiency"]
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"gemm_efficiency": 1.7}, "gemm_efficiency must be between"),
+        ({"bandwidth_efficiency": "fast"}, "bandwidth_efficiency must be a number"),
+    ],
+)
+def test_bad_constants_are_refused_naming_the_constant(change, named):
+    with pytest.raises(ValueError, match=named):
+        check_constants({**SLOW, **change})
+    missing = {k: v for k, v in SLOW.items() if k != "mixed_step_overhead_s"}
+    with pytest.raises(ValueError, match="mixed_step_overhead_s is missing"):
+        check_constants(missing)
+
+
+def test_a_cpu_device_is_keyed_by_its_model_and_core_count():
+    assert cpu_device_key("AMD  EPYC 7763 64-Core Processor", 2) == (
+        "cpu:AMD EPYC 7763 64-Core Processor:2"
+    )
+
+
+def test_a_real_runs_expected_parts_are_priced_with_its_devices_calibration():
+    from labs.backends.sim import SimBackend, run_breakdown
+    from labs.metrics import summarize
+
+    params = _params("h100-sxm")
+    record = replace(SimBackend().run(params), simulated=False)  # stands in for a vLLM run
+    measured = summarize(record)
+    published = run_breakdown(params, record, measured)
+    own = run_breakdown(params, record, measured, _constants())
+    assert own["tpot_s"]["total"] == published["tpot_s"]["total"]  # the measurement itself
+    # The slower device explains more of the same measurement: less is left unexplained.
+    assert own["tpot_s"]["parts"]["unexplained"] < published["tpot_s"]["parts"]["unexplained"]
+
+
+def test_a_devices_gemm_half_tokens_prices_its_runs_and_an_older_row_keeps_the_gpus():
+    cal = load_calibration()
+    published = cal.gpus["h100-sxm"].gemm_half_tokens
+    assert with_device(cal, GPUS["h100-sxm"], _constants()).gpus["h100-sxm"].gemm_half_tokens == (
+        published
+    )
+    mine = with_device(cal, GPUS["h100-sxm"], _constants(gemm_half_tokens=0.5))
+    assert mine.gpus["h100-sxm"].gemm_half_tokens == 0.5
+    # A row stored before the constant was fitted still loads, without it.
+    assert "gemm_half_tokens" not in check_constants(SLOW)
+    with pytest.raises(ValueError, match="gemm_half_tokens must be between"):
+        check_constants({**SLOW, "gemm_half_tokens": 0})
