@@ -36,6 +36,7 @@ from labs import ratios, results
 from labs.models import LabRun, RunState, Sweep
 from labs.params import ParamError, parse_lab_params
 from labs.presets import LABS, Lab
+from labs.sim.engine_model import short_where_label
 from quiz.models import PERSONAL_DECK, Card, Deck, PersonalCardRequest
 
 logger = logging.getLogger(__name__)
@@ -223,7 +224,8 @@ def _sweep_answer(run: LabRun, key: str) -> tuple[Any, _Answer | None]:
     measured = results.dig(point.result, key) if point else None
     if not isinstance(measured, int | float):
         return value, None
-    return value, _Answer(float(measured), f"your sweep's run #{point.pk} ({point.where})", None)
+    where = short_where_label(point.where)
+    return value, _Answer(float(measured), f"your sweep's run #{point.pk} ({where})", None)
 
 
 def _answer(run: LabRun, field: str, neighbour: Any, key: str, known: _Answer | None) -> _Answer:
@@ -351,9 +353,10 @@ def _content(
         f"{_fmt(value, decimals)} count: at least {MIN_RELATIVE_TOLERANCE:.0%}, and wide enough "
         f"for {' and '.join(reasons)}."
     )
+    where = short_where_label(run.where) or run.backend
     prompt = (
         f"Your run: {_hardware(params)}, {field} {current}; workload: {_workload(params)}. "
-        f"It measured {label} = {_fmt(mine, decimals)} {unit} ({run.where or run.backend}). "
+        f"It measured {label} = {_fmt(mine, decimals)} {unit} ({where}). "
         f"Predict the {label} at {field} {neighbour}, everything else the same."
     )
     return _Content(

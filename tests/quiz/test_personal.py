@@ -119,6 +119,13 @@ def test_the_prompt_states_the_whole_workload(alice):
     assert "arriving at 4 req/s (at most 16 in flight)" in prompt
 
 
+def test_the_prompt_names_its_runs_provenance_by_the_short_badge(alice):
+    run = finished_run(alice)
+    assert run.where.startswith("simulated on CPU as ")  # the long form, kept on the run
+    prompt = personal.card_from_run(user=alice, run=run).prompt
+    assert "(simulated · " in prompt and "simulated on CPU as" not in prompt
+
+
 def test_every_number_in_the_cards_unit_has_the_answers_decimals(alice):
     card = personal.card_from_run(user=alice, run=finished_run(alice, lab="speculative"))
     assert card.numeric_unit == "ms"
