@@ -45,7 +45,9 @@ def _settings_in_a_fresh_process(tmp_path: Path, env_file: str, **env: str) -> d
     base = {
         k: v
         for k, v in os.environ.items()
-        if k not in {"VAR_DIR", "CELERY_BROKER_URL", "SERVING_SCHOOL_TESTS_VAR_DIR"}
+        # Without DATABASE_URL (CI's PostgreSQL pass sets it): the embedded default's SQLite
+        # file is what must live in the suite's folder.
+        if k not in {"VAR_DIR", "CELERY_BROKER_URL", "SERVING_SCHOOL_TESTS_VAR_DIR", "DATABASE_URL"}
     }
     full_env = {**base, "DJANGO_SETTINGS_MODULE": "tests.settings", "ENV_FILE": env_file, **env}
     out = subprocess.run(

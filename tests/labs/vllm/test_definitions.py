@@ -8,6 +8,7 @@ import io
 import json
 from typing import Any
 
+import pytest
 from django.core.management import call_command
 
 from labs import definitions
@@ -41,6 +42,7 @@ def test_a_vllm_run_sends_its_temperature_and_records_both_ttfts_and_its_samplin
     assert measured["ttft_bench_s"]["mean"] >= measured["ttft_s"]["mean"] > 0.015
 
 
+@pytest.mark.django_db  # the prediction looks up the device's stored calibration
 def test_lab_run_prints_both_ttfts_and_the_definitions(fake_server: Any) -> None:
     server = fake_server({"ttft_ms": 5, "itl_ms": [2]})
     options = ["--num-prompts", "4", "--prompt-tokens", "64", "--output-tokens", "8"]

@@ -96,6 +96,7 @@ def test_the_table_shows_the_reason_and_no_predicted_column(
     assert "where the time went" not in text
 
 
+@pytest.mark.django_db  # the prediction looks up the device's stored calibration
 def test_a_served_catalog_model_is_predicted_for_itself_on_the_named_hardware(
     fake_server: Any, tmp_path: Path
 ) -> None:
