@@ -259,8 +259,9 @@ def test_a_server_that_dies_during_a_run_fails_it_with_its_log(
     monkeypatch.setenv("STANDIN_FAKE_CONFIG", json.dumps({"ttft_ms": 5000}))
 
     def kill_server(fraction: float) -> None:
-        # Progress is reported while the server starts too; kill it once the load is on.
-        if serving(standin):
+        # Progress is reported while the server starts too; kill it once the manager has taken
+        # it as ready (the load is on), not when /health first answers (still starting, for it).
+        if vllm_backend.server_manager().current is not None and serving(standin):
             os.kill(standin.starts()[0]["pid"], 9)
 
     with pytest.raises(ServerError, match="exited with code -9 during the run"):
@@ -281,7 +282,8 @@ def test_a_cancelled_run_stops_the_load_but_keeps_the_server(
     calls = []
 
     def cancel(fraction: float) -> None:
-        if serving(standin):  # not while the server is still starting
+        # Not while the server is still starting (the manager takes it as ready first).
+        if vllm_backend.server_manager().current is not None and serving(standin):
             calls.append(fraction)
         if len(calls) > 2:
             raise Cancelled
