@@ -327,14 +327,14 @@ def headline(rows: list[Row], breakdown: Mapping[str, Any] | None = None) -> str
 # Why each part of a breakdown exists, for the sentence naming the largest.
 PART_WHY: dict[str, str] = {
     "ideal": "the roofline work itself (weights and KV read at peak bandwidth, FLOPs at peak)",
-    "efficiency": "kernels running below the GPU's peak bandwidth and FLOP/s",
+    "efficiency": "kernels running below the device's peak bandwidth and FLOP/s",
     "overhead": "fixed per-step costs (scheduling, launches, sampling) and per-sequence work",
     "communication": "all-reduces between the tensor-parallel GPUs",
     "queueing": "requests waited for a free slot (max_num_seqs, KV blocks) while others ran",
     "prefill_interference": "decode steps that also carried other requests' prompts",
     "preemption": "recomputing sequences the KV pool evicted",
     "speculation": "drafting and verifying speculative tokens",
-    "unexplained": "what the engine model does not account for on this GPU",
+    "unexplained": "what the engine model does not account for on this hardware",
 }
 
 

@@ -35,3 +35,12 @@ def test_differs_most_is_the_row_with_the_largest_percentage_shown():
 
     rows = [row("TTFT, mean", 0.64), row("TPOT, mean", 1.52), row("E2E latency, mean", 1.43)]
     assert headline(rows).startswith("TPOT, mean differs most (+52%): because of TPOT, mean")
+
+
+def test_the_reasons_for_hardware_parts_fit_a_cpu_run_too():
+    # A vLLM run on the CPU worker has efficiency and unexplained parts too; its Reading must
+    # not blame "this GPU".
+    from labs.results import PART_WHY
+
+    for part in ("efficiency", "unexplained"):
+        assert "GPU" not in PART_WHY[part], part
