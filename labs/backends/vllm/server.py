@@ -462,6 +462,15 @@ def _cmdline(pid: int) -> list[str] | None:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
+def _process_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (its cmdline can read empty while it execs)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
 @dataclass
 class RunningServer:
     process: subprocess.Popen[bytes]
@@ -636,22 +645,42 @@ class ServerManager:
                 self._state_path.unlink()
 
     def _write_state(self, server: RunningServer) -> None:
-        state = {"pid": server.pid, "argv": server.argv, "log": str(server.log_path)}
+        state = {
+            "pid": server.pid,
+            "argv": server.argv,
+            "log": str(server.log_path),
+            "owner": os.getpid(),
+        }
         self._state_path.write_text(json.dumps(state))
 
     def _stop_orphan(self) -> None:
-        """A server a killed worker left behind, if its recorded pid still runs its command."""
+        """A server a killed worker left behind, if its recorded pid still runs its command.
+
+        Raises:
+            ServerError: the server belongs to another process that is still running (a second
+                worker, or `lab calibrate`, on the same GPUs): it is left alone.
+        """
         if self._orphans_checked:
             return
-        self._orphans_checked = True
         try:
             state = json.loads(self._state_path.read_text())
             pid, argv = int(state["pid"]), list(state["argv"])
+            owner = int(state.get("owner") or 0)
         except (OSError, ValueError, KeyError, TypeError):
+            self._orphans_checked = True
             return
         cmdline = _cmdline(pid)
         # A console script runs as `python .../vllm serve ...`: compare what follows the program.
-        if cmdline and len(argv) > 1 and cmdline[-(len(argv) - 1) :] == argv[1:]:
+        running = bool(cmdline) and len(argv) > 1 and cmdline[-(len(argv) - 1) :] == argv[1:]
+        if running and owner and owner != os.getpid() and _process_alive(owner):
+            # Stopping it would fail that process's run mid-way; two servers cannot share GPUs.
+            raise ServerError(
+                f"another worker process (pid {owner}) is running vllm serve (pid {pid}) on "
+                f"these devices ({self._state_path}); stop that worker first, or give this one "
+                "other GPUs (CUDA_VISIBLE_DEVICES) or its own LABS_VLLM_CACHE_DIR"
+            )
+        self._orphans_checked = True
+        if running:
             logger.warning("stopping vllm serve (pid %s) left by an earlier worker", pid)
             stop_group(pid, None, self.stop_timeout_s)
         with contextlib.suppress(OSError):

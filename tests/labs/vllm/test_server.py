@@ -361,6 +361,36 @@ def test_a_server_left_by_a_killed_worker_is_stopped_by_the_next(
         orphan.process.wait(timeout=10)
 
 
+def test_a_server_whose_worker_still_runs_is_left_alone(tmp_path: Path, standin: StandIn) -> None:
+    """A second process on the same devices (another worker, `lab calibrate`) must not stop a
+    live worker's server mid-run: it is refused, naming the owner; once the owner is gone, the
+    server is an orphan and is stopped as before."""
+    plan = plan_for(tmp_path)
+    first = srv.ServerManager(start_timeout_s=120, stop_timeout_s=3, cache=standin.cache)
+    server, _ = first.ensure(plan)
+    state_path = first._state_path
+    owner = subprocess.Popen(["sleep", "120"])  # stands for the other worker's process
+    try:
+        state = json.loads(state_path.read_text())
+        assert state["owner"] == os.getpid()
+        state_path.write_text(json.dumps({**state, "owner": owner.pid}))
+        second = srv.ServerManager(start_timeout_s=120, stop_timeout_s=3, cache=standin.cache)
+        with pytest.raises(srv.ServerError, match=f"another worker process \\(pid {owner.pid}\\)"):
+            second.ensure(plan)
+        assert server.process.poll() is None  # still serving the first worker
+        owner.kill()
+        owner.wait(timeout=10)
+        replaced, reused = second.ensure(plan)
+        assert not reused and replaced.pid != server.pid
+        server.process.wait(timeout=10)
+        second.stop()
+    finally:
+        owner.kill()
+        first.current = None
+        if server.process.poll() is None:
+            srv.stop_group(server.pid, server.process, 3)
+
+
 def test_a_missing_executable_says_how_to_install_vllm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
