@@ -14,6 +14,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import NoReverseMatch, reverse
 
 from labs import results
+from labs.backends.base import Phase
 from labs.backends.vllm.gpus import GpuInventory
 from labs.catalog import CPU_KIND
 from labs.device_calibration import DeviceConstants, cpu_device_key
@@ -164,6 +165,15 @@ def where_label(run: LabRun) -> str:
         return "simulated on CPU"
     beat = WorkerHeartbeat.objects.filter(hostname=run.worker, backend=run.backend).first()
     return beat.where if beat else run.backend
+
+
+def phase_note(run: LabRun) -> str:
+    """What the backend of a running run said it is doing besides requests ("Starting vLLM
+    (engine arguments changed): 34 s so far; ..."), or "" (the simulator, a queued or ended run)."""
+    if run.state != RunState.RUNNING:
+        return ""
+    phase = Phase.from_dict(run.phase)
+    return phase.note() if phase is not None else ""
 
 
 def where_badge(run: LabRun) -> str:

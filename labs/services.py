@@ -25,6 +25,7 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from labs.backends.base import Phase, ProgressCallback
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.params import FIELDS_BY_NAME, LabParams, ParamError, follow_unshown, parse_lab_params
 from labs.sizing import RunTooLarge
@@ -468,10 +469,11 @@ def _beat(run_id: int) -> int:
     )
 
 
-def _write_progress(run_id: int, value: float) -> int:
-    return LabRun.objects.filter(pk=run_id, state=RunState.RUNNING).update(
-        progress=value, heartbeat_at=timezone.now()
-    )
+def _write_progress(run_id: int, value: float, phase: Phase | None = None) -> int:
+    fields: dict[str, object] = {"progress": value, "heartbeat_at": timezone.now()}
+    if phase is not None:
+        fields["phase"] = phase.as_dict()
+    return LabRun.objects.filter(pk=run_id, state=RunState.RUNNING).update(**fields)
 
 
 def _with_retries(write: Callable[[], T], *, within_s: float, what: str) -> T:
@@ -491,20 +493,23 @@ def _with_retries(write: Callable[[], T], *, within_s: float, what: str) -> T:
             pause = min(2 * pause, 5.0)
 
 
-def _progress_reporter(run_id: int, beat: _RunHeartbeat) -> Callable[[float], None]:
+def _progress_reporter(run_id: int, beat: _RunHeartbeat) -> ProgressCallback:
     last = 0.0
+    last_step: str | None = None
 
-    def on_progress(fraction: float) -> None:
-        nonlocal last
+    def on_progress(fraction: float, phase: Phase | None = None) -> None:
+        nonlocal last, last_step
         if beat.lost.is_set():
             raise RunStopped
         now = time.monotonic()
-        if now - last < _PROGRESS_EVERY_S and fraction < 1:
+        # A new phase is written at once (the page must not miss "ready"); repeats are throttled.
+        new_step = phase is not None and phase.step != last_step
+        if now - last < _PROGRESS_EVERY_S and fraction < 1 and not new_step:
             return
         last = now
         value = min(1.0, max(0.0, float(fraction)))
         try:
-            alive = _write_progress(run_id, value)
+            alive = _write_progress(run_id, value, phase)
         except DB_ERRORS:
             # Progress is only shown; skip this one and let the run go on (the next call, or
             # the final write with its retries, reaches the database once it is back).
@@ -513,6 +518,8 @@ def _progress_reporter(run_id: int, beat: _RunHeartbeat) -> Callable[[float], No
             return
         if not alive:
             raise RunStopped
+        if phase is not None:
+            last_step = phase.step
 
     return on_progress
 
@@ -561,7 +568,12 @@ def run_execute(*, run_id: int, hostname: str) -> str:
     """
     now = timezone.now()
     claimed = LabRun.objects.filter(pk=run_id, state=RunState.QUEUED).update(
-        state=RunState.RUNNING, started_at=now, heartbeat_at=now, worker=hostname[:200], progress=0
+        state=RunState.RUNNING,
+        started_at=now,
+        heartbeat_at=now,
+        worker=hostname[:200],
+        progress=0,
+        phase={},
     )
     if not claimed:
         state = LabRun.objects.filter(pk=run_id).values_list("state", flat=True).first()
