@@ -176,6 +176,27 @@ def phase_note(run: LabRun) -> str:
     return phase.note() if phase is not None else ""
 
 
+def served_note(run: LabRun) -> str:
+    """Which model an already-running server (LABS_VLLM_BASE_URL) served, when the run's record
+    says, and what the prediction is for: "" for runs that started their own engine."""
+    meta = (run.result or {}).get("meta") or {}
+    served = meta.get("served_model")
+    if not isinstance(served, dict):
+        return ""
+    name, slug = served.get("id"), served.get("catalog_model")
+    submitted = (run.params or {}).get("model")
+    if slug == submitted:
+        return f"The server served {slug} (as {name!r}), the model you chose."
+    if slug:
+        return (
+            f"The server served {slug} (as {name!r}), not the {submitted} you chose: the "
+            f"measured numbers are {slug}'s, and the prediction is for {slug}."
+        )
+    reason = (run.predicted or {}).get("no_prediction") or meta.get("no_prediction")
+    said = f"The server served {name!r}, not the {submitted} you chose"
+    return f"{said}: {reason}." if reason else f"{said}."
+
+
 def where_badge(run: LabRun) -> str:
     """The short form of `where_label`: "simulated · H100 SXM · calibrated"."""
     return short_where_label(where_label(run))

@@ -528,11 +528,15 @@ def _progress_reporter(run_id: int, beat: _RunHeartbeat) -> ProgressCallback:
 class _Outcome:
     result: dict[str, object]
     where: str
+    # The prediction to store instead of the one made at submit: a server already running
+    # (LABS_VLLM_BASE_URL) served another model than the one submitted. None: keep it.
+    predicted: dict[str, object] | None = None
 
 
 def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     from labs.backends import get_backend
     from labs.backends.sim import run_breakdown
+    from labs.backends.vllm.served import served_instead
     from labs.metrics import summarize
 
     params = parse_lab_params(run.params)
@@ -547,12 +551,22 @@ def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     backend = get_backend(run.backend, **options)
     record = backend.run(params, _progress_reporter(run.pk, beat))
     summary = summarize(record)
-    breakdown = run_breakdown(params, record, summary, device)
+    # What the numbers are expected to be for is the model the server served.
+    instead = served_instead(params, getattr(record, "meta", {}) or {})
+    expected_for = params if instead is None else instead.params
+    breakdown = run_breakdown(expected_for, record, summary, device) if expected_for else None
     summary["breakdown"] = _json_safe({"b": breakdown})["b"]
     # Stored once, at the top, where a vLLM run's expected parts go too; not again in meta.
     meta = {k: v for k, v in (getattr(record, "meta", {}) or {}).items() if k != "breakdown"}
     summary["meta"] = _json_safe(meta)
-    return _Outcome(result=summary, where=str(record.where))
+    predicted = None
+    if instead is not None:
+        predicted = (
+            _predicted(instead.params)
+            if instead.params is not None
+            else {"no_prediction": instead.no_prediction}
+        )
+    return _Outcome(result=summary, where=str(record.where), predicted=predicted)
 
 
 def _json_safe(meta: Mapping[str, object]) -> dict[str, object]:
@@ -612,6 +626,7 @@ def run_execute(*, run_id: int, hostname: str) -> str:
         run_fail(run_id=run_id, error=f"{type(exc).__name__}: {exc}")
         return RunState.FAILED
     done = timezone.now()
+    changed = {} if outcome.predicted is None else {"predicted": outcome.predicted}
     finished = _with_retries(
         lambda: LabRun.objects.filter(pk=run_id, state=RunState.RUNNING).update(
             state=RunState.DONE,
@@ -621,6 +636,7 @@ def run_execute(*, run_id: int, hostname: str) -> str:
             result=outcome.result,
             where=outcome.where[:200],
             error="",
+            **changed,
         ),
         within_s=settings.LABS_DB_RETRY_S,
         what=f"result of run {run_id}",

@@ -325,6 +325,16 @@ class VLLMBackend:
                 base_url=base_url,
                 server="already running (base_url)",
                 served_model=served.as_dict(),
+                no_prediction=served.why_no_prediction(),
+            )
+            where = httpx.URL(base_url)
+            report(
+                0.0,
+                Phase(
+                    "ready",
+                    "vLLM",
+                    f"already running at {where.host}:{where.port}, serving {served.id!r}",
+                ),
             )
         else:
             # The same start-up check as at submit, now with this worker's own devices.

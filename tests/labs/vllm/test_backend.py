@@ -54,7 +54,7 @@ def test_a_run_against_a_running_server_reads_counters_right(fake_server: Any) -
     backend = get_backend("vllm", base_url=server.base_url)
     assert isinstance(backend, VLLMBackend)
     backend.metrics_poll_s = 0.05
-    record = backend.run(parse_lab_params(PARAMS), progress.append)
+    record = backend.run(parse_lab_params(PARAMS), lambda f, phase=None: progress.append(f))
 
     assert (record.backend, record.simulated) == ("vllm", False)
     assert record.where.startswith("vLLM 0.33.0 on ")
