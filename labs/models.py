@@ -69,6 +69,9 @@ class LabRun(models.Model):
     predicted = models.JSONField(default=dict, help_text="predict(params).as_dict() at submit")
     state = models.CharField(max_length=12, choices=RunState.choices, default=RunState.QUEUED)
     progress = models.FloatField(default=0.0)
+    # What the backend said it is doing besides requests (labs.backends.base.Phase.as_dict):
+    # starting its engine, or ready (started, reused). Empty for the simulator.
+    phase = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

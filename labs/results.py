@@ -178,7 +178,10 @@ METRICS: tuple[Metric, ...] = (
 
 def derived_predictions(predicted: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
     """Predicted values the table compares that the predictor does not name directly (runs
-    stored since labs.predict.lab_prediction have them; older rows get them here)."""
+    stored since labs.predict.lab_prediction have them; older rows get them here). Nothing when
+    the run stored why it has no prediction (a server that served a model outside the catalog)."""
+    if "no_prediction" in predicted:
+        return {}
     extra: dict[str, Any] = dict(predicted)
     if "breakdown" not in extra:
         extra["breakdown"] = _predicted_breakdown(params)

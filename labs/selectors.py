@@ -14,6 +14,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import NoReverseMatch, reverse
 
 from labs import results
+from labs.backends.base import Phase
 from labs.backends.vllm.gpus import GpuInventory
 from labs.catalog import CPU_KIND
 from labs.device_calibration import DeviceConstants, cpu_device_key
@@ -164,6 +165,36 @@ def where_label(run: LabRun) -> str:
         return "simulated on CPU"
     beat = WorkerHeartbeat.objects.filter(hostname=run.worker, backend=run.backend).first()
     return beat.where if beat else run.backend
+
+
+def phase_note(run: LabRun) -> str:
+    """What the backend of a running run said it is doing besides requests ("Starting vLLM
+    (engine arguments changed): 34 s so far; ..."), or "" (the simulator, a queued or ended run)."""
+    if run.state != RunState.RUNNING:
+        return ""
+    phase = Phase.from_dict(run.phase)
+    return phase.note() if phase is not None else ""
+
+
+def served_note(run: LabRun) -> str:
+    """Which model an already-running server (LABS_VLLM_BASE_URL) served, when the run's record
+    says, and what the prediction is for: "" for runs that started their own engine."""
+    meta = (run.result or {}).get("meta") or {}
+    served = meta.get("served_model")
+    if not isinstance(served, dict):
+        return ""
+    name, slug = served.get("id"), served.get("catalog_model")
+    submitted = (run.params or {}).get("model")
+    if slug == submitted:
+        return f"The server served {slug} (as {name!r}), the model you chose."
+    if slug:
+        return (
+            f"The server served {slug} (as {name!r}), not the {submitted} you chose: the "
+            f"measured numbers are {slug}'s, and the prediction is for {slug}."
+        )
+    reason = (run.predicted or {}).get("no_prediction") or meta.get("no_prediction")
+    said = f"The server served {name!r}, not the {submitted} you chose"
+    return f"{said}: {reason}." if reason else f"{said}."
 
 
 def where_badge(run: LabRun) -> str:

@@ -25,6 +25,7 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from labs.backends.base import Phase, ProgressCallback
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.params import FIELDS_BY_NAME, LabParams, ParamError, follow_unshown, parse_lab_params
 from labs.sizing import RunTooLarge
@@ -468,10 +469,11 @@ def _beat(run_id: int) -> int:
     )
 
 
-def _write_progress(run_id: int, value: float) -> int:
-    return LabRun.objects.filter(pk=run_id, state=RunState.RUNNING).update(
-        progress=value, heartbeat_at=timezone.now()
-    )
+def _write_progress(run_id: int, value: float, phase: Phase | None = None) -> int:
+    fields: dict[str, object] = {"progress": value, "heartbeat_at": timezone.now()}
+    if phase is not None:
+        fields["phase"] = phase.as_dict()
+    return LabRun.objects.filter(pk=run_id, state=RunState.RUNNING).update(**fields)
 
 
 def _with_retries(write: Callable[[], T], *, within_s: float, what: str) -> T:
@@ -491,20 +493,23 @@ def _with_retries(write: Callable[[], T], *, within_s: float, what: str) -> T:
             pause = min(2 * pause, 5.0)
 
 
-def _progress_reporter(run_id: int, beat: _RunHeartbeat) -> Callable[[float], None]:
+def _progress_reporter(run_id: int, beat: _RunHeartbeat) -> ProgressCallback:
     last = 0.0
+    last_step: str | None = None
 
-    def on_progress(fraction: float) -> None:
-        nonlocal last
+    def on_progress(fraction: float, phase: Phase | None = None) -> None:
+        nonlocal last, last_step
         if beat.lost.is_set():
             raise RunStopped
         now = time.monotonic()
-        if now - last < _PROGRESS_EVERY_S and fraction < 1:
+        # A new phase is written at once (the page must not miss "ready"); repeats are throttled.
+        new_step = phase is not None and phase.step != last_step
+        if now - last < _PROGRESS_EVERY_S and fraction < 1 and not new_step:
             return
         last = now
         value = min(1.0, max(0.0, float(fraction)))
         try:
-            alive = _write_progress(run_id, value)
+            alive = _write_progress(run_id, value, phase)
         except DB_ERRORS:
             # Progress is only shown; skip this one and let the run go on (the next call, or
             # the final write with its retries, reaches the database once it is back).
@@ -513,6 +518,8 @@ def _progress_reporter(run_id: int, beat: _RunHeartbeat) -> Callable[[float], No
             return
         if not alive:
             raise RunStopped
+        if phase is not None:
+            last_step = phase.step
 
     return on_progress
 
@@ -521,11 +528,15 @@ def _progress_reporter(run_id: int, beat: _RunHeartbeat) -> Callable[[float], No
 class _Outcome:
     result: dict[str, object]
     where: str
+    # The prediction to store instead of the one made at submit: a server already running
+    # (LABS_VLLM_BASE_URL) served another model than the one submitted. None: keep it.
+    predicted: dict[str, object] | None = None
 
 
 def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     from labs.backends import get_backend
     from labs.backends.sim import run_breakdown
+    from labs.backends.vllm.served import served_instead
     from labs.metrics import summarize
 
     params = parse_lab_params(run.params)
@@ -540,12 +551,22 @@ def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     backend = get_backend(run.backend, **options)
     record = backend.run(params, _progress_reporter(run.pk, beat))
     summary = summarize(record)
-    breakdown = run_breakdown(params, record, summary, device)
+    # What the numbers are expected to be for is the model the server served.
+    instead = served_instead(params, getattr(record, "meta", {}) or {})
+    expected_for = params if instead is None else instead.params
+    breakdown = run_breakdown(expected_for, record, summary, device) if expected_for else None
     summary["breakdown"] = _json_safe({"b": breakdown})["b"]
     # Stored once, at the top, where a vLLM run's expected parts go too; not again in meta.
     meta = {k: v for k, v in (getattr(record, "meta", {}) or {}).items() if k != "breakdown"}
     summary["meta"] = _json_safe(meta)
-    return _Outcome(result=summary, where=str(record.where))
+    predicted = None
+    if instead is not None:
+        predicted = (
+            _predicted(instead.params)
+            if instead.params is not None
+            else {"no_prediction": instead.no_prediction}
+        )
+    return _Outcome(result=summary, where=str(record.where), predicted=predicted)
 
 
 def _json_safe(meta: Mapping[str, object]) -> dict[str, object]:
@@ -561,7 +582,12 @@ def run_execute(*, run_id: int, hostname: str) -> str:
     """
     now = timezone.now()
     claimed = LabRun.objects.filter(pk=run_id, state=RunState.QUEUED).update(
-        state=RunState.RUNNING, started_at=now, heartbeat_at=now, worker=hostname[:200], progress=0
+        state=RunState.RUNNING,
+        started_at=now,
+        heartbeat_at=now,
+        worker=hostname[:200],
+        progress=0,
+        phase={},
     )
     if not claimed:
         state = LabRun.objects.filter(pk=run_id).values_list("state", flat=True).first()
@@ -600,6 +626,7 @@ def run_execute(*, run_id: int, hostname: str) -> str:
         run_fail(run_id=run_id, error=f"{type(exc).__name__}: {exc}")
         return RunState.FAILED
     done = timezone.now()
+    changed = {} if outcome.predicted is None else {"predicted": outcome.predicted}
     finished = _with_retries(
         lambda: LabRun.objects.filter(pk=run_id, state=RunState.RUNNING).update(
             state=RunState.DONE,
@@ -609,6 +636,7 @@ def run_execute(*, run_id: int, hostname: str) -> str:
             result=outcome.result,
             where=outcome.where[:200],
             error="",
+            **changed,
         ),
         within_s=settings.LABS_DB_RETRY_S,
         what=f"result of run {run_id}",

@@ -258,6 +258,8 @@ def _run_context(run: Any) -> dict[str, Any]:
         "preset": load_presets().get(run.preset),
         "where": selectors.where_badge(run),  # short; the long form is shown once, on demand
         "where_long": selectors.where_label(run),
+        "phase_note": selectors.phase_note(run),
+        "served_note": selectors.served_note(run),
         "rows": rows,
         "load": results.load_label(run.params),
         "headline": results.headline(rows, breakdown),

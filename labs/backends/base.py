@@ -8,7 +8,7 @@ Pure Python: no Django, so the simulator and a GPU worker can build records anyw
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
@@ -262,12 +262,61 @@ class RunRecord:
         )
 
 
-ProgressCallback = Callable[[float], None]
+@dataclass(frozen=True)
+class Phase:
+    """What a run is doing besides serving its requests, for the run page. A backend that starts
+    an engine says so while it waits (step "starting", with the seconds so far), then how it got
+    one (step "ready": started, or a running one reused). The simulator never reports one."""
+
+    step: str  # "starting" | "ready"
+    engine: str  # "vLLM"
+    why: str = ""  # why it starts: "first run on this worker", "engine arguments changed", ...
+    elapsed_s: float | None = None  # starting: seconds so far; ready: how long the start took
+    last_start_s: float | None = None  # starting: how long this worker's previous start took
+    reused: bool = False  # ready: a running engine was reused
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v not in (None, "", False)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Phase | None:
+        """The phase a stored dict describes, or None (empty, or not one: a stale row)."""
+        if not data or data.get("step") not in ("starting", "ready"):
+            return None
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        try:
+            return cls(**{"engine": "the engine", **known})
+        except TypeError:
+            return None
+
+    def note(self) -> str:
+        """One sentence for the run page."""
+        why = f" ({self.why})" if self.why else ""
+        if self.step == "starting":
+            text = f"Starting {self.engine}{why}"
+            if self.elapsed_s is not None:
+                text += f": {self.elapsed_s:.0f} s so far"
+            if self.last_start_s is not None:
+                text += f"; the last start on this worker took {self.last_start_s:.0f} s"
+            return text + "."
+        if self.reused:
+            return f"{self.engine} ready: reused the running server{why}."
+        if self.elapsed_s is not None:
+            return f"{self.engine} ready: started in {self.elapsed_s:.0f} s{why}."
+        return f"{self.engine} ready{why}."
+
+
+class ProgressCallback(Protocol):
+    """`on_progress(fraction)` as requests finish; `on_progress(fraction, phase)` while the
+    backend does something else first (starts its engine)."""
+
+    def __call__(self, fraction: float, phase: Phase | None = None) -> None: ...
 
 
 class Backend(Protocol):
     """A way to run a lab. `on_progress(fraction)` gets 0..1 as requests finish (at most a few
-    times a second). A backend never touches the database."""
+    times a second), and a `Phase` while the backend gets its engine ready. A backend never
+    touches the database."""
 
     name: str  # "sim" | "vllm"
 

@@ -86,7 +86,7 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
     no_prediction = None
     if getattr(backend, "base_url", None):
         params, no_prediction = for_served_model(values, params, backend.served_model())
-    record = backend.run(params, lambda fraction: None)
+    record = backend.run(params, lambda fraction, phase=None: None)
     measured = summarize(record, slo_ms)
     predicted = None if no_prediction else lab_prediction(params, stored_calibration(params))
     breakdown = None if no_prediction else run_breakdown(params, record, measured)

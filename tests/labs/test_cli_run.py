@@ -148,8 +148,11 @@ def test_call_command_raises_command_error_with_status_2():
     assert "--kv-capacity-tokens" in str(error.value)
 
 
-def test_a_backend_that_cannot_start_is_one_line_with_status_1(monkeypatch):
+def test_a_backend_that_cannot_start_is_one_line_with_status_1(monkeypatch, tmp_path):
     monkeypatch.setenv("VLLM_EXECUTABLE", "/nonexistent/vllm")
+    # Its own cache: the manager stops a server the shared one records as left by a killed
+    # worker, which on a shared machine may be another session's running vLLM.
+    monkeypatch.setenv("LABS_VLLM_CACHE_DIR", str(tmp_path / "vllm-cache"))
     result = lab_run("--backend", "vllm", "--num-prompts", "2")
     assert result.returncode == 1
     assert "not installed on this worker" in result.stderr

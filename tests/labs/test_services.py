@@ -10,6 +10,7 @@ import pytest
 from django.utils import timezone
 
 from labs import services
+from labs.backends.base import Phase
 from labs.models import LabRun, RunState, Sweep
 from labs.params import ParamError, parse_lab_params
 from labs.services import RunRefused, RunStopped
@@ -220,6 +221,48 @@ def test_progress_of_a_cancelled_run_stops_the_backend(alice):
     services.run_cancel(run=run)
     with pytest.raises(RunStopped):
         on_progress(1.0)
+
+
+def test_a_new_phase_is_written_at_once_and_kept_while_requests_finish(alice, monkeypatch):
+    run = make_run(alice, backend="vllm", state=RunState.RUNNING, phase={"step": "stale"})
+    beat = services._RunHeartbeat(run.pk, interval_s=60)
+    on_progress = services._progress_reporter(run.pk, beat)
+    starting = Phase("starting", "vLLM", "engine arguments changed", 3.5, 41.0)
+    on_progress(0.0, starting)
+    run.refresh_from_db()
+    assert run.phase == {
+        "step": "starting",
+        "engine": "vLLM",
+        "why": "engine arguments changed",
+        "elapsed_s": 3.5,
+        "last_start_s": 41.0,
+    }
+    # The next step is not held back by the throttle, however soon it comes.
+    monkeypatch.setattr(services, "_PROGRESS_EVERY_S", 3600.0)
+    on_progress(0.0, Phase("ready", "vLLM", "same engine arguments", reused=True))
+    run.refresh_from_db()
+    assert Phase.from_dict(run.phase) == Phase(
+        "ready", "vLLM", "same engine arguments", reused=True
+    )
+    # Requests report fractions only: the phase stays as the backend last said.
+    monkeypatch.setattr(services, "_PROGRESS_EVERY_S", 0.0)
+    on_progress(0.5)
+    run.refresh_from_db()
+    assert run.progress == 0.5 and run.phase["step"] == "ready"
+
+
+def test_a_claimed_run_starts_with_no_phase(alice, settings):
+    settings.LABS_RUN_HEARTBEAT_S = 60
+    run = make_run(alice, phase={"step": "starting", "engine": "vLLM"})
+    seen = {}
+
+    def fake_execute(claimed, beat):
+        seen["phase"] = LabRun.objects.get(pk=claimed.pk).phase
+        raise RunStopped
+
+    with mock.patch.object(services, "_execute_backend", fake_execute):
+        services.run_execute(run_id=run.pk, hostname="w@h")
+    assert seen["phase"] == {}
 
 
 def test_the_reaper_fails_running_runs_with_a_stale_heartbeat(alice, settings):

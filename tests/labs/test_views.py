@@ -225,6 +225,42 @@ def test_polling_a_running_run_returns_the_partial_and_stops_when_it_ends(alice_
     assert "hx-trigger" not in response.content.decode()
 
 
+def test_the_run_page_says_vllm_is_starting_then_ready_and_nothing_for_a_sim_run(
+    alice_client, alice
+):
+    from labs.backends.base import Phase
+    from labs.backends.sim import SimBackend
+    from labs.params import parse_lab_params
+
+    run = make_run(alice, backend="vllm", state=RunState.RUNNING, heartbeat_at=timezone.now())
+    on_progress = services._progress_reporter(run.pk, services._RunHeartbeat(run.pk, 60))
+    on_progress(0.0, Phase("starting", "vLLM", "engine arguments changed", 34.2, 41.0))
+    html = alice_client.get(run.get_absolute_url(), **HTMX).content.decode()
+    assert (
+        '<p id="run-phase" class="run-phase">Starting vLLM (engine arguments changed): 34 s so '
+        "far; the last start on this worker took 41 s.</p>"
+    ) in html
+    # Requests begin: the start note gives way to how the server came to be ready.
+    on_progress(0.0, Phase("ready", "vLLM", "same engine arguments", reused=True))
+    html = alice_client.get(run.get_absolute_url(), **HTMX).content.decode()
+    assert "Starting vLLM" not in html
+    assert "vLLM ready: reused the running server (same engine arguments)." in html
+    # Once the run has ended, only its result is shown.
+    LabRun.objects.filter(pk=run.pk).update(state=RunState.FAILED, error="boom")
+    assert 'id="run-phase"' not in alice_client.get(run.get_absolute_url()).content.decode()
+
+    # A simulated run reports fractions only: its page never has a phase note.
+    sim = make_run(alice, state=RunState.RUNNING, heartbeat_at=timezone.now())
+    SimBackend().run(
+        parse_lab_params(SMALL),
+        services._progress_reporter(sim.pk, services._RunHeartbeat(sim.pk, 60)),
+    )
+    sim.refresh_from_db()
+    assert sim.progress == 1.0 and sim.phase == {}
+    html = alice_client.get(sim.get_absolute_url(), **HTMX).content.decode()
+    assert 'value="100"' in html and 'id="run-phase"' not in html
+
+
 def test_watching_a_run_whose_worker_died_shows_it_failed(alice_client, alice, settings):
     settings.LABS_RUN_STALE_S = 10
     run = make_run(

@@ -38,6 +38,7 @@ from labs.backends.base import (
     BackendError,
     Device,
     EngineSample,
+    Phase,
     ProgressCallback,
     RequestRecord,
     RunRecord,
@@ -55,8 +56,10 @@ from labs.backends.vllm.loadgen import (
 from labs.backends.vllm.served import ServedModel, read_served_model
 from labs.backends.vllm.server import (
     SERVED_MODEL_NAME,
+    RunningServer,
     ServerError,
     ServerManager,
+    StartWait,
     build_plan,
 )
 from labs.backends.vllm.start import check_can_start
@@ -193,6 +196,19 @@ def refuse_what_does_not_fit(planned: Sequence[PlannedRequest], max_model_len: i
         )
 
 
+def _starting(report: ProgressCallback, wait: StartWait) -> None:
+    """While the manager waits for a new server: tell the run page, with the seconds so far."""
+    last = None if wait.last_start_s is None else round(wait.last_start_s, 1)
+    phase = Phase("starting", "vLLM", wait.why, round(wait.elapsed_s, 1), last)
+    report(0.0, phase)
+
+
+def _ready(server: RunningServer, reused: bool) -> Phase:
+    if reused:
+        return Phase("ready", "vLLM", "same engine arguments", reused=True)
+    return Phase("ready", "vLLM", server.why, elapsed_s=round(server.start_s, 1))
+
+
 class _Driver:
     """Runs run_load on its own thread and event loop; the caller's thread waits on it."""
 
@@ -288,7 +304,7 @@ class VLLMBackend:
                 max_model_len (before anything starts or is sent).
             ServerError: the server is missing, died, or never became healthy (with its log).
         """
-        report = on_progress or (lambda fraction: None)
+        report: ProgressCallback = on_progress or (lambda fraction, phase=None: None)
         began = time.monotonic()
         manager: ServerManager | None = None
         meta: dict[str, Any] = {
@@ -309,6 +325,16 @@ class VLLMBackend:
                 base_url=base_url,
                 server="already running (base_url)",
                 served_model=served.as_dict(),
+                no_prediction=served.why_no_prediction(),
+            )
+            where = httpx.URL(base_url)
+            report(
+                0.0,
+                Phase(
+                    "ready",
+                    "vLLM",
+                    f"already running at {where.host}:{where.port}, serving {served.id!r}",
+                ),
             )
         else:
             # The same start-up check as at submit, now with this worker's own devices.
@@ -318,12 +344,15 @@ class VLLMBackend:
             planned = plan_requests(params.workload, vocab_size=params.model.vocab_size)
             plan = build_plan(params, model_path=self.model_path)
             manager = server_manager()
-            server, reused = manager.ensure(plan, on_wait=lambda: report(0.0))
+            server, reused = manager.ensure(plan, on_wait=functools.partial(_starting, report))
             base_url, model = server.base_url, SERVED_MODEL_NAME
+            # Replaces the "starting" phase: the page says how the server came to be ready.
+            report(0.0, _ready(server, reused))
             meta.update(
                 engine_args=server.argv,
                 server_reused=reused,
                 server_start_s=round(server.start_s, 3),
+                server_start_why="" if reused else server.why,
                 server_pid=server.pid,
                 **plan.notes,
             )

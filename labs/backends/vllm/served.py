@@ -11,6 +11,7 @@ model), so without a readable config nothing is predicted for it.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 
 from labs.catalog import MODELS
+from labs.params import LabParams, ParamError, parse_lab_params
 
 NOT_IN_CATALOG = "no prediction: the served model is not in the catalog"
 
@@ -127,3 +129,36 @@ def read_served_model(base_url: str, timeout_s: float = 10.0) -> ServedModel:
         config=config,
         catalog_slug=catalog_match(config) if config is not None else None,
     )
+
+
+@dataclass(frozen=True)
+class ServedInstead:
+    """A run on an already-running server that served another model than the one submitted:
+    what to predict for instead (the served catalog model), or why nothing is predicted."""
+
+    submitted: str  # the catalog model the learner submitted
+    served: Mapping[str, Any]  # the record's meta["served_model"] (ServedModel.as_dict())
+    params: LabParams | None  # the run's settings with the served model, when predictable
+    no_prediction: str | None  # why nothing is predicted, when params is None
+
+
+def served_instead(params: LabParams, meta: Mapping[str, Any]) -> ServedInstead | None:
+    """For a run's record (its meta): None when the server served the submitted model (or the
+    run started its own server), else what the prediction must be for. The settings are the
+    learner's with only the model changed, as `lab run --base-url` predicts."""
+    served = meta.get("served_model")
+    if not isinstance(served, Mapping):
+        return None
+    slug = served.get("catalog_model")
+    submitted = params.model.name
+    if slug == submitted:
+        return None
+    if slug is None:
+        reason = meta.get("no_prediction") or f"{NOT_IN_CATALOG} (it serves {served.get('id')!r})"
+        return ServedInstead(submitted, served, None, str(reason))
+    try:
+        swapped = parse_lab_params({**params.as_dict(), "model": slug})
+    except ParamError as exc:
+        reason = f"no prediction: these settings do not fit the served model {slug} ({exc})"
+        return ServedInstead(submitted, served, None, reason)
+    return ServedInstead(submitted, served, swapped, None)

@@ -479,6 +479,7 @@ class RunningServer:
     port: int
     log_path: Path
     start_s: float  # seconds from Popen to healthy
+    why: str = ""  # why it was started (StartWait.why)
 
     @property
     def base_url(self) -> str:
@@ -487,6 +488,20 @@ class RunningServer:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+
+@dataclass(frozen=True)
+class StartWait:
+    """What `ServerManager.ensure` tells its caller while a new server starts."""
+
+    why: str  # "first run on this worker", "engine arguments changed", ...
+    elapsed_s: float  # since the start
+    last_start_s: float | None  # how long this worker's previous start took, if known
+
+
+FIRST_START = "first run on this worker"
+ARGS_CHANGED = "engine arguments changed"
+RESTART = "the previous server had stopped"
 
 
 class ServerManager:
@@ -516,6 +531,24 @@ class ServerManager:
         self.current: RunningServer | None = None
         self._lock = threading.RLock()
         self._orphans_checked = False
+        self._last_args: tuple[str, ...] | None = None  # of the last server started
+
+    @property
+    def _last_start_path(self) -> Path:
+        return self._dir / "last-start.json"
+
+    def last_start_s(self) -> float | None:
+        """How long this worker's last successful start took (kept in cache_dir(), so a
+        restarted worker still knows), or None."""
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            value = float(json.loads(self._last_start_path.read_text())["start_s"])
+            return value if math.isfinite(value) and value >= 0 else None
+        return None
+
+    def _why_start(self, plan: ServePlan) -> str:
+        if self._last_args is None:
+            return FIRST_START
+        return ARGS_CHANGED if self._last_args != plan.args else RESTART
 
     @property
     def _dir(self) -> Path:
@@ -527,10 +560,11 @@ class ServerManager:
         return self._dir / f"server-gpus-{gpus}.json"
 
     def ensure(
-        self, plan: ServePlan, *, on_wait: Callable[[], None] | None = None
+        self, plan: ServePlan, *, on_wait: Callable[[StartWait], None] | None = None
     ) -> tuple[RunningServer, bool]:
         """A healthy server for `plan`: the running one if its arguments are identical (True),
-        else a new one (False) after stopping the old.
+        else a new one (False) after stopping the old. While a new one starts, `on_wait` is
+        called about twice a second with why it starts and the seconds so far.
 
         Raises:
             ServerError: no executable, or the server died or was not healthy in time.
@@ -539,9 +573,20 @@ class ServerManager:
             current = self.current
             if current is not None and current.plan_args == plan.args and self._healthy(current):
                 return current, True
+            why = self._why_start(plan)
+            last = self.last_start_s()
+            tick = None
+            if on_wait is not None:
+                callback = on_wait
+
+                def tick(elapsed_s: float) -> None:
+                    callback(StartWait(why, elapsed_s, last))
+
             self.stop()
             self._stop_orphan()
-            return self._start(plan, on_wait), False
+            server = self._start(plan, tick)
+            server.why = why
+            return server, False
 
     def _healthy(self, server: RunningServer) -> bool:
         if server.process.poll() is not None:
@@ -552,7 +597,7 @@ class ServerManager:
         except httpx.HTTPError:
             return False
 
-    def _start(self, plan: ServePlan, on_wait: Callable[[], None] | None) -> RunningServer:
+    def _start(self, plan: ServePlan, on_wait: Callable[[float], None] | None) -> RunningServer:
         executable = find_executable(self.executable)
         for path, text in plan.files.items():
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -582,6 +627,7 @@ class ServerManager:
             )
         started = time.monotonic()
         server = RunningServer(process, argv, plan.args, port, log_path, 0.0)
+        self._last_args = plan.args
         self._write_state(server)
         try:
             self._wait_healthy(server, on_wait)
@@ -590,9 +636,11 @@ class ServerManager:
             raise
         server.start_s = time.monotonic() - started
         self.current = server
+        with contextlib.suppress(OSError):
+            self._last_start_path.write_text(json.dumps({"start_s": round(server.start_s, 3)}))
         return server
 
-    def _wait_healthy(self, server: RunningServer, on_wait: Callable[[], None] | None) -> None:
+    def _wait_healthy(self, server: RunningServer, on_wait: Callable[[float], None] | None) -> None:
         started = time.monotonic()
         deadline = started + self.start_timeout_s
         with httpx.Client(timeout=5.0, trust_env=False) as client:
@@ -615,7 +663,7 @@ class ServerManager:
                         "(LABS_VLLM_START_TIMEOUT_S). " + self.log_tail(server)
                     )
                 if on_wait is not None:
-                    on_wait()
+                    on_wait(time.monotonic() - started)
                 time.sleep(0.5)
 
     def check(self) -> None:

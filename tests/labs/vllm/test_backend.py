@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from labs.backends import get_backend
-from labs.backends.base import BackendError, RunRecord
+from labs.backends.base import BackendError, Phase, RunRecord
 from labs.backends.vllm import backend as vllm_backend
 from labs.backends.vllm.backend import VLLMBackend, where_label
 from labs.backends.vllm.server import MODELS_DIR, ServerError
@@ -54,7 +54,7 @@ def test_a_run_against_a_running_server_reads_counters_right(fake_server: Any) -
     backend = get_backend("vllm", base_url=server.base_url)
     assert isinstance(backend, VLLMBackend)
     backend.metrics_poll_s = 0.05
-    record = backend.run(parse_lab_params(PARAMS), progress.append)
+    record = backend.run(parse_lab_params(PARAMS), lambda f, phase=None: progress.append(f))
 
     assert (record.backend, record.simulated) == ("vllm", False)
     assert record.where.startswith("vLLM 0.33.0 on ")
@@ -239,6 +239,60 @@ def test_a_worker_starts_reuses_and_restarts_its_server(
     assert wait_gone([new["pid"], new["grandchild"]]) == []
 
 
+@pytest.mark.usefixtures("fresh_backend_manager")
+def test_the_backend_says_it_is_starting_vllm_while_the_server_starts(
+    standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The stand-in answers /health only 1.5 s after it started, as vLLM does once loaded.
+    fake = {"ttft_ms": 5, "itl_ms": [2], "healthy_after_s": 1.5}
+    monkeypatch.setenv("STANDIN_FAKE_CONFIG", json.dumps(fake))
+    backend = VLLMBackend(metrics_poll_s=0.05)
+
+    def run(values: dict[str, Any]) -> tuple[RunRecord, list[tuple[float, Phase | None]]]:
+        calls: list[tuple[float, Phase | None]] = []
+        record = backend.run(
+            parse_lab_params({**PARAMS, **values}),
+            lambda fraction, phase=None: calls.append((fraction, phase)),
+        )
+        return record, calls
+
+    first, calls = run({})
+    steps = [phase.step if phase else None for _, phase in calls]
+    # "starting" while ensure() waits, then "ready" once, then requests with no phase.
+    ready = steps.index("ready")
+    assert ready >= 1 and set(steps[:ready]) == {"starting"}, steps
+    assert set(steps[ready + 1 :]) == {None} and calls[-1][0] == 1.0
+    starting = [phase for _, phase in calls[:ready] if phase is not None]
+    assert all(f == 0.0 for f, _ in calls[: ready + 1])
+    assert {p.why for p in starting} == {"first run on this worker"}
+    assert {p.last_start_s for p in starting} == {None}  # no earlier start on this worker
+    waited = [p.elapsed_s for p in starting]
+    assert None not in waited and waited == sorted(waited)  # the seconds so far, rising
+    done = calls[ready][1]
+    assert done is not None and (done.reused, done.why) == (False, "first run on this worker")
+    # Ready after the stand-in's 1.5 s, and after the last "starting" said how long so far.
+    assert done.elapsed_s == pytest.approx(first.meta["server_start_s"], abs=0.05)
+    assert done.elapsed_s >= max(1.5, waited[-1])
+    assert first.meta["server_start_why"] == "first run on this worker"
+    assert done.note().startswith("vLLM ready: started in ")
+
+    # Same engine arguments: the running server is reused, with no start phase at all.
+    second, calls = run({"seed": 4})
+    assert second.meta["server_reused"] is True
+    phases = [phase for _, phase in calls if phase is not None]
+    assert [(p.step, p.reused) for p in phases] == [("ready", True)]
+    assert phases[0].note() == "vLLM ready: reused the running server (same engine arguments)."
+
+    # Changed arguments: a restart, which knows how long the last start took.
+    third, calls = run({"block_size": 32})
+    starting = [phase for _, phase in calls if phase is not None and phase.step == "starting"]
+    assert starting and {p.why for p in starting} == {"engine arguments changed"}
+    last = [p.last_start_s for p in starting]
+    assert last == [pytest.approx(first.meta["server_start_s"], abs=0.05)] * len(starting)
+    assert "the last start on this worker took" in starting[-1].note()
+    assert third.meta["server_reused"] is False
+
+
 def serving(standin: StandIn) -> bool:
     """The stand-in server started and answers /health."""
     starts = standin.starts()
@@ -258,7 +312,7 @@ def test_a_server_that_dies_during_a_run_fails_it_with_its_log(
 ) -> None:
     monkeypatch.setenv("STANDIN_FAKE_CONFIG", json.dumps({"ttft_ms": 5000}))
 
-    def kill_server(fraction: float) -> None:
+    def kill_server(fraction: float, phase: Phase | None = None) -> None:
         # Progress is reported while the server starts too; kill it once the manager has taken
         # it as ready (the load is on), not when /health first answers (still starting, for it).
         if vllm_backend.server_manager().current is not None and serving(standin):
@@ -281,7 +335,7 @@ def test_a_cancelled_run_stops_the_load_but_keeps_the_server(
 
     calls = []
 
-    def cancel(fraction: float) -> None:
+    def cancel(fraction: float, phase: Phase | None = None) -> None:
         # Not while the server is still starting (the manager takes it as ready first).
         if vllm_backend.server_manager().current is not None and serving(standin):
             calls.append(fraction)

@@ -175,3 +175,85 @@ def test_a_run_on_a_local_cpu_engine_is_labelled_as_one(
         "vocab_size": 32000,
         "catalog_model": "lab-llama-20m",
     }
+
+
+def run_on_the_workers_server(
+    owner: Any, server: Any, monkeypatch: pytest.MonkeyPatch, model: str
+) -> Any:
+    """A web run submitted for `model`, executed as a vLLM worker with LABS_VLLM_BASE_URL does."""
+    from labs import services
+    from labs.models import LabRun, RunState
+    from labs.selectors import device_prediction
+    from tests.labs.factories import make_run
+
+    monkeypatch.setenv("LABS_VLLM_BASE_URL", server.base_url)
+    monkeypatch.setattr(vllm_backend, "gpu_name", lambda: None)
+    params = parse_lab_params({"model": model, "num_prompts": 4, "prompt_tokens": 64})
+    run = make_run(
+        owner,
+        backend="vllm",
+        params=params.as_dict(),
+        predicted=json.loads(json.dumps(device_prediction(params))),
+    )
+    assert services.run_execute(run_id=run.pk, hostname="vllm@test") == RunState.DONE
+    return LabRun.objects.get(pk=run.pk)
+
+
+def test_a_web_run_stores_the_prediction_for_the_model_the_server_served(
+    fake_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, alice: Any, client: Any
+) -> None:
+    from labs.selectors import device_prediction
+
+    root = model_dir(tmp_path, "lab-llama-20m", lab_llama_20m_config())
+    server = fake_server({"model": "lab", "root": str(root), "ttft_ms": 5, "itl_ms": [2]})
+    run = run_on_the_workers_server(alice, server, monkeypatch, "qwen2.5-0.5b")
+
+    served = parse_lab_params({"model": "lab-llama-20m", "num_prompts": 4, "prompt_tokens": 64})
+    submitted = parse_lab_params({"model": "qwen2.5-0.5b", "num_prompts": 4, "prompt_tokens": 64})
+    assert run.predicted == json.loads(json.dumps(device_prediction(served)))
+    assert run.predicted != json.loads(json.dumps(device_prediction(submitted)))
+    assert run.params["model"] == "qwen2.5-0.5b"  # what the learner asked for stays on record
+    assert run.result["breakdown"]["source"] == "expected"
+
+    client.force_login(alice)
+    page = client.get(run.get_absolute_url())
+    assert (
+        "The server served lab-llama-20m (as &#x27;lab&#x27;), not the qwen2.5-0.5b you chose: "
+        "the measured numbers are lab-llama-20m&#x27;s, and the prediction is for lab-llama-20m."
+    ) in page.content.decode()
+    assert any(row.predicted for row in page.context["rows"])
+
+
+def test_a_web_run_on_a_server_serving_a_model_outside_the_catalog_predicts_nothing(
+    fake_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, alice: Any, client: Any
+) -> None:
+    root = model_dir(tmp_path, "mystery", MYSTERY)
+    config = {"model": "mystery", "root": str(root), "vocab_size": 3000, "ttft_ms": 5}
+    server = fake_server({**config, "itl_ms": [2]})
+    run = run_on_the_workers_server(alice, server, monkeypatch, "qwen2.5-0.5b")
+
+    (reason,) = run.predicted.values()
+    assert list(run.predicted) == ["no_prediction"] and reason.startswith(NOT_IN_CATALOG)
+    assert "'mystery', a 3-layer model" in reason
+    assert run.result["breakdown"] is None  # no expected parts for a model nobody can price
+    assert (run.result["completed"], run.result["failed"]) == (4, 0)
+
+    client.force_login(alice)
+    page = client.get(run.get_absolute_url())
+    html = page.content.decode()
+    assert "The server served &#x27;mystery&#x27;, not the qwen2.5-0.5b you chose: no " in html
+    rows = page.context["rows"]
+    assert rows and all(row.predicted in ("", "—") for row in rows)
+    assert 'id="breakdown-title"' not in html
+
+
+def test_a_web_run_on_a_server_serving_the_submitted_model_keeps_its_prediction(
+    fake_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, alice: Any
+) -> None:
+    root = model_dir(tmp_path, "lab-llama-20m", lab_llama_20m_config())
+    server = fake_server({"model": "lab", "root": str(root), "ttft_ms": 5, "itl_ms": [2]})
+    from labs.selectors import device_prediction
+
+    params = parse_lab_params({"model": "lab-llama-20m", "num_prompts": 4, "prompt_tokens": 64})
+    run = run_on_the_workers_server(alice, server, monkeypatch, "lab-llama-20m")
+    assert run.predicted == json.loads(json.dumps(device_prediction(params)))
