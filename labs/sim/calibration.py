@@ -2,6 +2,7 @@
 
     python -m labs.sim.calibration          # the table: source, settings, published, simulated
     python -m labs.sim.calibration --fit    # search the fitted constants on the `fit` runs only
+    python -m labs.sim.calibration --fit --gpu l4   # only that GPU kind's constants, its fit runs
     python -m labs.sim.calibration --report # per catalog GPU kind: its runs, or what it borrows
 
 Each measurement's `settings` are lab parameters; the simulator runs them on the realistic
@@ -205,6 +206,17 @@ FREE = (
     ("gpus.b200.decode_step_overhead_ms", 0.05, 2.5),
 )
 
+# A GPU kind's own constants (`--fit --gpu NAME`): fitted to that kind's `fit` runs alone, with
+# every global constant and every other GPU left as they are. A decode-step overhead is searched
+# only where the kind already has its own.
+GPU_FREE = (
+    ("bandwidth_efficiency", 0.5, 0.97),
+    ("kv_bandwidth_efficiency", 0.3, 0.95),
+    ("gemm_efficiency", 0.2, 0.9),
+    ("gemm_half_tokens", 1.0, 2000.0),
+    ("decode_step_overhead_ms", 0.05, 2.5),
+)
+
 
 def _get(data: dict[str, Any], path: str) -> float:
     node: Any = data
@@ -261,11 +273,32 @@ def log_error_loss(pairs: list[tuple[float, float]]) -> float:
     return sum(math.log(sim / measured) ** 2 for sim, measured in pairs)
 
 
-def fit(rounds: int = 3, log: Callable[[str], None] = print) -> tuple[dict[str, float], float]:
+def gpu_free(data: dict[str, Any], gpu: str) -> tuple[tuple[str, float, float], ...]:
+    """The (path, low, high) of GPU kind `gpu`'s own constants that `fit(gpu=...)` may move."""
+    if gpu not in data["gpus"]:
+        raise ValueError(f"no GPU kind {gpu!r} in calibration.yaml")
+    own = data["gpus"][gpu]
+    return tuple((f"gpus.{gpu}.{key}", low, high) for key, low, high in GPU_FREE if key in own)
+
+
+def fit(
+    rounds: int = 3,
+    log: Callable[[str], None] = print,
+    gpu: str | None = None,
+    max_moves: int = 1,
+) -> tuple[dict[str, float], float]:
     """Coordinate search of FREE on the `fit` measurements: minimise the sum of squared log
-    errors. Returns the constants found and the loss."""
+    errors. Returns the constants found and the loss. With `gpu`, only that GPU kind's own
+    constants (GPU_FREE) move, fitted to its own `fit` runs; nothing else changes."""
     data = yaml.safe_load(CALIBRATION_PATH.read_text())
-    fitted = [m for m in load_measurements() if m.role == "fit"]
+    fitted = [
+        m
+        for m in load_measurements()
+        if m.role == "fit" and (gpu is None or m.settings["gpu"] == gpu)
+    ]
+    free = FREE if gpu is None else gpu_free(data, gpu)
+    if not fitted:
+        raise ValueError(f"no fit runs for {gpu or 'any GPU'}")
 
     def loss(values: dict[str, float]) -> float:
         for path, v in values.items():
@@ -273,9 +306,9 @@ def fit(rounds: int = 3, log: Callable[[str], None] = print) -> tuple[dict[str, 
         cal = parse_calibration(data)
         return log_error_loss([(simulate(m, cal), m.published) for m in fitted])
 
-    values = {path: _get(data, path) for path, _, _ in FREE}
-    bounds = {path: (low, high) for path, low, high in FREE}
-    return coordinate_search(loss, values, bounds, rounds, log)
+    values = {path: _get(data, path) for path, _, _ in free}
+    bounds = {path: (low, high) for path, low, high in free}
+    return coordinate_search(loss, values, bounds, rounds, log, max_moves=max_moves)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,9 +318,15 @@ def main(argv: list[str] | None = None) -> int:
         "--report", action="store_true", help="every catalog GPU kind with its runs and errors"
     )
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--gpu", help="with --fit: fit only this GPU kind's own constants to its own fit runs"
+    )
+    parser.add_argument(
+        "--max-moves", type=int, default=1, help="with --fit: moves per constant and direction"
+    )
     args = parser.parse_args(argv)
     if args.fit:
-        values, best = fit(args.rounds)
+        values, best = fit(args.rounds, gpu=args.gpu, max_moves=args.max_moves)
         for path, v in values.items():
             print(f"{path}: {v:.4g}")
         print(f"loss {best:.4f}")

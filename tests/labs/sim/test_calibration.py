@@ -7,6 +7,7 @@ Run with -s to see the table (the same table is in docs/engine-model.md).
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from labs.catalog import GPUS
 from labs.sim.calibration import (
     TOLERANCE,
+    fit,
     format_report,
     format_table,
     held_out_errors,
@@ -79,3 +81,22 @@ def test_the_report_lists_every_catalog_gpu_with_its_runs_or_what_it_borrows(tab
     assert f"median |error| {statistics.median(errors):.1%}" in report
     moved = sum(m.moved_after_seen for m, _ in table)
     assert f"{moved} of them moved out of fit/held-out after being simulated" in report
+
+
+def test_six_catalog_gpu_kinds_are_calibrated_and_h100_pcie_and_l40s_say_what_they_borrow():
+    calibration = load_calibration()
+    calibrated = {name for name in GPUS if calibration.gpus[name].calibrated}
+    assert calibrated == {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "l4", "b200"}
+    for name in set(GPUS) - calibrated:
+        assert calibration.gpus[name].borrows
+
+
+def test_a_gpu_kinds_own_fit_moves_only_its_constants_against_only_its_fit_runs():
+    values, loss = fit(rounds=0, log=lambda _: None, gpu="l4")
+    assert values and all(path.startswith("gpus.l4.") for path in values)
+    own = [m for m in load_measurements() if m.role == "fit" and m.settings["gpu"] == "l4"]
+    assert [m.id for m in own] == ["L1", "L2"]
+    expected = sum((math.log(simulate(m) / m.published)) ** 2 for m in own)
+    assert loss == pytest.approx(expected)
+    with pytest.raises(ValueError):
+        fit(rounds=0, log=lambda _: None, gpu="no-such-gpu")

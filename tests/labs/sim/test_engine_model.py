@@ -227,7 +227,7 @@ def test_every_simulated_result_says_which_hardware_it_ran_on():
         f"simulated on CPU as H100 SXM (calibrated to {cal.num_fitted} published vLLM runs,"
         f" checked against {cal.num_held_out} more)"
     )
-    assert "not calibrated" in where_label(GPUS["l4"], "realistic")
+    assert "not calibrated" in where_label(GPUS["l40s"], "realistic")
     assert where_label(A100, "ideal").startswith(
         "simulated on CPU as A100 80GB SXM, ideal hardware"
     )
