@@ -115,7 +115,8 @@ def summarize(record: RunRecord, slo_ms: Mapping[str, float] | None = None) -> d
         ttft_s, tpot_s, itl_s, e2e_s ({mean, p50, p90, p95, p99} each), ttft_bench_s (the
         same, or None), output_tokens_per_s,
         total_tokens_per_s, requests_per_s, goodput_requests_per_s (None without SLOs),
-        completed, failed, max_running_seqs, preemptions, kv_usage_peak, prefix_cache_hit_rate,
+        completed, failed, max_running_seqs, preemptions, kv_usage_peak (both None when no
+        /metrics poll saw a request running: gauges_unobserved), prefix_cache_hit_rate,
         spec_acceptance_rate, spec_acceptance_length, simulated_s (None unless simulated),
         duration_s, wall_s, and `series` for the charts.
     """
@@ -150,6 +151,13 @@ def summarize(record: RunRecord, slo_ms: Mapping[str, float] | None = None) -> d
         goodput = _per_s(int(good.sum()), duration)
 
     c = record.counters
+    running_peak = max((s.running for s in record.samples), default=None)
+    kv_peak = max((s.kv_usage for s in record.samples), default=None)
+    # A real server's gauges are polled; a short run can finish between two polls, and every
+    # poll then reads an idle engine. A peak of 0 beside served requests is not evidence.
+    unobserved = not record.simulated and completed > 0 and not running_peak
+    if unobserved:
+        running_peak = kv_peak = None
     return {
         "ttft_s": distribution(ttft),
         "ttft_bench_s": ttft_bench,
@@ -162,9 +170,10 @@ def summarize(record: RunRecord, slo_ms: Mapping[str, float] | None = None) -> d
         "goodput_requests_per_s": goodput,
         "completed": completed,
         "failed": len(record.requests) - completed,
-        "max_running_seqs": max((s.running for s in record.samples), default=None),
+        "max_running_seqs": running_peak,
         "preemptions": c.preemptions,
-        "kv_usage_peak": max((s.kv_usage for s in record.samples), default=None),
+        "kv_usage_peak": kv_peak,
+        "gauges_unobserved": unobserved,
         "prefix_cache_hit_rate": _ratio(c.prefix_cache_hits, c.prefix_cache_queries),
         "spec_acceptance_rate": _ratio(c.spec_accepted_tokens, c.spec_draft_tokens),
         "spec_acceptance_length": (

@@ -252,6 +252,8 @@ def compare(
         if measured is None:
             if m.measured == "preemptions" and m.measured in summary:
                 rows.append(_not_reported(m.label))
+            elif m.measured in GAUGE_PEAKS and summary.get("gauges_unobserved"):
+                rows.append(_not_observed(m.label))
             continue
         want = _finite(expected.get(m.predicted)) if m.predicted else None
         diff, ratio = percent_diff(measured, want)
@@ -292,6 +294,24 @@ def _explain(
         n = _finite(params.get("output_tokens"))
         return explain.explain_throughput(measured, predicted, summary, prediction, n, fmt)
     return explain.explain_counter(m.measured, measured, predicted, summary, fmt)
+
+
+# Peaks read from the server's polled gauges (labs.metrics: gauges_unobserved).
+GAUGE_PEAKS = ("max_running_seqs", "kv_usage_peak")
+
+
+def _not_observed(label: str) -> Row:
+    """A gauge no /metrics poll caught with a request running: said so, never shown as 0."""
+    return Row(
+        label=label,
+        measured="not observed",
+        predicted="",
+        diff="",
+        diff_class="",
+        reading="No /metrics poll fell while requests were running (the run was shorter than "
+        "the polling interval), so this peak was not seen.",
+        ratio=None,
+    )
 
 
 def _not_reported(label: str) -> Row:

@@ -114,6 +114,20 @@ def test_a_real_backend_has_no_simulated_seconds_and_missing_counters_are_none()
     assert m["prefix_cache_hit_rate"] is None and m["spec_acceptance_rate"] is None
 
 
+def test_gauge_peaks_no_poll_saw_running_are_not_observed_rather_than_zero():
+    # A short vLLM run finished between /metrics polls: every poll read an idle engine.
+    idle = [EngineSample(0.0, 0, 0, 0.0), EngineSample(1.0, 0, 0, 0.0)]
+    m = summarize(make_record(simulated=False, samples=idle))
+    assert m["max_running_seqs"] is None and m["kv_usage_peak"] is None
+    assert m["gauges_unobserved"] is True
+    # A poll that caught a request running is evidence, whatever it read for the pool.
+    seen = [EngineSample(0.0, 0, 0, 0.0), EngineSample(1.0, 2, 0, 0.0)]
+    m = summarize(make_record(simulated=False, samples=seen))
+    assert (m["max_running_seqs"], m["kv_usage_peak"], m["gauges_unobserved"]) == (2, 0.0, False)
+    # The simulator samples every step: its zero would be its own truth, never "unobserved".
+    assert summarize(make_record(samples=idle))["gauges_unobserved"] is False
+
+
 def test_a_run_where_everything_failed_has_empty_distributions():
     failed = [RequestRecord("X", 5, 5, 0.0, [], None, error="refused")]
     m = summarize(make_record(requests=failed, duration_s=0.0))

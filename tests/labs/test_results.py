@@ -44,3 +44,27 @@ def test_the_reasons_for_hardware_parts_fit_a_cpu_run_too():
 
     for part in ("efficiency", "unexplained"):
         assert "GPU" not in PART_WHY[part], part
+
+
+def test_a_peak_no_poll_saw_is_a_not_observed_row_that_no_reading_picks():
+    """A 0.9 s vLLM run on the CPU worker showed "Running sequences, peak 0, −100%" and the
+    Reading called it the largest difference: every /metrics poll had read an idle engine."""
+    from labs.results import compare, headline
+
+    summary = {
+        "ttft_s": {"mean": 0.2},
+        "max_running_seqs": None,
+        "kv_usage_peak": None,
+        "gauges_unobserved": True,
+        "completed": 16,
+    }
+    rows = {r.label: r for r in compare(summary, {"ttft_s": 0.2, "running_seqs": 8}, {})}
+    for label in ("Running sequences, peak", "KV usage, peak"):
+        assert rows[label].measured == "not observed" and rows[label].ratio is None
+        assert "No /metrics poll fell while requests were running" in rows[label].reading
+    assert "Running sequences" not in headline(list(rows.values()))
+    # Seen by a poll: a number, compared with the prediction.
+    seen = compare(
+        {**summary, "max_running_seqs": 8, "gauges_unobserved": False}, {"running_seqs": 8}, {}
+    )
+    assert [r.measured for r in seen if r.label == "Running sequences, peak"] == ["8"]
