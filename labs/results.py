@@ -382,6 +382,9 @@ def breakdown_bars(
             continue
         formula = ((predicted or {}).get(key) or {}).get("parts") or {}
         drawn = sum(max(0.0, _finite(v) or 0.0) for v in section["parts"].values()) or 1.0
+        # Expected parts above the measured total (a negative "unexplained"): shares are of
+        # what the engine model expected, so none passes 100%.
+        whole = max(total, drawn)
         parts = []
         for name in dict.fromkeys([*section["parts"], *formula]):
             seconds = _finite(section["parts"].get(name)) or 0.0
@@ -393,7 +396,11 @@ def breakdown_bars(
                     "name": name,
                     "label": PART_LABELS.get(name, name),
                     "value": format_value(seconds, "s"),
-                    "share": f"{seconds / total * 100:.0f}%",
+                    "share": (
+                        f"{seconds / whole * 100:.0f}%"
+                        if seconds >= 0
+                        else "the engine model expected this much more"
+                    ),
                     "width": f"{max(seconds, 0.0) / drawn * 100:.2f}",
                     "formula": "" if expected is None else format_value(expected, "s"),
                 }
@@ -405,6 +412,7 @@ def breakdown_bars(
                 "label": label,
                 "total": format_value(total, "s"),
                 "formula_total": "" if formula_total is None else format_value(formula_total, "s"),
+                "expected_total": format_value(drawn, "s") if drawn > total * 1.0001 else "",
                 "parts": parts,
             }
         )
@@ -419,6 +427,19 @@ def breakdown_sentence(breakdown: Mapping[str, Any] | None) -> str:
     if not name:
         return ""
     expected = (breakdown or {}).get("source") == "expected"
+    section = (breakdown or {})["e2e_s"]
+    over = -float(section["parts"].get("unexplained", 0.0))
+    if expected and over > 0:
+        # The engine model expected more time than the run took: shares of the measured mean
+        # would pass 100%, so the largest part is given as a share of what the model expected.
+        total = float(section["total"])
+        model = total + over
+        return (
+            f"The engine model expected {format_value(model, 's')} for the mean end-to-end "
+            f"latency, {model / total:.1f}× the {format_value(total, 's')} measured; the "
+            f"largest part it expected ({section['parts'][name] / model * 100:.0f}%) is "
+            f"{PART_LABELS.get(name, name)}: {PART_WHY.get(name, name)}."
+        )
     verb = "is expected to have gone" if expected and name != "unexplained" else "went"
     return (
         f"The largest part of the mean end-to-end latency ({share * 100:.0f}%) {verb} to "

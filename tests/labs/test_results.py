@@ -68,3 +68,38 @@ def test_a_peak_no_poll_saw_is_a_not_observed_row_that_no_reading_picks():
         {**summary, "max_running_seqs": 8, "gauges_unobserved": False}, {"running_seqs": 8}, {}
     )
     assert [r.measured for r in seen if r.label == "Running sequences, peak"] == ["8"]
+
+
+def test_when_the_model_expected_more_than_measured_no_share_passes_100_percent():
+    """A CPU run's expected parts summed to 2.27 s against 334 ms measured, and the Reading said
+    the largest part took "492%" of the mean E2E."""
+    import re
+
+    from labs.results import breakdown_sentence
+
+    parts = {"ideal": 0.599, "efficiency": 1.64, "overhead": 0.0308, "unexplained": -1.94}
+    breakdown = {"source": "expected", "e2e_s": {"total": 0.334, "parts": parts}}
+    text = breakdown_sentence(breakdown)
+    assert text.startswith("The engine model expected 2.27 s for the mean end-to-end latency, ")
+    assert "6.8× the 334 ms measured" in text
+    assert "largest part it expected (72%) is efficiency loss" in text
+    assert all(int(p) <= 100 for p in re.findall(r"(\d+)%", text))
+    # Expected parts within the measured total: shares of the measured mean, as before.
+    parts = {"ideal": 0.2, "efficiency": 0.1, "unexplained": 0.034}
+    text = breakdown_sentence({"source": "expected", "e2e_s": {"total": 0.334, "parts": parts}})
+    assert text.startswith("The largest part of the mean end-to-end latency (60%) is expected")
+
+
+def test_the_bars_of_an_over_expected_run_give_shares_of_what_the_model_expected():
+    from labs.results import breakdown_bars
+
+    parts = {"ideal": 0.599, "efficiency": 1.64, "overhead": 0.0308, "unexplained": -1.94}
+    (bar,) = breakdown_bars({"source": "expected", "e2e_s": {"total": 0.334, "parts": parts}})
+    assert bar["total"] == "334 ms" and bar["expected_total"] == "2.27 s"
+    shares = {p["name"]: p["share"] for p in bar["parts"]}
+    assert shares["efficiency"] == "72%" and shares["ideal"] == "26%"
+    assert shares["unexplained"] == "the engine model expected this much more"
+    # Parts within the measured total: shares of it, no note.
+    parts = {"ideal": 0.2, "efficiency": 0.1, "unexplained": 0.034}
+    (bar,) = breakdown_bars({"source": "expected", "e2e_s": {"total": 0.334, "parts": parts}})
+    assert bar["expected_total"] == "" and bar["parts"][0]["share"] == "60%"
