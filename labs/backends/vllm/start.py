@@ -24,6 +24,7 @@ still checked against the catalog: its GPU kind, up to fit.MAX_TP of them.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 
 from labs.backends.base import Device, Placement
@@ -33,6 +34,7 @@ from labs.backends.vllm.server import (
     BLOCK_SIZE_MULTIPLE,
     MODELS_DIR,
     _max_model_len,
+    env_key,
     supported_refusals,
 )
 from labs.catalog import CPU_KIND, GPUS
@@ -114,11 +116,29 @@ def _pool_refusal(params: LabParams) -> str | None:
     )
 
 
+def _draft_refusal(params: LabParams) -> str | None:
+    """A worker serving the model from its own checkpoint (LABS_VLLM_MODEL_DIR_<SLUG>) has no
+    draft checkpoint beside it; decided on the worker, whose environment names it."""
+    if params.engine.spec_method in ("none", "ngram"):
+        return None
+    weights = os.environ.get(f"LABS_VLLM_MODEL_DIR_{env_key(params.model.name)}")
+    if not weights:
+        return None
+    return (
+        f"spec_method must be ngram or none for {params.model.name} on this worker: it serves "
+        f"real weights ({weights}) and has no draft checkpoint beside them"
+    )
+
+
 def settings_refusals(params: LabParams) -> dict[str, str]:
     """What no vLLM worker of any kind can start, by field."""
     errors = supported_refusals(params)
     errors.pop("block_size", None)  # a device kind's rule (gpu_refusals)
-    refusals = (("model", _model_refusal(params)), ("kv_capacity_tokens", _pool_refusal(params)))
+    refusals = (
+        ("model", _model_refusal(params)),
+        ("kv_capacity_tokens", _pool_refusal(params)),
+        ("spec_method", _draft_refusal(params)),
+    )
     for field, refusal in refusals:
         if refusal:
             errors.setdefault(field, refusal)

@@ -166,3 +166,36 @@ def test_the_presets_the_audit_named_are_judged_right():
     too_big = requirement(preset_params("kv-capacity-32k-context"))
     assert too_big.startswith("cannot start as set: tp 1 is too few h100-sxm GPUs")
     assert "contiguous" in requirement(preset_params("contiguous-vs-paged-8k-reservation"))
+
+
+def test_a_draft_model_run_starts_beside_a_made_local_model_and_is_refused_beside_real_weights(
+    tmp_path, monkeypatch
+):
+    """The conformance script (scripts/check_vllm_conformance.py) on a machine where `lab
+    make-model` had run: lab-llama-20m with a draft model passed check_can_start, then
+    build_plan refused it ('needs a draft checkpoint'), a failure at start."""
+    from labs.backends.vllm import cpu
+    from labs.backends.vllm.server import MODELS_DIR
+
+    made = tmp_path / "models" / "lab-llama-20m"
+    made.mkdir(parents=True)
+    (made / "config.json").write_text((MODELS_DIR / "lab-llama-20m" / "config.json").read_text())
+    (made / "model.safetensors").write_bytes(b"")
+    monkeypatch.setenv("LABS_MODELS_DIR", str(tmp_path / "models"))
+    assert cpu.made_model("lab-llama-20m") == made
+    drafting = params(model="lab-llama-20m", spec_method="draft_model", spec_tokens=2)
+    check_can_start(drafting, [Device("h100-sxm", 1, H100)])
+    plan = build_plan(drafting, cache=tmp_path / "cache")
+    # Both random: the bundled config with vLLM's dummy weights, as the draft gets.
+    assert plan.args[1] == str(MODELS_DIR / "lab-llama-20m")
+    assert plan.args[plan.args.index("--load-format") + 1] == "dummy"
+    ngram = build_plan(
+        params(model="lab-llama-20m", spec_method="ngram", spec_tokens=2), cache=tmp_path
+    )
+    assert ngram.args[1] == str(made)  # without a draft, the made weights and tokenizer
+    # A worker serving its own checkpoint refuses a draft model before any start.
+    monkeypatch.setenv("LABS_VLLM_MODEL_DIR_LLAMA_3_8B", str(tmp_path / "ckpt"))
+    errors = refusal(
+        params(spec_method="draft_model", spec_tokens=2), [Device("h100-sxm", 1, H100)]
+    )
+    assert errors["spec_method"].startswith("spec_method must be ngram or none for llama-3-8b")
