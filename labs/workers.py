@@ -98,11 +98,13 @@ def announce(hostname: str, backends: Iterable[str]) -> None:
     """Create or refresh this worker's heartbeat rows (a flushed table is simply refilled)."""
     from labs.models import WorkerHeartbeat
 
-    now = timezone.now()
     announced: set[str] = _state.setdefault("announced", set())
     for backend in backends:
         info = _state.setdefault("info", {}).get(backend) or describe_backend(backend)
         _state["info"][backend] = info
+        # Stamped after describing: a CPU worker's first description measures its CPU, which
+        # can take longer than the online window on a busy machine (born stale, it was offline).
+        now = timezone.now()
         # A row a killed process left keeps its hostname: this process's first beat says when
         # it started (the reaper gives a worker that has just come back time to take its runs).
         restart = {} if backend in announced else {"started_at": now}

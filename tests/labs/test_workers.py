@@ -31,6 +31,31 @@ def test_announce_creates_then_refreshes_one_row_per_backend():
 
 
 @pytest.mark.django_db
+def test_a_worker_whose_first_description_is_slow_is_online_when_announced(monkeypatch):
+    """make test-vllm in CI: the CPU worker measured its CPU for longer than the online window
+    on a busy machine, its first heartbeat was stamped before that, and the submit found no
+    vLLM worker online ('a custom GPU (cpu) exists only in the simulator')."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    clock = [timezone.now()]
+    monkeypatch.setattr(workers.timezone, "now", lambda: clock[0])
+    real = workers.describe_backend
+
+    def slow_description(backend):
+        clock[0] += dt.timedelta(seconds=120)  # measuring took two minutes
+        return real(backend)
+
+    monkeypatch.setattr(workers, "describe_backend", slow_description)
+    monkeypatch.setattr(workers, "_state", {})
+    workers.announce("slow@box", ["sim"])
+    beat = WorkerHeartbeat.objects.get(hostname="slow@box")
+    assert beat.last_seen == clock[0]
+    assert WorkerHeartbeat.objects.online(clock[0]).filter(hostname="slow@box").exists()
+
+
+@pytest.mark.django_db
 def test_online_means_seen_within_the_window(settings):
     settings.LABS_WORKER_ONLINE_S = 30
     make_heartbeat("sim", age_s=5)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -105,7 +106,12 @@ class PeakMemory(threading.Thread):
 
 
 def _ready(worker: WorkerProcess) -> bool:
-    beat = WorkerHeartbeat.objects.filter(backend="vllm", hostname__startswith=worker.name).first()
+    # Online (seen within the window), not only present: the submit asks the same.
+    beat = (
+        WorkerHeartbeat.objects.online()
+        .filter(backend="vllm", hostname__startswith=worker.name)
+        .first()
+    )
     return bool(beat and (beat.gpus or {}).get("matmul_flops_per_s"))
 
 
@@ -147,9 +153,22 @@ def submit(client: Any, data: dict[str, str], lab: str = "batching") -> Any:
     return client.post(reverse("labs:run-create", args=[lab]), data)
 
 
+def refusals(response: Any) -> str:
+    """What the lab page said was wrong (its error lists and notices), not the whole page."""
+    html = response.content.decode()
+    found = re.findall(
+        r'<(?:ul|p|div) class="(?:errorlist|notice errorbox)[^"]*"[^>]*>(.*?)</(?:ul|p|div)>',
+        html,
+        re.S,
+    )
+    return f"{response.status_code}: " + (
+        " | ".join(re.sub(r"<[^>]+>", " ", f).strip() for f in found) or html[-3000:]
+    )
+
+
 def run_to_end(client: Any, data: dict[str, str], worker: WorkerProcess) -> LabRun:
     response = submit(client, data)
-    assert response.status_code == 302, response.content.decode()[-3000:]
+    assert response.status_code == 302, refusals(response)
     run = LabRun.objects.latest("pk")
     deadline = time.monotonic() + RUN_WAIT_S
     while time.monotonic() < deadline:
