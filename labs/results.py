@@ -300,30 +300,33 @@ def _explain(
 GAUGE_PEAKS = ("max_running_seqs", "kv_usage_peak")
 
 
-def _not_observed(label: str) -> Row:
-    """A gauge no /metrics poll caught with a request running: said so, never shown as 0."""
+def _unmeasured(label: str, shown: str, reading: str) -> Row:
+    """A row with no number: said why, never shown as 0."""
     return Row(
         label=label,
-        measured="not observed",
+        measured=shown,
         predicted="",
         diff="",
         diff_class="",
-        reading="No /metrics poll fell while requests were running (the run was shorter than "
-        "the polling interval), so this peak was not seen.",
+        reading=reading,
         ratio=None,
     )
 
 
+def _not_observed(label: str) -> Row:
+    """A gauge no /metrics poll caught with a request running."""
+    return _unmeasured(
+        label,
+        "not observed",
+        "No /metrics poll fell while requests were running (the run was shorter than the "
+        "polling interval), so this peak was not seen.",
+    )
+
+
 def _not_reported(label: str) -> Row:
-    """A counter the server did not report (no vLLM /metrics): said so, never shown as 0."""
-    return Row(
-        label=label,
-        measured="not reported",
-        predicted="",
-        diff="",
-        diff_class="",
-        reading="The server's /metrics page did not include this counter.",
-        ratio=None,
+    """A counter the server did not report (no vLLM /metrics)."""
+    return _unmeasured(
+        label, "not reported", "The server's /metrics page did not include this counter."
     )
 
 
