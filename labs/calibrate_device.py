@@ -41,8 +41,12 @@ class SweepPoint:
 # end-to-end latency, not TPOT: on a 2-core CPU worker the API server shares a core and sometimes
 # streams a whole output in its first chunk, so TPOT read 0 (2026-12-02, D1's 5 repeats: 0 to
 # 1.75 ms); E2E does not depend on how tokens are chunked. (Changed after that run: D1, D2, S1
-# and the speculation change were tpot_s.mean.)
+# and the speculation change were tpot_s.mean.) P3 and S2 were added (both fit) after that
+# day's first calibration, before any run of them: its 3 fit points could not pin 6 constants,
+# and no fit point had drafts, so speculation's own cost was never fitted.
 _DECODE = {"prompt_tokens": 64, "output_tokens": 32, "max_tokens": 64}
+_PREFILL = {"output_tokens": 2, "max_tokens": 16, "max_concurrency": 1, "num_prompts": 2}
+_NGRAM = {"spec_method": "ngram", "spec_tokens": 3}
 SWEEP: tuple[SweepPoint, ...] = (
     SweepPoint("D1", "fit", "batch-1 decode", {**_DECODE, "max_concurrency": 1, "num_prompts": 3},
                "e2e_s.mean"),
@@ -50,13 +54,14 @@ SWEEP: tuple[SweepPoint, ...] = (
                "num_prompts": 8}, "e2e_s.mean"),
     SweepPoint("D3", "held_out", "8 sequences decoding", {**_DECODE, "max_concurrency": 8,
                "num_prompts": 16}, "output_tokens_per_s"),
-    SweepPoint("P1", "fit", "a long prefill", {"prompt_tokens": 1024, "output_tokens": 2,
-               "max_tokens": 16, "max_concurrency": 1, "num_prompts": 2}, "ttft_s.mean"),
-    SweepPoint("P2", "held_out", "a shorter prefill", {"prompt_tokens": 512, "output_tokens": 2,
-               "max_tokens": 16, "max_concurrency": 1, "num_prompts": 2}, "ttft_s.mean"),
+    SweepPoint("P1", "fit", "a long prefill", {**_PREFILL, "prompt_tokens": 1024}, "ttft_s.mean"),
+    SweepPoint("P2", "held_out", "a shorter prefill", {**_PREFILL, "prompt_tokens": 512},
+               "ttft_s.mean"),
+    SweepPoint("P3", "fit", "a short prefill", {**_PREFILL, "prompt_tokens": 128}, "ttft_s.mean"),
     SweepPoint("S1", "held_out", "ngram speculation, 3 drafts", {**_DECODE,
-               "max_concurrency": 1, "num_prompts": 3, "spec_method": "ngram",
-               "spec_tokens": 3}, "e2e_s.mean"),
+               "max_concurrency": 1, "num_prompts": 3, **_NGRAM}, "e2e_s.mean"),
+    SweepPoint("S2", "fit", "ngram, 3 drafts, 4 decoding", {**_DECODE, "max_concurrency": 4,
+               "num_prompts": 8, **_NGRAM}, "e2e_s.mean"),
 )  # fmt: skip
 
 
@@ -108,9 +113,14 @@ def metric_value(summary: Mapping[str, Any], metric: str) -> float:
 
 def settings_params(base: Mapping[str, Any], changes: Mapping[str, Any]) -> LabParams:
     """The base settings (model, GPU, ...) with `changes`, on the realistic profile, lengths
-    fixed. Raises ParamError naming a bad base setting."""
+    fixed, prefix caching off. Raises ParamError naming a bad base setting."""
     values = {**base, **changes, "sim_profile": "realistic"}
     values.update(input_range_ratio=0, output_range_ratio=0, request_rate=None)
+    # Every repeat draws the same token ids (the workload's seed), and a shorter prompt is the
+    # start of a longer one: with the prefix cache on, a point's 2nd and 3rd repeats (and P2
+    # after P1) found most of their prompt cached, while the simulator, each run fresh, computed
+    # it (added after the 2026-12-02 runs, whose P1/P2 medians were cached ones).
+    values["prefix_caching"] = False
     return parse_lab_params(align_run_batch(values))
 
 

@@ -23,6 +23,7 @@ from labs.calibrate_device import (
     measure_changes,
     measure_sweep,
     point_params,
+    settings_params,
     simulate,
     simulate_point,
 )
@@ -195,3 +196,33 @@ def test_a_cpu_whose_matmuls_need_no_batch_to_be_efficient_is_fitted():
     assert result.constants.fit_error < 0.15
     decode = next(p for p in result.points if p["id"] == "D1")
     assert abs(decode["error"]) < 0.15
+
+
+def test_every_point_and_change_runs_without_the_prefix_cache():
+    # Repeats draw the same token ids and P2's prompts start P1's: with the cache on, the medians
+    # were cached prefills the simulator (each run fresh) never sees.
+    for point in SWEEP:
+        assert point_params(BASE, point).engine.prefix_caching is False, point.id
+    for change in CHANGES:
+        for side in (change.before, change.after):
+            assert (
+                settings_params({**BASE, "prefix_caching": True}, side).engine.prefix_caching
+                is False
+            )
+
+
+def test_the_tables_line_up_under_their_headers():
+    from labs.cli.calibrate import format_changes, format_points
+
+    point = {"id": "D1", "role": "fit", "what": "batch-1 decode", "metric": "e2e_s.mean",
+             "measured": 0.1234567, "predicted": 0.13, "error": 0.053}  # fmt: skip
+    lines = format_points([point]).splitlines()
+    assert lines[0].split() == ["id", "role", "what", "metric", "measured", "simulated", "error"]
+    assert len(lines[0]) == len(lines[1]) and lines[1].endswith("0.13    +5.3%")
+    change = {"what": "max_num_seqs 1 -> 8", "metric": "output_tokens_per_s",
+              "measured_change": 3.11, "simulated_change": 1.2, "error": -0.46,
+              "change_error": -0.61}  # fmt: skip
+    lines = format_changes([change]).splitlines()
+    assert len(lines[0]) == len(lines[1]) and lines[1].endswith(
+        "+311.0%    +120.0%    -46.0%     -61.0%"
+    )
