@@ -16,15 +16,18 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants
 from labs.metrics import summarize
 from labs.params import LabParams, align_run_batch, parse_lab_params
 from labs.sim.calibration import coordinate_search, log_error_loss, relative_error
 from labs.sim.engine_model import load_calibration
+
+if TYPE_CHECKING:
+    from labs.backends.base import RunRecord
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ CHANGES: tuple[Change, ...] = (
 @dataclass(frozen=True)
 class Measured:
     point: SweepPoint
-    params: LabParams
+    params: LabParams  # as simulated (Runs.simulated_params)
     value: float  # median over the repeats
 
 
@@ -129,23 +132,86 @@ def point_params(base: Mapping[str, Any], point: SweepPoint) -> LabParams:
     return settings_params(base, point.changes)
 
 
+def run_summary(record: RunRecord) -> dict[str, Any]:
+    """labs.metrics.summarize, plus what the simulator is told of a speculative run: the
+    decode tokens made (every output token after each request's first) and the drafts the
+    engine accepted (its counter; None where it reported none)."""
+    summary = summarize(record)
+    done = [r for r in record.requests if r.error is None and r.finish_s is not None]
+    summary["decode_tokens"] = sum(max(r.output_tokens - 1, 0) for r in done)
+    summary["spec_accepted_tokens"] = record.counters.spec_accepted_tokens
+    return summary
+
+
+def step_acceptance(k: int, decode_tokens: int, accepted: int) -> float:
+    """The per-draft acceptance alpha at which the simulator's steps (k drafts each, accepted
+    until the first rejection) make the tokens per step the engine made: decode_tokens over
+    its steps, decode_tokens - accepted (each step makes one token plus those accepted).
+
+    The engine's ngram proposer drafts only where the context repeats itself, so its own rate
+    (accepted / drafted) is not the simulator's alpha: steps without a draft count too."""
+    steps = decode_tokens - accepted
+    if k <= 0 or accepted <= 0 or steps <= 0:
+        return 0.0
+    target = min(decode_tokens / steps, k + 1 - 1e-9)
+    low, high = 0.0, 1.0 - 1e-9
+    for _ in range(60):  # tokens per step, (1 - a^(k+1)) / (1 - a), rises with a
+        mid = (low + high) / 2
+        if (1 - mid ** (k + 1)) / (1 - mid) < target:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
 class Runs:
     """Runs each distinct setting `repeats` times, once: a setting asked for again (a change's
-    side that is also a sweep point) gets the summaries already measured."""
+    side that is also a sweep point) gets the summaries already measured. `warmups` runs of
+    each setting go first and are not kept: the first requests a vLLM server answers pay
+    one-time costs (on the CPU worker the ngram proposer's compilation: S1's first run had a
+    1.09 s mean TTFT against D1's 0.03 s, 2026-12-02)."""
 
-    def __init__(self, run: Callable[[LabParams], Mapping[str, Any]], repeats: int = 3) -> None:
-        self._run, self.repeats = run, repeats
+    def __init__(
+        self, run: Callable[[LabParams], Mapping[str, Any]], repeats: int = 3, warmups: int = 0
+    ) -> None:
+        self._run, self.repeats, self.warmups = run, repeats, warmups
         self._done: dict[str, list[Mapping[str, Any]]] = {}
 
     def values(self, params: LabParams, metric: str) -> list[float]:
         """The metric of each repeat, in the order run."""
-        key = json.dumps(params.as_dict(), sort_keys=True, default=str)
+        key = self._key(params)
         if key not in self._done:
+            for _ in range(self.warmups):
+                self._run(params)
             self._done[key] = [self._run(params) for _ in range(self.repeats)]
         return [metric_value(s, metric) for s in self._done[key]]
 
+    @staticmethod
+    def _key(params: LabParams) -> str:
+        return json.dumps(params.as_dict(), sort_keys=True, default=str)
+
     def median(self, params: LabParams, metric: str) -> float:
         return statistics.median(self.values(params, metric))
+
+    def simulated_params(self, params: LabParams) -> LabParams:
+        """`params` as the simulator runs them: with drafts, at the acceptance the engine made
+        in these runs (the median of its repeats, `step_acceptance`), not the lab's assumed
+        alpha; acceptance is the workload's and the model's, not a device constant. Unchanged
+        where the runs did not report what was accepted."""
+        k = params.engine.spec_tokens
+        if not k:
+            return params
+        self.values(params, "completed")  # measured, if not yet
+        summaries = self._done[self._key(params)]
+        if any(
+            s.get("spec_accepted_tokens") is None or "decode_tokens" not in s for s in summaries
+        ):
+            return params
+        alpha = statistics.median(
+            step_acceptance(k, int(s["decode_tokens"]), int(s["spec_accepted_tokens"]))
+            for s in summaries
+        )
+        return replace(params, engine=replace(params.engine, acceptance=min(alpha, 0.999)))
 
     def spread(self, params: LabParams, metric: str) -> str:
         """ "(4.1e-03 to 5.7e-03 over 3 runs)": how far the repeats disagree on a busy machine."""
@@ -160,10 +226,16 @@ def measure_sweep(
     measured = []
     for point in SWEEP:
         params = point_params(base, point)
-        measured.append(Measured(point, params, runs.median(params, point.metric)))
+        value = runs.median(params, point.metric)
+        simulated = runs.simulated_params(params)
+        measured.append(Measured(point, simulated, value))
+        accepted = ""
+        if params.engine.spec_tokens:
+            accepted = f"; simulated at acceptance {simulated.engine.acceptance:.3f}"
         log(
-            f"{point.id} {point.what}: {point.metric} {measured[-1].value:.6g} "
+            f"{point.id} {point.what}: {point.metric} {value:.6g} "
             + runs.spread(params, point.metric)
+            + accepted
         )
     return measured
 
@@ -171,7 +243,7 @@ def measure_sweep(
 @dataclass(frozen=True)
 class MeasuredChange:
     change: Change
-    before: LabParams
+    before: LabParams  # as simulated (Runs.simulated_params)
     after: LabParams
     ratio: float  # measured after / before (medians)
 
@@ -184,7 +256,11 @@ def measure_changes(
     for change in CHANGES:
         before, after = settings_params(base, change.before), settings_params(base, change.after)
         ratio = runs.median(after, change.metric) / runs.median(before, change.metric)
-        out.append(MeasuredChange(change, before, after, ratio))
+        out.append(
+            MeasuredChange(
+                change, runs.simulated_params(before), runs.simulated_params(after), ratio
+            )
+        )
         log(
             f"{change.what}: {change.metric} x{ratio:.4g} measured, before "
             f"{runs.spread(before, change.metric)}, after {runs.spread(after, change.metric)}"

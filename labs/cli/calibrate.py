@@ -61,8 +61,8 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
         fit_device,
         measure_changes,
         measure_sweep,
+        run_summary,
     )
-    from labs.metrics import summarize
     from labs.models import DeviceCalibration
 
     params = params_from_args(options)  # validates the base settings
@@ -78,7 +78,7 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
     def log(line: str) -> None:
         stdout.write(line + "\n")
 
-    runs = Runs(lambda p: summarize(backend.run(p)), repeats)
+    runs = Runs(lambda p: run_summary(backend.run(p)), repeats, warmups=1)
     measured = measure_sweep(base, runs, log)
     changes = measure_changes(base, runs, log)
     where = str(options.get("where") or "this worker")[:200]

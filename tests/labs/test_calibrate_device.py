@@ -23,9 +23,11 @@ from labs.calibrate_device import (
     measure_changes,
     measure_sweep,
     point_params,
+    run_summary,
     settings_params,
     simulate,
     simulate_point,
+    step_acceptance,
 )
 from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants
 from labs.metrics import summarize
@@ -148,7 +150,7 @@ def test_the_lessons_changes_are_measured_once_per_setting_and_set_beside_the_si
     measure_sweep(base, runs, log=logged.append)
     changes = measure_changes(base, runs, log=logged.append)
     # Each line shows how far its repeats disagree, not only their median.
-    assert all(line.endswith("over 2 runs)") for line in logged), logged
+    assert all("over 2 runs)" in line for line in logged), logged
     # Speculation off/on are the sweep's D1/S1 and max_num_seqs 8 its D3: one new setting.
     assert len(ran) == 2 * (len(SWEEP) + 1)
     assert [c.change.what for c in changes] == [c.what for c in CHANGES]
@@ -226,3 +228,36 @@ def test_the_tables_line_up_under_their_headers():
     assert len(lines[0]) == len(lines[1]) and lines[1].endswith(
         "+311.0%    +120.0%    -46.0%     -61.0%"
     )
+
+
+def test_the_simulator_is_told_the_acceptance_the_engine_made_not_the_labs_alpha():
+    # The simulator's own run at alpha 0.6 gives back about 0.6 from its counters.
+    params = point_params({**BASE, "acceptance": 0.6}, next(p for p in SWEEP if p.id == "S1"))
+    runs = Runs(lambda p: run_summary(build_simulator(p).run()), repeats=1)
+    assert runs.simulated_params(params).engine.acceptance == pytest.approx(0.6, abs=0.12)
+    # An engine that accepted nothing of 31 x 3 decode tokens: alpha 0; a third of them: the
+    # alpha whose steps make 1.5 tokens each, (1 - a^4) / (1 - a) = 1.5.
+    assert step_acceptance(3, 93, 0) == 0.0
+    alpha = step_acceptance(3, 93, 31)
+    assert (1 - alpha**4) / (1 - alpha) == pytest.approx(93 / 62)
+    engine = {"spec_accepted_tokens": 31, "decode_tokens": 93, "completed": 3}
+    told = Runs(lambda p: engine, repeats=3).simulated_params(params)
+    assert told.engine.acceptance == pytest.approx(alpha)
+    # Without drafts, or without the engine's counter, the settings stay as they were.
+    plain = point_params(BASE, SWEEP[0])
+    assert Runs(lambda p: engine, repeats=1).simulated_params(plain) is plain
+    silent = {**engine, "spec_accepted_tokens": None}
+    assert Runs(lambda p: silent, repeats=1).simulated_params(params) is params
+
+
+def test_a_warm_up_run_of_each_setting_goes_first_and_is_not_kept():
+    seen: list[float] = []
+
+    def run(params: Any) -> dict[str, Any]:
+        seen.append(params.workload.prompt_tokens)
+        return {"e2e_s": {"mean": 5.0 if len(seen) == 1 else 1.0}}
+
+    runs = Runs(run, repeats=3, warmups=1)
+    params = point_params(BASE, SWEEP[0])
+    assert runs.values(params, "e2e_s.mean") == [1.0, 1.0, 1.0]
+    assert runs.values(params, "e2e_s.mean") == [1.0, 1.0, 1.0] and len(seen) == 4
