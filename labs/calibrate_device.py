@@ -318,6 +318,7 @@ def starting_values(measured: list[Measured]) -> dict[str, float]:
         "decode_step_overhead_s": cal.decode_step_overhead_s if decode is None else decode,
         "mixed_step_overhead_s": cal.mixed_step_overhead_s,
         "gemm_half_tokens": gpu.gemm_half_tokens,
+        "spec_step_overhead_s": cal.spec_step_overhead_s,
     }
 
 

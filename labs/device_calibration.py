@@ -32,9 +32,11 @@ CONSTANT_BOUNDS: dict[str, tuple[float, float]] = {
     # Tokens at which GEMMs reach half their ceiling: tens on a GPU (idle tensor cores at small
     # batches), near zero on a CPU, whose matmul is as efficient for one row as for many.
     "gemm_half_tokens": (0.01, 4096.0),
+    # CPU time a step with drafts adds (the ngram proposer's search, the rejection sampler).
+    "spec_step_overhead_s": (0.0, 0.5),
 }
-# A calibration stored before this constant was fitted keeps its GPU kind's published value.
-OPTIONAL_CONSTANTS = frozenset({"gemm_half_tokens"})
+# A calibration stored before these constants were fitted keeps the published values.
+OPTIONAL_CONSTANTS = frozenset({"gemm_half_tokens", "spec_step_overhead_s"})
 
 
 def cpu_device_key(cpu_model: str, cores: int) -> str:
@@ -79,6 +81,7 @@ class DeviceConstants:
     held_out_error: float  # median |relative error| of the held-out points
     where: str = "this worker"
     gemm_half_tokens: float | None = None  # None: the GPU kind's published value
+    spec_step_overhead_s: float | None = None  # None: the published (global) value
 
     def label(self) -> str:
         """What every number priced with these constants says about them."""

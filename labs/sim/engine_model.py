@@ -14,7 +14,8 @@ fitted to; docs/engine-model.md has the formulas and the error table):
                                   KV bytes read / (bandwidth x kv_bandwidth_efficiency))
          + per-step overhead  decode-only steps (CUDA graphs) or mixed steps, + per sequence
          + communication      tp > 1: 2 all-reduces per layer, latency + ring bytes / link
-         + speculation        k draft passes, each c x a plain decode step
+         + speculation        k draft passes, each c x a plain decode step, + the fixed CPU
+                              time of a step with drafts (proposer, rejection sampler)
 
 The vocabulary tables are priced as vLLM runs them (`layer_params`, `lm_head_params`): the input
 embedding is a lookup (no FLOPs, and a step reads only its tokens' rows) and the LM head runs only
@@ -106,6 +107,7 @@ class Calibration:
     dequant_overhead: dict[str, float]
     num_fitted: int
     num_held_out: int
+    spec_step_overhead_s: float = 0.0
 
     @property
     def num_runs(self) -> int:
@@ -171,6 +173,7 @@ def parse_calibration(data: dict[str, Any]) -> Calibration:
         dequant_overhead={k: float(_value(v)) for k, v in g["dequant_overhead"].items()},
         num_fitted=roles.count("fit"),
         num_held_out=roles.count("held_out"),
+        spec_step_overhead_s=float(_value(g.get("spec_step_overhead_ms", 0.0))) * 1e-3,
     )
 
 
@@ -196,11 +199,13 @@ def with_device(cal: Calibration, hardware: Hardware, device: DeviceConstants) -
         decode_step_overhead_s=device.decode_step_overhead_s,
         calibrated=True,
     )
+    spec = device.spec_step_overhead_s
     return replace(
         cal,
         gpus={**cal.gpus, hardware.name: gpu},
         decode_step_overhead_s=device.decode_step_overhead_s,
         mixed_step_overhead_s=device.mixed_step_overhead_s,
+        spec_step_overhead_s=cal.spec_step_overhead_s if spec is None else spec,
     )
 
 
@@ -527,6 +532,11 @@ class EngineModel:
         if out.max_num_draft_tokens and self.engine.draft_cost:
             plain = self._decode_step_s(out.num_spec_seqs, spec_kv)
             draft_s = out.max_num_draft_tokens * self.engine.draft_cost * plain
+        if out.max_num_draft_tokens and self.profile == "realistic":
+            # Drafting costs the engine's CPU beyond any draft model: the ngram proposer
+            # searches the sequences' tokens between steps (c = 0 leaves it out), and the
+            # rejection sampler checks the drafts. On a CPU worker that CPU is the device.
+            draft_s = draft_s + self.cal.spec_step_overhead_s
         parts[:, SPECULATION] = np.maximum(full_ideal - base_ideal, 0) + draft_s
         if self.profile == "ideal":
             with_knobs = self._roofline_s(True, n_tokens, logits, kv, overhead=False)

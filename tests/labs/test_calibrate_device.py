@@ -194,7 +194,10 @@ def test_a_cpu_whose_matmuls_need_no_batch_to_be_efficient_is_fitted():
         measured.append(replace(m, value=simulate_point(m, cpu_like)))
     result = fit_device("cpu:test:2", measured, on=date(2026, 12, 2), log=lambda _: None)
     assert result.constants.gemm_half_tokens is not None
-    assert result.constants.gemm_half_tokens <= 10  # from the published 40
+    # From the published 40 to well below it. (Since the LM head runs only where tokens are
+    # sampled, a one-row matmul is a smaller share of the step and the sweep pins it less
+    # tightly: this fit found 13, it found under 10 before.)
+    assert result.constants.gemm_half_tokens <= 20
     assert result.constants.fit_error < 0.15
     decode = next(p for p in result.points if p["id"] == "D1")
     assert abs(decode["error"]) < 0.15
