@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
+from labs.catalog import CPU_KIND
 from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants
 from labs.metrics import summarize
 from labs.params import LabParams, align_run_batch, parse_lab_params
@@ -309,8 +310,15 @@ def _constants(device: str, values: Mapping[str, float], on: date) -> DeviceCons
 def starting_values(measured: list[Measured]) -> dict[str, float]:
     """The published constants of the sweep's GPU kind: where the search starts."""
     cal = load_calibration()
-    gpu = cal.gpu(measured[0].params.hardware)
+    hardware = measured[0].params.hardware
+    gpu = cal.gpu(hardware)
     decode = gpu.decode_step_overhead_s
+    if hardware.name == CPU_KIND:
+        # No published constants describe a CPU; the GPU-like start (GEMMs at half their rate
+        # at 40 tokens) made one-row decode steps so costly that the search first cut the step
+        # overhead to 0 and stayed there. A CPU's matmul is about as efficient for one row as
+        # for many: start there, and let the search move it.
+        gpu = replace(gpu, gemm_half_tokens=1.0)
     return {
         "bandwidth_efficiency": gpu.bandwidth_efficiency,
         "kv_bandwidth_efficiency": gpu.kv_bandwidth_efficiency,
@@ -318,7 +326,10 @@ def starting_values(measured: list[Measured]) -> dict[str, float]:
         "decode_step_overhead_s": cal.decode_step_overhead_s if decode is None else decode,
         "mixed_step_overhead_s": cal.mixed_step_overhead_s,
         "gemm_half_tokens": gpu.gemm_half_tokens,
-        "spec_step_overhead_s": cal.spec_step_overhead_s,
+        # The search moves by factors, so from 0 it would never move: it starts at a decode
+        # step's fixed CPU time, the same kind of cost.
+        "spec_step_overhead_s": cal.spec_step_overhead_s
+        or (cal.decode_step_overhead_s if decode is None else decode),
     }
 
 
