@@ -330,6 +330,7 @@ def starting_values(measured: list[Measured]) -> dict[str, float]:
         # step's fixed CPU time, the same kind of cost.
         "spec_step_overhead_s": cal.spec_step_overhead_s
         or (cal.decode_step_overhead_s if decode is None else decode),
+        "attention_efficiency": cal.attention_efficiency,
     }
 
 

@@ -34,9 +34,12 @@ CONSTANT_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_half_tokens": (0.01, 4096.0),
     # CPU time a step with drafts adds (the ngram proposer's search, the rejection sampler).
     "spec_step_overhead_s": (0.0, 0.5),
+    # Share of peak FLOP/s prefill attention reaches: FlashAttention on a GPU, a CPU's own
+    # attention kernels far below its matmul rate.
+    "attention_efficiency": (0.001, 1.0),
 }
 # A calibration stored before these constants were fitted keeps the published values.
-OPTIONAL_CONSTANTS = frozenset({"gemm_half_tokens", "spec_step_overhead_s"})
+OPTIONAL_CONSTANTS = frozenset({"gemm_half_tokens", "spec_step_overhead_s", "attention_efficiency"})
 
 
 def cpu_device_key(cpu_model: str, cores: int) -> str:
@@ -82,6 +85,7 @@ class DeviceConstants:
     where: str = "this worker"
     gemm_half_tokens: float | None = None  # None: the GPU kind's published value
     spec_step_overhead_s: float | None = None  # None: the published (global) value
+    attention_efficiency: float | None = None  # None: the published (global) value
 
     def label(self) -> str:
         """What every number priced with these constants says about them."""

@@ -184,8 +184,9 @@ def load_calibration(path: Path = CALIBRATION_PATH) -> Calibration:
 
 
 def with_device(cal: Calibration, hardware: Hardware, device: DeviceConstants) -> Calibration:
-    """`cal` with the GPU's efficiencies and the step overheads replaced by the constants fitted
-    on that device itself (labs/device_calibration.py). Only the run priced for that device gets
+    """`cal` with the GPU's efficiencies, the step overheads, and where fitted the attention
+    efficiency and speculation's step cost, replaced by the constants fitted on that device
+    itself (labs/device_calibration.py). Only the run priced for that device gets
     this Calibration; every other run keeps `cal`."""
     own = cal.gpu(hardware)
     gpu = replace(
@@ -199,13 +200,14 @@ def with_device(cal: Calibration, hardware: Hardware, device: DeviceConstants) -
         decode_step_overhead_s=device.decode_step_overhead_s,
         calibrated=True,
     )
-    spec = device.spec_step_overhead_s
+    spec, attention = device.spec_step_overhead_s, device.attention_efficiency
     return replace(
         cal,
         gpus={**cal.gpus, hardware.name: gpu},
         decode_step_overhead_s=device.decode_step_overhead_s,
         mixed_step_overhead_s=device.mixed_step_overhead_s,
         spec_step_overhead_s=cal.spec_step_overhead_s if spec is None else spec,
+        attention_efficiency=cal.attention_efficiency if attention is None else attention,
     )
 
 

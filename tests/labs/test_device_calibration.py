@@ -215,3 +215,23 @@ def test_a_devices_speculation_step_cost_prices_its_drafting_steps_only():
         step(0)
     ) == EngineModel(h100, SMALL_MODEL, plain, "realistic", before).step_time_s(step(0))
     assert "spec_step_overhead_s" not in check_constants(SLOW)
+
+
+def test_a_devices_attention_efficiency_prices_its_prefill_attention():
+    from labs.params import EngineConfig
+    from labs.sim.engine_model import EngineModel
+    from tests.labs.sim.test_engine_model import mixed_out
+
+    cal = load_calibration()
+    before = with_device(cal, GPUS["h100-sxm"], _constants())
+    assert before.attention_efficiency == cal.attention_efficiency  # a row stored without it
+    slow = with_device(cal, GPUS["h100-sxm"], _constants(attention_efficiency=0.01))
+    prefill = mixed_out([8192], decodes=0, context=0)
+
+    def seconds(c):
+        return EngineModel(
+            GPUS["h100-sxm"], SMALL_MODEL, EngineConfig(), calibration=c
+        ).step_time_s(prefill)
+
+    assert seconds(slow) > 2 * seconds(before)
+    assert "attention_efficiency" not in check_constants(SLOW)
