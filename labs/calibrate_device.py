@@ -319,6 +319,9 @@ def starting_values(measured: list[Measured]) -> dict[str, float]:
         # overhead to 0 and stayed there. A CPU's matmul is about as efficient for one row as
         # for many: start there, and let the search move it.
         gpu = replace(gpu, gemm_half_tokens=1.0)
+    # A GPU's CPU prepares most of a sequence's step while the GPU runs (3.5 us published); a
+    # CPU worker's engine does it on the device itself, in Python: start at 100 us.
+    per_seq = 1e-4 if hardware.name == CPU_KIND else cal.per_seq_overhead_s
     return {
         "bandwidth_efficiency": gpu.bandwidth_efficiency,
         "kv_bandwidth_efficiency": gpu.kv_bandwidth_efficiency,
@@ -331,6 +334,7 @@ def starting_values(measured: list[Measured]) -> dict[str, float]:
         "spec_step_overhead_s": cal.spec_step_overhead_s
         or (cal.decode_step_overhead_s if decode is None else decode),
         "attention_efficiency": cal.attention_efficiency,
+        "per_seq_overhead_s": per_seq,
     }
 
 

@@ -185,9 +185,9 @@ def load_calibration(path: Path = CALIBRATION_PATH) -> Calibration:
 
 def with_device(cal: Calibration, hardware: Hardware, device: DeviceConstants) -> Calibration:
     """`cal` with the GPU's efficiencies, the step overheads, and where fitted the attention
-    efficiency and speculation's step cost, replaced by the constants fitted on that device
-    itself (labs/device_calibration.py). Only the run priced for that device gets
-    this Calibration; every other run keeps `cal`."""
+    efficiency, speculation's step cost and the per-sequence overhead, replaced by the
+    constants fitted on that device itself (labs/device_calibration.py). Only the run priced
+    for that device gets this Calibration; every other run keeps `cal`."""
     own = cal.gpu(hardware)
     gpu = replace(
         own,
@@ -201,6 +201,7 @@ def with_device(cal: Calibration, hardware: Hardware, device: DeviceConstants) -
         calibrated=True,
     )
     spec, attention = device.spec_step_overhead_s, device.attention_efficiency
+    per_seq = device.per_seq_overhead_s
     return replace(
         cal,
         gpus={**cal.gpus, hardware.name: gpu},
@@ -208,6 +209,7 @@ def with_device(cal: Calibration, hardware: Hardware, device: DeviceConstants) -
         mixed_step_overhead_s=device.mixed_step_overhead_s,
         spec_step_overhead_s=cal.spec_step_overhead_s if spec is None else spec,
         attention_efficiency=cal.attention_efficiency if attention is None else attention,
+        per_seq_overhead_s=cal.per_seq_overhead_s if per_seq is None else per_seq,
     )
 
 

@@ -235,3 +235,22 @@ def test_a_devices_attention_efficiency_prices_its_prefill_attention():
 
     assert seconds(slow) > 2 * seconds(before)
     assert "attention_efficiency" not in check_constants(SLOW)
+
+
+def test_a_devices_per_sequence_overhead_prices_each_sequence_of_its_steps():
+    from labs.params import EngineConfig
+    from labs.sim.engine_model import OVERHEAD, EngineModel
+    from tests.labs.sim.test_engine_model import decode_out
+
+    cal = load_calibration()
+    before = with_device(cal, GPUS["h100-sxm"], _constants())
+    assert before.per_seq_overhead_s == cal.per_seq_overhead_s  # a row stored without it
+    mine = with_device(cal, GPUS["h100-sxm"], _constants(per_seq_overhead_s=0.0005))
+
+    def overhead(c, batch: int) -> float:
+        model = EngineModel(GPUS["h100-sxm"], SMALL_MODEL, EngineConfig(), calibration=c)
+        return model.step_parts_s(decode_out(batch, 100))[OVERHEAD]
+
+    assert overhead(mine, 8) - overhead(mine, 1) == pytest.approx(7 * 0.0005)
+    assert overhead(before, 8) - overhead(before, 1) == pytest.approx(7 * cal.per_seq_overhead_s)
+    assert "per_seq_overhead_s" not in check_constants(SLOW)
