@@ -274,3 +274,15 @@ def test_a_warm_up_run_of_each_setting_goes_first_and_is_not_kept():
     params = point_params(BASE, SWEEP[0])
     assert runs.values(params, "e2e_s.mean") == [1.0, 1.0, 1.0]
     assert runs.values(params, "e2e_s.mean") == [1.0, 1.0, 1.0] and len(seen) == 4
+
+
+def test_a_cpus_gemm_ceiling_is_its_measured_matmul_rate_not_fitted():
+    from labs.calibrate_device import searched_bounds, starting_values
+
+    cpu = {**BASE, "model": "lab-llama-20m", "gpu": "cpu", "hbm_gb": 23, "bandwidth_tbs": 0.034,
+           "tflops": 0.2, "block_size": 128, "kv_capacity_tokens": 8192}  # fmt: skip
+    on_cpu = [Measured(p, point_params(cpu, p), 1.0) for p in SWEEP]
+    assert "gemm_efficiency" not in searched_bounds(on_cpu)
+    assert starting_values(on_cpu)["gemm_efficiency"] == 1.0
+    on_gpu = [Measured(p, point_params(BASE, p), 1.0) for p in SWEEP]
+    assert "gemm_efficiency" in searched_bounds(on_gpu)

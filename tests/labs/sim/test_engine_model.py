@@ -341,3 +341,15 @@ def test_a_decode_step_reads_the_embedding_rows_of_its_tokens_and_the_whole_lm_h
     # The ideal profile keeps the predictor's count (every weight read, every token multiplied).
     roofline = RooflineCostModel(ALL_MEMORY, LAB20, EngineConfig()).step_time_s(decode_out(1, 0))
     assert roofline == pytest.approx(LAB20.params * 2 / 1e10)
+
+
+def test_a_cpus_linear_layers_add_their_reads_and_math_where_a_gpu_overlaps_them():
+    from labs.sim.engine_model import linear_s
+
+    cpu = Hardware("cpu", 10**10, 3.4e10, 2e11)
+    assert linear_s(cpu, 0.002, 0.003) == pytest.approx(0.005)
+    assert linear_s(H100, 0.002, 0.003) == 0.003
+    # So on a CPU a step of eight decoding sequences costs their math on top of the reads.
+    model = EngineModel(cpu, LAB20, EngineConfig())
+    one, eight = model.step_time_s(decode_out(1, 100)), model.step_time_s(decode_out(8, 100))
+    assert eight - one > 2 * (layer_params(LAB20) + lm_head_params(LAB20)) * 7 / 2e11
