@@ -46,8 +46,9 @@ class SweepPoint:
 # streams a whole output in its first chunk, so TPOT read 0 (2026-12-02, D1's 5 repeats: 0 to
 # 1.75 ms); E2E does not depend on how tokens are chunked. (Changed after that run: D1, D2, S1
 # and the speculation change were tpot_s.mean.) P3 and S2 were added (both fit) after that
-# day's first calibration, before any run of them: its 3 fit points could not pin 6 constants,
-# and no fit point had drafts, so speculation's own cost was never fitted.
+# day's first calibration (and one exploratory N1 run), before any run of them: its 3 fit points
+# could not pin 6 constants, and no fit point had drafts, so speculation's cost was never fitted.
+# Roles and settings unchanged since; the engine model was changed after run 1 (see git log).
 _DECODE = {"prompt_tokens": 64, "output_tokens": 32, "max_tokens": 64}
 _PREFILL = {"output_tokens": 2, "max_tokens": 16, "max_concurrency": 1, "num_prompts": 2}
 _NGRAM = {"spec_method": "ngram", "spec_tokens": 3}
