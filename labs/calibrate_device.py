@@ -16,15 +16,19 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from labs.catalog import CPU_KIND
 from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants
 from labs.metrics import summarize
 from labs.params import LabParams, align_run_batch, parse_lab_params
 from labs.sim.calibration import coordinate_search, log_error_loss, relative_error
 from labs.sim.engine_model import load_calibration
+
+if TYPE_CHECKING:
+    from labs.backends.base import RunRecord
 
 
 @dataclass(frozen=True)
@@ -41,8 +45,13 @@ class SweepPoint:
 # end-to-end latency, not TPOT: on a 2-core CPU worker the API server shares a core and sometimes
 # streams a whole output in its first chunk, so TPOT read 0 (2026-12-02, D1's 5 repeats: 0 to
 # 1.75 ms); E2E does not depend on how tokens are chunked. (Changed after that run: D1, D2, S1
-# and the speculation change were tpot_s.mean.)
+# and the speculation change were tpot_s.mean.) P3 and S2 were added (both fit) after that
+# day's first calibration (and one exploratory N1 run), before any run of them: its 3 fit points
+# could not pin 6 constants, and no fit point had drafts, so speculation's cost was never fitted.
+# Roles and settings unchanged since; the engine model was changed after run 1 (see git log).
 _DECODE = {"prompt_tokens": 64, "output_tokens": 32, "max_tokens": 64}
+_PREFILL = {"output_tokens": 2, "max_tokens": 16, "max_concurrency": 1, "num_prompts": 2}
+_NGRAM = {"spec_method": "ngram", "spec_tokens": 3}
 SWEEP: tuple[SweepPoint, ...] = (
     SweepPoint("D1", "fit", "batch-1 decode", {**_DECODE, "max_concurrency": 1, "num_prompts": 3},
                "e2e_s.mean"),
@@ -50,13 +59,14 @@ SWEEP: tuple[SweepPoint, ...] = (
                "num_prompts": 8}, "e2e_s.mean"),
     SweepPoint("D3", "held_out", "8 sequences decoding", {**_DECODE, "max_concurrency": 8,
                "num_prompts": 16}, "output_tokens_per_s"),
-    SweepPoint("P1", "fit", "a long prefill", {"prompt_tokens": 1024, "output_tokens": 2,
-               "max_tokens": 16, "max_concurrency": 1, "num_prompts": 2}, "ttft_s.mean"),
-    SweepPoint("P2", "held_out", "a shorter prefill", {"prompt_tokens": 512, "output_tokens": 2,
-               "max_tokens": 16, "max_concurrency": 1, "num_prompts": 2}, "ttft_s.mean"),
+    SweepPoint("P1", "fit", "a long prefill", {**_PREFILL, "prompt_tokens": 1024}, "ttft_s.mean"),
+    SweepPoint("P2", "held_out", "a shorter prefill", {**_PREFILL, "prompt_tokens": 512},
+               "ttft_s.mean"),
+    SweepPoint("P3", "fit", "a short prefill", {**_PREFILL, "prompt_tokens": 128}, "ttft_s.mean"),
     SweepPoint("S1", "held_out", "ngram speculation, 3 drafts", {**_DECODE,
-               "max_concurrency": 1, "num_prompts": 3, "spec_method": "ngram",
-               "spec_tokens": 3}, "e2e_s.mean"),
+               "max_concurrency": 1, "num_prompts": 3, **_NGRAM}, "e2e_s.mean"),
+    SweepPoint("S2", "fit", "ngram, 3 drafts, 4 decoding", {**_DECODE, "max_concurrency": 4,
+               "num_prompts": 8, **_NGRAM}, "e2e_s.mean"),
 )  # fmt: skip
 
 
@@ -85,7 +95,7 @@ CHANGES: tuple[Change, ...] = (
 @dataclass(frozen=True)
 class Measured:
     point: SweepPoint
-    params: LabParams
+    params: LabParams  # as simulated (Runs.simulated_params)
     value: float  # median over the repeats
 
 
@@ -108,9 +118,14 @@ def metric_value(summary: Mapping[str, Any], metric: str) -> float:
 
 def settings_params(base: Mapping[str, Any], changes: Mapping[str, Any]) -> LabParams:
     """The base settings (model, GPU, ...) with `changes`, on the realistic profile, lengths
-    fixed. Raises ParamError naming a bad base setting."""
+    fixed, prefix caching off. Raises ParamError naming a bad base setting."""
     values = {**base, **changes, "sim_profile": "realistic"}
     values.update(input_range_ratio=0, output_range_ratio=0, request_rate=None)
+    # Every repeat draws the same token ids (the workload's seed), and a shorter prompt is the
+    # start of a longer one: with the prefix cache on, a point's 2nd and 3rd repeats (and P2
+    # after P1) found most of their prompt cached, while the simulator, each run fresh, computed
+    # it (added after the 2026-12-02 runs, whose P1/P2 medians were cached ones).
+    values["prefix_caching"] = False
     return parse_lab_params(align_run_batch(values))
 
 
@@ -119,23 +134,86 @@ def point_params(base: Mapping[str, Any], point: SweepPoint) -> LabParams:
     return settings_params(base, point.changes)
 
 
+def run_summary(record: RunRecord) -> dict[str, Any]:
+    """labs.metrics.summarize, plus what the simulator is told of a speculative run: the
+    decode tokens made (every output token after each request's first) and the drafts the
+    engine accepted (its counter; None where it reported none)."""
+    summary = summarize(record)
+    done = [r for r in record.requests if r.error is None and r.finish_s is not None]
+    summary["decode_tokens"] = sum(max(r.output_tokens - 1, 0) for r in done)
+    summary["spec_accepted_tokens"] = record.counters.spec_accepted_tokens
+    return summary
+
+
+def step_acceptance(k: int, decode_tokens: int, accepted: int) -> float:
+    """The per-draft acceptance alpha at which the simulator's steps (k drafts each, accepted
+    until the first rejection) make the tokens per step the engine made: decode_tokens over
+    its steps, decode_tokens - accepted (each step makes one token plus those accepted).
+
+    The engine's ngram proposer drafts only where the context repeats itself, so its own rate
+    (accepted / drafted) is not the simulator's alpha: steps without a draft count too."""
+    steps = decode_tokens - accepted
+    if k <= 0 or accepted <= 0 or steps <= 0:
+        return 0.0
+    target = min(decode_tokens / steps, k + 1 - 1e-9)
+    low, high = 0.0, 1.0 - 1e-9
+    for _ in range(60):  # tokens per step, (1 - a^(k+1)) / (1 - a), rises with a
+        mid = (low + high) / 2
+        if (1 - mid ** (k + 1)) / (1 - mid) < target:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
 class Runs:
     """Runs each distinct setting `repeats` times, once: a setting asked for again (a change's
-    side that is also a sweep point) gets the summaries already measured."""
+    side that is also a sweep point) gets the summaries already measured. `warmups` runs of
+    each setting go first and are not kept: the first requests a vLLM server answers pay
+    one-time costs (on the CPU worker the ngram proposer's compilation: S1's first run had a
+    1.09 s mean TTFT against D1's 0.03 s, 2026-12-02)."""
 
-    def __init__(self, run: Callable[[LabParams], Mapping[str, Any]], repeats: int = 3) -> None:
-        self._run, self.repeats = run, repeats
+    def __init__(
+        self, run: Callable[[LabParams], Mapping[str, Any]], repeats: int = 3, warmups: int = 0
+    ) -> None:
+        self._run, self.repeats, self.warmups = run, repeats, warmups
         self._done: dict[str, list[Mapping[str, Any]]] = {}
 
     def values(self, params: LabParams, metric: str) -> list[float]:
         """The metric of each repeat, in the order run."""
-        key = json.dumps(params.as_dict(), sort_keys=True, default=str)
+        key = self._key(params)
         if key not in self._done:
+            for _ in range(self.warmups):
+                self._run(params)
             self._done[key] = [self._run(params) for _ in range(self.repeats)]
         return [metric_value(s, metric) for s in self._done[key]]
 
+    @staticmethod
+    def _key(params: LabParams) -> str:
+        return json.dumps(params.as_dict(), sort_keys=True, default=str)
+
     def median(self, params: LabParams, metric: str) -> float:
         return statistics.median(self.values(params, metric))
+
+    def simulated_params(self, params: LabParams) -> LabParams:
+        """`params` as the simulator runs them: with drafts, at the acceptance the engine made
+        in these runs (the median of its repeats, `step_acceptance`), not the lab's assumed
+        alpha; acceptance is the workload's and the model's, not a device constant. Unchanged
+        where the runs did not report what was accepted."""
+        k = params.engine.spec_tokens
+        if not k:
+            return params
+        self.values(params, "completed")  # measured, if not yet
+        summaries = self._done[self._key(params)]
+        if any(
+            s.get("spec_accepted_tokens") is None or "decode_tokens" not in s for s in summaries
+        ):
+            return params
+        alpha = statistics.median(
+            step_acceptance(k, int(s["decode_tokens"]), int(s["spec_accepted_tokens"]))
+            for s in summaries
+        )
+        return replace(params, engine=replace(params.engine, acceptance=min(alpha, 0.999)))
 
     def spread(self, params: LabParams, metric: str) -> str:
         """ "(4.1e-03 to 5.7e-03 over 3 runs)": how far the repeats disagree on a busy machine."""
@@ -150,10 +228,16 @@ def measure_sweep(
     measured = []
     for point in SWEEP:
         params = point_params(base, point)
-        measured.append(Measured(point, params, runs.median(params, point.metric)))
+        value = runs.median(params, point.metric)
+        simulated = runs.simulated_params(params)
+        measured.append(Measured(point, simulated, value))
+        accepted = ""
+        if params.engine.spec_tokens:
+            accepted = f"; simulated at acceptance {simulated.engine.acceptance:.3f}"
         log(
-            f"{point.id} {point.what}: {point.metric} {measured[-1].value:.6g} "
+            f"{point.id} {point.what}: {point.metric} {value:.6g} "
             + runs.spread(params, point.metric)
+            + accepted
         )
     return measured
 
@@ -161,7 +245,7 @@ def measure_sweep(
 @dataclass(frozen=True)
 class MeasuredChange:
     change: Change
-    before: LabParams
+    before: LabParams  # as simulated (Runs.simulated_params)
     after: LabParams
     ratio: float  # measured after / before (medians)
 
@@ -174,7 +258,11 @@ def measure_changes(
     for change in CHANGES:
         before, after = settings_params(base, change.before), settings_params(base, change.after)
         ratio = runs.median(after, change.metric) / runs.median(before, change.metric)
-        out.append(MeasuredChange(change, before, after, ratio))
+        out.append(
+            MeasuredChange(
+                change, runs.simulated_params(before), runs.simulated_params(after), ratio
+            )
+        )
         log(
             f"{change.what}: {change.metric} x{ratio:.4g} measured, before "
             f"{runs.spread(before, change.metric)}, after {runs.spread(after, change.metric)}"
@@ -223,8 +311,19 @@ def _constants(device: str, values: Mapping[str, float], on: date) -> DeviceCons
 def starting_values(measured: list[Measured]) -> dict[str, float]:
     """The published constants of the sweep's GPU kind: where the search starts."""
     cal = load_calibration()
-    gpu = cal.gpu(measured[0].params.hardware)
+    hardware = measured[0].params.hardware
+    gpu = cal.gpu(hardware)
     decode = gpu.decode_step_overhead_s
+    if hardware.name == CPU_KIND:
+        gpu = replace(gpu, gemm_efficiency=1.0)  # its measured matmul rate (searched_bounds)
+        # No published constants describe a CPU; the GPU-like start (GEMMs at half their rate
+        # at 40 tokens) made one-row decode steps so costly that the search first cut the step
+        # overhead to 0 and stayed there. A CPU's matmul is about as efficient for one row as
+        # for many: start there, and let the search move it.
+        gpu = replace(gpu, gemm_half_tokens=1.0)
+    # A GPU's CPU prepares most of a sequence's step while the GPU runs (3.5 us published); a
+    # CPU worker's engine does it on the device itself, in Python: start at 100 us.
+    per_seq = 1e-4 if hardware.name == CPU_KIND else cal.per_seq_overhead_s
     return {
         "bandwidth_efficiency": gpu.bandwidth_efficiency,
         "kv_bandwidth_efficiency": gpu.kv_bandwidth_efficiency,
@@ -232,7 +331,25 @@ def starting_values(measured: list[Measured]) -> dict[str, float]:
         "decode_step_overhead_s": cal.decode_step_overhead_s if decode is None else decode,
         "mixed_step_overhead_s": cal.mixed_step_overhead_s,
         "gemm_half_tokens": gpu.gemm_half_tokens,
+        # The search moves by factors, so from 0 it would never move: it starts at a decode
+        # step's fixed CPU time, the same kind of cost.
+        "spec_step_overhead_s": cal.spec_step_overhead_s
+        or (cal.decode_step_overhead_s if decode is None else decode),
+        "attention_efficiency": cal.attention_efficiency,
+        "per_seq_overhead_s": per_seq,
     }
+
+
+def searched_bounds(measured: list[Measured]) -> dict[str, tuple[float, float]]:
+    """The constants the search moves, with their bounds: all of them, except a CPU's GEMM
+    ceiling. A CPU worker's FLOP/s figure is its own bf16 matmul rate, measured on the engine's
+    threads (cpu_tools.py probe), so a large GEMM reaches it by definition (1); fitted, the
+    ceiling traded against attention's efficiency, which the sweep's two fitted prefills cannot
+    tell apart (2026-12-02: 0.36 and 0.92, a straight line through P3 and P1 where the runs
+    curve, P2 held out +37%)."""
+    if measured[0].params.hardware.name == CPU_KIND:
+        return {k: v for k, v in CONSTANT_BOUNDS.items() if k != "gemm_efficiency"}
+    return dict(CONSTANT_BOUNDS)
 
 
 def fit_device(
@@ -252,8 +369,9 @@ def fit_device(
         constants = _constants(device, values, on)
         return log_error_loss([(simulate_point(m, constants), m.value) for m in fitted])
 
+    start = starting_values(measured)
     values, _ = coordinate_search(
-        loss, starting_values(measured), CONSTANT_BOUNDS, rounds, log, step=0.5, max_moves=8
+        loss, start, searched_bounds(measured), rounds, log, step=0.5, max_moves=8
     )
     found = _constants(device, values, on)
     points = []

@@ -44,6 +44,8 @@ class ModelSpec:
 
     `params` counts every weight; for a mixture-of-experts model `active_params` counts those one
     token passes through (shared layers plus `experts_per_token` experts), which sets its FLOPs.
+    Both include the vocabulary tables (input embedding and LM head, vocab x hidden each, one
+    shared table when `tied_embeddings`), which the formulas price apart (labs/predict.py).
     """
 
     name: str
@@ -58,6 +60,8 @@ class ModelSpec:
     max_context: int | None = None
     num_experts: int = 1
     experts_per_token: int = 1
+    # config.json's tie_word_embeddings: the LM head is the input embedding's table.
+    tied_embeddings: bool = False
     source: str = ""
 
     @property
@@ -177,6 +181,7 @@ def _dense(
     vocab_size: int,
     max_context: int,
     source: str,
+    tied_embeddings: bool = False,
 ) -> ModelSpec:
     return ModelSpec(
         name=name,
@@ -189,6 +194,7 @@ def _dense(
         active_params=params_b * 1e9,
         vocab_size=vocab_size,
         max_context=max_context,
+        tied_embeddings=tied_embeddings,
         source=source,
     )
 
@@ -293,7 +299,9 @@ MODELS: dict[str, ModelSpec] = {
             params_b=0.49,
             vocab_size=151936,
             max_context=32768,
-            source="Qwen/Qwen2.5-0.5B config.json and model card; 0.49B parameters",
+            tied_embeddings=True,
+            source="Qwen/Qwen2.5-0.5B config.json (tie_word_embeddings true) and model card; 0.49B"
+            " parameters",
         ),
     )
 }

@@ -32,9 +32,19 @@ CONSTANT_BOUNDS: dict[str, tuple[float, float]] = {
     # Tokens at which GEMMs reach half their ceiling: tens on a GPU (idle tensor cores at small
     # batches), near zero on a CPU, whose matmul is as efficient for one row as for many.
     "gemm_half_tokens": (0.01, 4096.0),
+    # CPU time a step with drafts adds (the ngram proposer's search, the rejection sampler).
+    "spec_step_overhead_s": (0.0, 0.5),
+    # Share of peak FLOP/s prefill attention reaches: FlashAttention on a GPU, a CPU's own
+    # attention kernels far below its matmul rate.
+    "attention_efficiency": (0.001, 1.0),
+    # CPU time each sequence adds to a step (scheduling, inputs, sampling, outputs): microseconds
+    # where a GPU's CPU works ahead of it, a large share of the step on a CPU worker.
+    "per_seq_overhead_s": (1e-7, 0.05),
 }
-# A calibration stored before this constant was fitted keeps its GPU kind's published value.
-OPTIONAL_CONSTANTS = frozenset({"gemm_half_tokens"})
+# A calibration stored before these constants were fitted keeps the published values.
+OPTIONAL_CONSTANTS = frozenset(
+    {"gemm_half_tokens", "spec_step_overhead_s", "attention_efficiency", "per_seq_overhead_s"}
+)
 
 
 def cpu_device_key(cpu_model: str, cores: int) -> str:
@@ -79,6 +89,9 @@ class DeviceConstants:
     held_out_error: float  # median |relative error| of the held-out points
     where: str = "this worker"
     gemm_half_tokens: float | None = None  # None: the GPU kind's published value
+    spec_step_overhead_s: float | None = None  # None: the published (global) value
+    attention_efficiency: float | None = None  # None: the published (global) value
+    per_seq_overhead_s: float | None = None  # None: the published (global) value
 
     def label(self) -> str:
         """What every number priced with these constants says about them."""

@@ -13,6 +13,7 @@ device's predictions and simulations use it and say so.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Mapping
 from typing import Any, TextIO
 
@@ -60,8 +61,8 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
         fit_device,
         measure_changes,
         measure_sweep,
+        run_summary,
     )
-    from labs.metrics import summarize
     from labs.models import DeviceCalibration
 
     params = params_from_args(options)  # validates the base settings
@@ -77,7 +78,7 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
     def log(line: str) -> None:
         stdout.write(line + "\n")
 
-    runs = Runs(lambda p: summarize(backend.run(p)), repeats)
+    runs = Runs(lambda p: run_summary(backend.run(p)), repeats, warmups=1)
     measured = measure_sweep(base, runs, log)
     changes = measure_changes(base, runs, log)
     where = str(options.get("where") or "this worker")[:200]
@@ -108,24 +109,46 @@ def default_device(params: LabParams) -> str:
     return cpu_device_key(cpu.cpu_inventory().name or "", cpu.cores())
 
 
-def format_points(points: list[dict[str, Any]]) -> str:
-    lines = [f"{'id':<4}{'role':<10}{'what':<30}{'metric':<22}{'measured':>12}{'simulated':>12}"
-             f"{'error':>9}"]  # fmt: skip
-    for p in points:
-        lines.append(
-            f"{p['id']:<4}{p['role']:<10}{p['what']:<30}{p['metric']:<22}"
-            f"{p['measured']:>12.5g}{p['predicted']:>12.5g}{p['error']:>+9.1%}"
-        )
+# Each column: (header, the row's key, its format: alignment, sign, width, then precision/type).
+POINT_COLUMNS = (
+    ("id", "id", "<4"),
+    ("role", "role", "<10"),
+    ("what", "what", "<30"),
+    ("metric", "metric", "<22"),
+    ("measured", "measured", ">12.5g"),
+    ("simulated", "predicted", ">12.5g"),
+    ("error", "error", ">+9.1%"),
+)
+CHANGE_COLUMNS = (
+    ("change", "what", "<42"),
+    ("metric", "metric", "<22"),
+    ("measured", "measured_change", ">+10.1%"),
+    ("simulated", "simulated_change", ">+11.1%"),
+    ("ratio err", "error", ">+10.1%"),
+    ("change err", "change_error", ">+11.1%"),
+)
+_ALIGN_AND_WIDTH = re.compile(r"([<>^])[+ -]?(\d+)")
+
+
+def format_table(rows: list[dict[str, Any]], columns: tuple[tuple[str, str, str], ...]) -> str:
+    """A header line, then a line per row: each column's value in its format, the header in
+    that format's alignment and width."""
+
+    def header(title: str, spec: str) -> str:
+        found = _ALIGN_AND_WIDTH.match(spec)
+        assert found is not None, spec
+        return f"{title:{found[1]}{found[2]}}"
+
+    lines = ["".join(header(title, spec) for title, _, spec in columns)]
+    lines += ["".join(f"{row[key]:{spec}}" for _, key, spec in columns) for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def format_points(points: list[dict[str, Any]]) -> str:
+    """Each sweep point: measured, simulated with the fitted constants, and the error."""
+    return format_table(points, POINT_COLUMNS)
 
 
 def format_changes(rows: list[dict[str, Any]]) -> str:
     """The lessons' changes: measured, simulated with the fitted constants, and how far off."""
-    lines = [f"{'change':<42}{'metric':<22}{'measured':>10}{'simulated':>11}{'ratio err':>10}"
-             f"{'change err':>11}"]  # fmt: skip
-    for r in rows:
-        lines.append(
-            f"{r['what']:<42}{r['metric']:<22}{r['measured_change']:>+10.1%}"
-            f"{r['simulated_change']:>+11.1%}{r['error']:>+10.1%}{r['change_error']:>+11.1%}"
-        )
-    return "\n".join(lines) + "\n"
+    return format_table(rows, CHANGE_COLUMNS)

@@ -6,14 +6,23 @@ tensor-parallel replica talks between GPUs. This module adds those terms, each a
 with its constants in labs/sim/calibration.yaml (every constant cites the public vLLM runs it was
 fitted to; docs/engine-model.md has the formulas and the error table):
 
-    step = linear layers      max(2 x active params x tokens / (FLOP/s x gemm_efficiency(tokens)),
+    step = linear layers      max(2 x (layer params x tokens / gemm_efficiency(tokens)
+                                       + LM head x sampled / gemm_efficiency(sampled)) / FLOP/s,
                                   weight bytes read / (bandwidth x bandwidth_efficiency)
                                   + kernels x kernel_latency) x (1 + dequant overhead)
          + attention          max(4 x layers x heads x head_dim x token pairs / (FLOP/s x attn eff),
                                   KV bytes read / (bandwidth x kv_bandwidth_efficiency))
          + per-step overhead  decode-only steps (CUDA graphs) or mixed steps, + per sequence
          + communication      tp > 1: 2 all-reduces per layer, latency + ring bytes / link
-         + speculation        k draft passes, each c x a plain decode step
+         + speculation        k draft passes, each c x a plain decode step, + the fixed CPU
+                              time of a step with drafts (proposer, rejection sampler)
+
+The vocabulary tables are priced as vLLM runs them (`layer_params`, `lm_head_params`): the input
+embedding is a lookup (no FLOPs, and a step reads only its tokens' rows) and the LM head runs only
+at the positions sampled, one per sequence in the step plus each draft verified, not at every
+prompt token. The predictor's roofline counts every weight as read and multiplied per token (the
+deck's figures: 16 GB and 4.8 ms per Llama-3-8B decode step on an H100); for Llama-3-8B the two
+tables are 13% of its weights, for the CPU worker's lab-llama-20m 80%.
 
 Two profiles:
 
@@ -40,7 +49,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from labs.catalog import Hardware, ModelSpec
+from labs.catalog import CPU_KIND, WEIGHT_DTYPE_BYTES, Hardware, ModelSpec
 from labs.device_calibration import DeviceConstants
 from labs.params import EngineConfig
 from labs.predict import (
@@ -98,6 +107,7 @@ class Calibration:
     dequant_overhead: dict[str, float]
     num_fitted: int
     num_held_out: int
+    spec_step_overhead_s: float = 0.0
 
     @property
     def num_runs(self) -> int:
@@ -163,6 +173,7 @@ def parse_calibration(data: dict[str, Any]) -> Calibration:
         dequant_overhead={k: float(_value(v)) for k, v in g["dequant_overhead"].items()},
         num_fitted=roles.count("fit"),
         num_held_out=roles.count("held_out"),
+        spec_step_overhead_s=float(_value(g.get("spec_step_overhead_ms", 0.0))) * 1e-3,
     )
 
 
@@ -173,9 +184,10 @@ def load_calibration(path: Path = CALIBRATION_PATH) -> Calibration:
 
 
 def with_device(cal: Calibration, hardware: Hardware, device: DeviceConstants) -> Calibration:
-    """`cal` with the GPU's efficiencies and the step overheads replaced by the constants fitted
-    on that device itself (labs/device_calibration.py). Only the run priced for that device gets
-    this Calibration; every other run keeps `cal`."""
+    """`cal` with the GPU's efficiencies, the step overheads, and where fitted the attention
+    efficiency, speculation's step cost and the per-sequence overhead, replaced by the
+    constants fitted on that device itself (labs/device_calibration.py). Only the run priced
+    for that device gets this Calibration; every other run keeps `cal`."""
     own = cal.gpu(hardware)
     gpu = replace(
         own,
@@ -188,11 +200,16 @@ def with_device(cal: Calibration, hardware: Hardware, device: DeviceConstants) -
         decode_step_overhead_s=device.decode_step_overhead_s,
         calibrated=True,
     )
+    spec, attention = device.spec_step_overhead_s, device.attention_efficiency
+    per_seq = device.per_seq_overhead_s
     return replace(
         cal,
         gpus={**cal.gpus, hardware.name: gpu},
         decode_step_overhead_s=device.decode_step_overhead_s,
         mixed_step_overhead_s=device.mixed_step_overhead_s,
+        spec_step_overhead_s=cal.spec_step_overhead_s if spec is None else spec,
+        attention_efficiency=cal.attention_efficiency if attention is None else attention,
+        per_seq_overhead_s=cal.per_seq_overhead_s if per_seq is None else per_seq,
     )
 
 
@@ -255,6 +272,45 @@ def memory_read_s(
     """Time to read `num_bytes` in `num_reads` kernels: streaming at `efficiency` of peak, plus
     a fixed latency per kernel (launch, ramp-up and tail), which is why small reads fall short."""
     return num_bytes / (bandwidth_bytes_per_s * efficiency) + num_reads * read_latency_s
+
+
+def lm_head_params(model: ModelSpec) -> float:
+    """Weights of the LM head (vocabulary x hidden). vLLM's model runner gathers the hidden
+    states of the positions it samples (each sequence's last scheduled token, and every draft
+    it verifies) before the LM head, so the head's FLOPs scale with those, not with the step's
+    tokens. 0 when the vocabulary is unknown (a custom model): all its weights count per token."""
+    return float(model.vocab_size * model.hidden_size) if model.vocab_size else 0.0
+
+
+def embedding_table_params(model: ModelSpec) -> float:
+    """Weights of the input embedding's own table: a lookup, no FLOPs, and only the rows of the
+    step's tokens are read. 0 when tied to the LM head (which reads the table whole anyway)."""
+    return 0.0 if model.tied_embeddings else lm_head_params(model)
+
+
+def layer_params(model: ModelSpec) -> float:
+    """Weights every token is multiplied through: the active ones less the vocabulary tables."""
+    return model.active_params - lm_head_params(model) - embedding_table_params(model)
+
+
+def vocab_weight_bytes_read(model: ModelSpec, weight_dtype: str, num_tokens: int) -> float:
+    """labs.predict.weight_bytes_read with the embedding table read as a lookup: the rows of
+    the step's tokens instead of the whole table."""
+    table = embedding_table_params(model)
+    rows = min(max(num_tokens, 1), model.vocab_size or 0) * model.hidden_size if table else 0
+    unread = (table - rows) * WEIGHT_DTYPE_BYTES[weight_dtype]
+    return weight_bytes_read(model, weight_dtype, num_tokens) - unread
+
+
+def linear_s(hardware: Hardware, gemm_s: float, weight_read_s: float) -> float:
+    """The linear layers' time from their math and their weight reads. A GPU keeps thousands of
+    warps in flight, so reads hide under math or math under reads: the slower sets the time. A
+    CPU worker's engine runs one thread per core, whose loads and multiply-adds share one
+    instruction stream: they add up (a one-row LM head of lab-llama-20m took 2.3 ms, eight rows
+    3.2 ms, on this machine's core, where the roofline says equal)."""
+    if hardware.name == CPU_KIND:
+        return gemm_s + weight_read_s
+    return max(gemm_s, weight_read_s)
 
 
 def gemm_efficiency(gpu: GpuConstants, num_tokens: np.ndarray | float) -> np.ndarray | float:
@@ -338,7 +394,7 @@ def parts_total(parts: tuple[float, ...]) -> float:
 class _TokenTerms:
     """What a step's price takes from its token count alone (computed once per count)."""
 
-    peak_compute_s: float  # 2 x active params x tokens at peak FLOP/s
+    peak_compute_s: float  # the step's linear FLOPs at peak FLOP/s
     knob_compute_s: float  # the same at the lab's compute efficiency
     weight_bytes: float
     linear_s: float  # realistic linear layers (GEMMs or weight reads, with dequantisation)
@@ -387,34 +443,44 @@ class EngineModel:
         self._attention_rate = hardware.bf16_flops_per_s * engine.tp * self.cal.attention_efficiency
         self._token_terms: dict[int, _TokenTerms] = {}
 
-    def _terms(self, num_tokens: int) -> _TokenTerms:
-        """The token-count terms of a step of `num_tokens` tokens (cached per count)."""
-        found = self._token_terms.get(num_tokens)
+    def _terms(self, num_tokens: int, num_logits: int) -> _TokenTerms:
+        """The token-count terms of a step of `num_tokens` tokens sampled at `num_logits`
+        positions (cached per pair)."""
+        key = (num_tokens, num_logits)
+        found = self._token_terms.get(key)
         if found is not None:
             return found
         hw, model, engine, gpu, cal = self.hardware, self.model, self.engine, self.gpu, self.cal
-        weights = weight_bytes_read(model, engine.weight_dtype, int(num_tokens))
+        if self.profile == "ideal":
+            # The predictor's own count: every weight read and multiplied per token.
+            weights = weight_bytes_read(model, engine.weight_dtype, int(num_tokens))
+            flops = 2 * model.active_params * num_tokens
+        else:
+            weights = vocab_weight_bytes_read(model, engine.weight_dtype, int(num_tokens))
+            flops = 2 * (layer_params(model) * num_tokens + lm_head_params(model) * num_logits)
+        # The LM head's GEMM has one row per sampled position, the layers' one per token: each
+        # at the efficiency of its own row count.
         gemm = (
-            2
-            * model.active_params
-            * num_tokens
-            / (compute_rate(hw, self._peak) * gemm_efficiency(gpu, num_tokens))
-        )
+            2 * layer_params(model) * num_tokens / gemm_efficiency(gpu, num_tokens)
+            + 2 * lm_head_params(model) * num_logits / gemm_efficiency(gpu, num_logits)
+        ) / compute_rate(hw, self._peak)
         reads = model.layers * cal.kernels_per_layer
         weight_read = memory_read_s(
             weights, self._bandwidth, gpu.bandwidth_efficiency, reads, cal.kernel_latency_s
         )
-        linear = max(gemm, weight_read) * (1 + dequant_overhead(cal, hw, engine.weight_dtype))
+        linear = linear_s(hw, gemm, weight_read) * (
+            1 + dequant_overhead(cal, hw, engine.weight_dtype)
+        )
         terms = _TokenTerms(
-            peak_compute_s=2 * model.active_params * num_tokens / compute_rate(hw, self._peak),
-            knob_compute_s=2 * model.active_params * num_tokens / compute_rate(hw, engine),
+            peak_compute_s=flops / compute_rate(hw, self._peak),
+            knob_compute_s=flops / compute_rate(hw, engine),
             weight_bytes=weights,
             linear_s=float(linear),
             communication_s=float(
                 tp_communication_s(cal, gpu, model, engine.tp, num_tokens)  # type: ignore[arg-type]
             ),
         )
-        self._token_terms[num_tokens] = terms
+        self._token_terms[key] = terms
         return terms
 
     # NOTE: every method below takes per-step arrays (kv, spec_kv) and treats the rest of `out`
@@ -422,23 +488,25 @@ class EngineModel:
     # is exactly `step_time_s(out)`. They also take plain floats for kv (one step, priced from
     # its totals by `composition_parts_s`), and give the same value either way.
 
-    def _roofline_s(self, knobs: bool, num_tokens: int, kv: Any, overhead: bool = True) -> Any:
+    def _roofline_s(
+        self, knobs: bool, num_tokens: int, num_logits: int, kv: Any, overhead: bool = True
+    ) -> Any:
         """labs.predict.step_time_s, vectorised over the steps' KV reads: at peak with no
         overhead (`knobs` False, the "ideal" part) or with the lab's efficiencies."""
-        terms = self._terms(num_tokens)
+        terms = self._terms(num_tokens, num_logits)
         compute = terms.knob_compute_s if knobs else terms.peak_compute_s
         memory = (terms.weight_bytes + kv * self._kv_bytes) / self._memory_rate[knobs]
         extra = self.engine.step_overhead_s if knobs and overhead else 0.0
         return _maximum(compute, memory) + extra
 
-    def _kernels_s(self, num_tokens: int, kv: Any, pairs: Any) -> Any:
+    def _kernels_s(self, num_tokens: int, num_logits: int, kv: Any, pairs: Any) -> Any:
         """Realistic GPU time of the step's kernels: linear layers + attention."""
         # Attention math runs in 16 bits (BF16 tensor cores) whatever the weights are.
         attn_flops = attention_flops(self.model, pairs) / self._attention_rate
         kv_read = memory_read_s(
             kv * self._kv_bytes, self._bandwidth, self.gpu.kv_bandwidth_efficiency
         )
-        return self._terms(num_tokens).linear_s + _maximum(attn_flops, kv_read)
+        return self._terms(num_tokens, num_logits).linear_s + _maximum(attn_flops, kv_read)
 
     def _pairs(self, out: SchedulerOutput, kv: np.ndarray) -> np.ndarray:
         # Every scheduled token attends to its sequence's KV, so pairs grow with the KV read by
@@ -449,12 +517,12 @@ class EngineModel:
     def _decode_step_s(self, num_seqs: int, kv: np.ndarray) -> np.ndarray:
         """A plain decode step of `num_seqs` sequences (a draft pass is c times this)."""
         if self.profile == "ideal":
-            return self._roofline_s(True, num_seqs, kv)
+            return self._roofline_s(True, num_seqs, num_seqs, kv)
         pairs = kv + num_seqs
         return (
-            self._kernels_s(num_seqs, kv, pairs)
+            self._kernels_s(num_seqs, num_seqs, kv, pairs)
             + step_overhead_s(self.cal, True, num_seqs, self.gpu)
-            + self._terms(num_seqs).communication_s
+            + self._terms(num_seqs, num_seqs).communication_s
         )
 
     def steps_parts_s(
@@ -471,26 +539,33 @@ class EngineModel:
         n_tokens = out.total_num_scheduled_tokens
         drafts = int(out.num_draft_tokens.sum())
         parts = np.zeros((len(kv), len(PARTS)))
-        base_ideal = self._roofline_s(False, n_tokens - drafts, kv)
-        full_ideal = self._roofline_s(False, n_tokens, kv)
+        # The LM head runs once per sequence (its last scheduled token) and at each draft.
+        num_seqs = len(out.req_indices)
+        logits = num_seqs + drafts
+        base_ideal = self._roofline_s(False, n_tokens - drafts, num_seqs, kv)
+        full_ideal = self._roofline_s(False, n_tokens, logits, kv)
         parts[:, IDEAL] = base_ideal
         draft_s = np.zeros_like(kv)
         if out.max_num_draft_tokens and self.engine.draft_cost:
             plain = self._decode_step_s(out.num_spec_seqs, spec_kv)
             draft_s = out.max_num_draft_tokens * self.engine.draft_cost * plain
+        if out.max_num_draft_tokens and self.profile == "realistic":
+            # Drafting costs the engine's CPU beyond any draft model: the ngram proposer
+            # searches the sequences' tokens between steps (c = 0 leaves it out), and the
+            # rejection sampler checks the drafts. On a CPU worker that CPU is the device.
+            draft_s = draft_s + self.cal.spec_step_overhead_s
         parts[:, SPECULATION] = np.maximum(full_ideal - base_ideal, 0) + draft_s
         if self.profile == "ideal":
-            with_knobs = self._roofline_s(True, n_tokens, kv, overhead=False)
+            with_knobs = self._roofline_s(True, n_tokens, logits, kv, overhead=False)
             parts[:, EFFICIENCY] = np.maximum(with_knobs - full_ideal, 0)
             parts[:, OVERHEAD] = self.engine.step_overhead_s
             return parts
-        kernels = self._kernels_s(n_tokens, kv, self._pairs(out, kv))
+        kernels = self._kernels_s(n_tokens, logits, kv, self._pairs(out, kv))
         parts[:, EFFICIENCY] = np.maximum(kernels - full_ideal, 0)
-        num_seqs = len(out.req_indices)
         parts[:, OVERHEAD] = step_overhead_s(
             self.cal, out.num_prefill_tokens == 0, num_seqs, self.gpu
         )
-        parts[:, COMMUNICATION] = self._terms(n_tokens).communication_s
+        parts[:, COMMUNICATION] = self._terms(n_tokens, logits).communication_s
         return parts
 
     def composition_parts_s(
@@ -501,16 +576,16 @@ class EngineModel:
         `steps_parts_s` gives that step, in plain Python (a step's arrays are small, and numpy's
         per-call cost would dominate)."""
         kv_f, pairs_f = float(kv), float(pairs)
-        ideal = self._roofline_s(False, num_tokens, kv_f)
+        ideal = self._roofline_s(False, num_tokens, num_seqs, kv_f)
         if self.profile == "ideal":
-            with_knobs = self._roofline_s(True, num_tokens, kv_f, overhead=False)
+            with_knobs = self._roofline_s(True, num_tokens, num_seqs, kv_f, overhead=False)
             return (ideal, max(with_knobs - ideal, 0.0), self.engine.step_overhead_s, 0.0, 0.0)
-        kernels = self._kernels_s(num_tokens, kv_f, pairs_f)
+        kernels = self._kernels_s(num_tokens, num_seqs, kv_f, pairs_f)
         return (
             ideal,
             max(kernels - ideal, 0.0),
             step_overhead_s(self.cal, num_prefill_tokens == 0, num_seqs, self.gpu),
-            self._terms(num_tokens).communication_s,
+            self._terms(num_tokens, num_seqs).communication_s,
             0.0,
         )
 

@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from labs import services
-from labs.catalog import GPUS
+from labs.catalog import GPUS, MODELS
 from labs.device_calibration import DeviceConstants, check_constants, cpu_device_key
 from labs.models import DeviceCalibration, RunState
 from labs.params import parse_lab_params
@@ -20,6 +20,7 @@ from labs.selectors import device_calibration
 from labs.sim.engine_model import load_calibration, with_device
 from tests.labs.factories import SMALL, make_run
 
+SMALL_MODEL = MODELS["llama-3-8b"]
 # Far from the published H100 SXM constants, so any use of them shows in every number.
 SLOW = {
     "bandwidth_efficiency": 0.3,
@@ -174,3 +175,82 @@ def test_a_devices_gemm_half_tokens_prices_its_runs_and_an_older_row_keeps_the_g
     assert "gemm_half_tokens" not in check_constants(SLOW)
     with pytest.raises(ValueError, match="gemm_half_tokens must be between"):
         check_constants({**SLOW, "gemm_half_tokens": 0})
+
+
+def test_a_devices_speculation_step_cost_prices_its_drafting_steps_only():
+    import numpy as np
+
+    from labs.params import EngineConfig
+    from labs.sim.engine_model import SPECULATION, EngineModel
+    from labs.sim.scheduler import SchedulerOutput
+
+    cal = load_calibration()
+    assert cal.spec_step_overhead_s == 0.0  # the catalog GPUs: no fitted speculation run
+    mine = with_device(cal, GPUS["h100-sxm"], _constants(spec_step_overhead_s=0.004))
+    assert mine.spec_step_overhead_s == 0.004
+    before = with_device(cal, GPUS["h100-sxm"], _constants())  # a row stored without it
+    assert before.spec_step_overhead_s == 0.0
+
+    def step(drafts: int) -> SchedulerOutput:
+        return SchedulerOutput(
+            req_indices=np.arange(2),
+            num_scheduled_tokens=np.full(2, 1 + drafts, dtype=np.int64),
+            num_draft_tokens=np.full(2, drafts, dtype=np.int64),
+            num_computed_before=np.full(2, 100, dtype=np.int64),
+            num_decode_tokens=2 * (1 + drafts),
+            kv_tokens_read=200,
+            num_spec_seqs=2 if drafts else 0,
+            spec_kv_tokens_read=200 if drafts else 0,
+            max_num_draft_tokens=drafts,
+        )
+
+    ngram = EngineConfig(spec_method="ngram", spec_tokens=3, draft_cost=0.0)
+    h100 = GPUS["h100-sxm"]
+    for profile, added in (("realistic", 0.004), ("ideal", 0.0)):
+        own = EngineModel(h100, SMALL_MODEL, ngram, profile, mine).step_parts_s(step(3))
+        published = EngineModel(h100, SMALL_MODEL, ngram, profile, before).step_parts_s(step(3))
+        assert own[SPECULATION] - published[SPECULATION] == pytest.approx(added), profile
+    plain = EngineConfig()
+    assert EngineModel(h100, SMALL_MODEL, plain, "realistic", mine).step_time_s(
+        step(0)
+    ) == EngineModel(h100, SMALL_MODEL, plain, "realistic", before).step_time_s(step(0))
+    assert "spec_step_overhead_s" not in check_constants(SLOW)
+
+
+def test_a_devices_attention_efficiency_prices_its_prefill_attention():
+    from labs.params import EngineConfig
+    from labs.sim.engine_model import EngineModel
+    from tests.labs.sim.test_engine_model import mixed_out
+
+    cal = load_calibration()
+    before = with_device(cal, GPUS["h100-sxm"], _constants())
+    assert before.attention_efficiency == cal.attention_efficiency  # a row stored without it
+    slow = with_device(cal, GPUS["h100-sxm"], _constants(attention_efficiency=0.01))
+    prefill = mixed_out([8192], decodes=0, context=0)
+
+    def seconds(c):
+        return EngineModel(
+            GPUS["h100-sxm"], SMALL_MODEL, EngineConfig(), calibration=c
+        ).step_time_s(prefill)
+
+    assert seconds(slow) > 2 * seconds(before)
+    assert "attention_efficiency" not in check_constants(SLOW)
+
+
+def test_a_devices_per_sequence_overhead_prices_each_sequence_of_its_steps():
+    from labs.params import EngineConfig
+    from labs.sim.engine_model import OVERHEAD, EngineModel
+    from tests.labs.sim.test_engine_model import decode_out
+
+    cal = load_calibration()
+    before = with_device(cal, GPUS["h100-sxm"], _constants())
+    assert before.per_seq_overhead_s == cal.per_seq_overhead_s  # a row stored without it
+    mine = with_device(cal, GPUS["h100-sxm"], _constants(per_seq_overhead_s=0.0005))
+
+    def overhead(c, batch: int) -> float:
+        model = EngineModel(GPUS["h100-sxm"], SMALL_MODEL, EngineConfig(), calibration=c)
+        return model.step_parts_s(decode_out(batch, 100))[OVERHEAD]
+
+    assert overhead(mine, 8) - overhead(mine, 1) == pytest.approx(7 * 0.0005)
+    assert overhead(before, 8) - overhead(before, 1) == pytest.approx(7 * cal.per_seq_overhead_s)
+    assert "per_seq_overhead_s" not in check_constants(SLOW)

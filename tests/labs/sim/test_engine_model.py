@@ -8,7 +8,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labs.catalog import GPUS, MODELS
+from labs.catalog import GPUS, MODELS, Hardware
 from labs.params import EngineConfig
 from labs.predict import step_time_s
 from labs.sim.cost_model import RooflineCostModel, build_cost_model
@@ -16,11 +16,15 @@ from labs.sim.engine_model import (
     CALIBRATION_PATH,
     COMMUNICATION,
     EFFICIENCY,
+    IDEAL,
     OVERHEAD,
+    SPECULATION,
     EngineModel,
     attention_flops,
     dequant_overhead,
     gemm_efficiency,
+    layer_params,
+    lm_head_params,
     load_calibration,
     memory_read_s,
     short_where_label,
@@ -300,3 +304,52 @@ def test_a_step_priced_from_its_totals_is_the_step_priced_from_its_arrays(
         alone_s = cost.steps_parts_s(alone, [alone.kv_tokens_read], [0])[0].sum()
         want = max(0.0, float(from_arrays.sum()) - float(alone_s))
     assert cost.prefill_share_s(out) == want
+
+
+# Peaks that make a step's roofline compute-bound (endless bandwidth) or memory-bound (endless
+# FLOP/s), so its "ideal" part shows the FLOPs or the bytes the engine model counts.
+ALL_COMPUTE = Hardware("compute-bound", 10**12, 1e18, 1e12)
+ALL_MEMORY = Hardware("memory-bound", 10**12, 1e10, 1e18)
+LAB20 = MODELS["lab-llama-20m"]
+
+
+def test_the_lm_head_runs_once_per_prompt_in_a_prefill_not_at_every_prompt_token():
+    # vLLM samples a prefill chunk's last position only: 80% of lab-llama-20m's weights (its
+    # 32k-vocabulary embedding and LM head) are not multiplied through by the other 1,023.
+    model = EngineModel(ALL_COMPUTE, LAB20, EngineConfig())
+    ideal = model.step_parts_s(mixed_out([1024], decodes=0, context=0))[IDEAL]
+    flops = 2 * (layer_params(LAB20) * 1024 + lm_head_params(LAB20) * 1)
+    assert ideal == pytest.approx(flops / 1e12)
+    assert layer_params(LAB20) == pytest.approx(LAB20.params - 2 * 32000 * 256)
+    # Two prompts: two sampled positions; verifying 3 drafts of 4 sequences: 4 x 4.
+    two = model.step_parts_s(mixed_out([512, 512], decodes=0, context=0))[IDEAL]
+    assert two == pytest.approx(flops / 1e12 + 2 * lm_head_params(LAB20) / 1e12)
+    verify = model.step_parts_s(decode_out(4, 100, drafts=3))
+    sampled = 2 * (layer_params(LAB20) + lm_head_params(LAB20)) * 16 / 1e12
+    assert verify[IDEAL] + verify[SPECULATION] == pytest.approx(sampled)
+
+
+def test_a_decode_step_reads_the_embedding_rows_of_its_tokens_and_the_whole_lm_head():
+    untied = EngineModel(ALL_MEMORY, LAB20, EngineConfig())
+    ideal = untied.step_parts_s(decode_out(1, 0))[IDEAL]
+    table = 32000 * 256
+    assert ideal == pytest.approx((LAB20.params - table + 256) * 2 / 1e10)
+    # A tied model's LM head reads the one table whole: nothing is left unread.
+    qwen = MODELS["qwen2.5-0.5b"]
+    tied = EngineModel(ALL_MEMORY, qwen, EngineConfig()).step_parts_s(decode_out(1, 0))[IDEAL]
+    assert tied == pytest.approx(qwen.params * 2 / 1e10)
+    # The ideal profile keeps the predictor's count (every weight read, every token multiplied).
+    roofline = RooflineCostModel(ALL_MEMORY, LAB20, EngineConfig()).step_time_s(decode_out(1, 0))
+    assert roofline == pytest.approx(LAB20.params * 2 / 1e10)
+
+
+def test_a_cpus_linear_layers_add_their_reads_and_math_where_a_gpu_overlaps_them():
+    from labs.sim.engine_model import linear_s
+
+    cpu = Hardware("cpu", 10**10, 3.4e10, 2e11)
+    assert linear_s(cpu, 0.002, 0.003) == pytest.approx(0.005)
+    assert linear_s(H100, 0.002, 0.003) == 0.003
+    # So on a CPU a step of eight decoding sequences costs their math on top of the reads.
+    model = EngineModel(cpu, LAB20, EngineConfig())
+    one, eight = model.step_time_s(decode_out(1, 100)), model.step_time_s(decode_out(8, 100))
+    assert eight - one > 2 * (layer_params(LAB20) + lm_head_params(LAB20)) * 7 / 2e11
