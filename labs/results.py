@@ -318,8 +318,7 @@ def _not_observed(label: str) -> Row:
     return _unmeasured(
         label,
         "not observed",
-        "No /metrics poll fell while requests were running (the run was shorter than the "
-        "polling interval), so this peak was not seen.",
+        "No /metrics poll fell while requests were running, so this peak was not seen.",
     )
 
 
