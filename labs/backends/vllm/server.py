@@ -510,9 +510,10 @@ RESTART = "the previous server had stopped"
 class ServerManager:
     """One `vllm serve` at a time for this worker, kept between runs with identical arguments.
 
-    The server runs in its own session (so its process group holds vLLM's engine processes too),
-    logs to a file in cache_dir(), and is recorded in a state file there, so a worker that was
-    killed outright has its orphaned server stopped by the next worker on the same GPUs.
+    The server runs in its own process group (which holds vLLM's engine processes too) in the
+    starter's session (see _start), logs to a file in cache_dir(), and is recorded in a state
+    file there, so a worker that was killed outright has its orphaned server stopped by the next
+    worker on the same GPUs.
     """
 
     def __init__(
@@ -626,7 +627,13 @@ class ServerManager:
                 stderr=subprocess.STDOUT,
                 env=env,
                 cwd=self._dir,
-                start_new_session=True,
+                # Its own process group, so stopping it ends its engine processes too, but the
+                # starter's session: a CPU worker's engine spins (sched_yield) on the cores the
+                # load generator needs, and Linux's autogroup scheduler, which groups tasks by
+                # session, then left the load generator runnable but unscheduled for up to 0.85 s
+                # (2026-12-02: 8 in flight on 2 cores ran at 220-1,400 tok/s from one run to the
+                # next in a session of its own, 1,330-1,560 in the starter's).
+                process_group=0,
             )
         started = time.monotonic()
         server = RunningServer(process, argv, plan.args, port, log_path, 0.0)

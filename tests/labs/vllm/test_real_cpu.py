@@ -69,8 +69,9 @@ SPECULATION = {
 
 
 class PeakMemory(threading.Thread):
-    """Samples the resident memory of the worker's session and of every vLLM server session
-    (the server runs in a session of its own) twice a second; keeps the largest sum."""
+    """Samples the resident memory of the worker's session (its vLLM server runs there, in a
+    process group of its own) and of any session a vLLM server leads, twice a second; keeps the
+    largest sum."""
 
     def __init__(self, worker_pid: int) -> None:
         super().__init__(daemon=True)

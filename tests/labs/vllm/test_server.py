@@ -198,7 +198,7 @@ def test_no_request_of_a_lab_vllm_accepts_is_longer_than_its_max_model_len(
 # -- the manager and the stand-in ----------------------------------------------------------------
 
 
-def test_it_starts_the_exact_arguments_in_a_new_session_and_reuses_the_server(
+def test_it_starts_the_exact_arguments_in_its_own_group_and_reuses_the_server(
     tmp_path: Path, standin: StandIn, manager: srv.ServerManager
 ) -> None:
     plan = plan_for(tmp_path)
@@ -207,8 +207,10 @@ def test_it_starts_the_exact_arguments_in_a_new_session_and_reuses_the_server(
     (start,) = standin.starts()
     assert start["argv"] == server.argv[1:]
     assert server.argv == plan.argv(str(standin.executable), port=server.port)
-    # Its own session and process group, which holds its child too.
-    assert start["pid"] == server.pid == start["pgid"] == start["sid"]
+    # Its own process group, which holds its child too, in the starter's session (so the
+    # scheduler's per-session autogroup does not set the engine against the load generator).
+    assert start["pid"] == server.pid == start["pgid"]
+    assert start["sid"] == os.getsid(0) != server.pid
     assert os.getpgid(start["grandchild"]) == server.pid
     assert srv.group_members(server.pid) == sorted([server.pid, start["grandchild"]])
     again, reused = manager.ensure(plan_for(tmp_path))
