@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         '"cpu:<this CPU\'s model>:<cores>")',
     )
     parser.add_argument("--repeats", default="3", help="runs per sweep point, median kept")
-    parser.add_argument("--rounds", default="3", help="rounds of the coordinate search")
+    parser.add_argument("--rounds", default="6", help="rounds of the coordinate search")
     parser.add_argument("--where", default="this worker", help="who measured, for the label")
 
 
@@ -67,7 +67,7 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
 
     params = params_from_args(options)  # validates the base settings
     repeats = _positive_int(options, "repeats", 10)
-    rounds = _positive_int(options, "rounds", 6)
+    rounds = _positive_int(options, "rounds", 10)
     device = (options.get("device") or default_device(params)).strip()
     if not device or len(device) > 200:
         raise ParamError({"device": "--device must be 1 to 200 characters"})
