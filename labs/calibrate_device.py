@@ -41,22 +41,25 @@ class SweepPoint:
 
 
 # Small on purpose: the CPU vLLM worker must finish it in minutes. Prompt and output lengths are
-# fixed (range ratio 0) so every repeat asks the same. Decode points are measured by their
-# end-to-end latency, not TPOT: on a 2-core CPU worker the API server shares a core and sometimes
-# streams a whole output in its first chunk, so TPOT read 0 (2026-12-02, D1's 5 repeats: 0 to
-# 1.75 ms); E2E does not depend on how tokens are chunked. (Changed after that run: D1, D2, S1
-# and the speculation change were tpot_s.mean.) P3 and S2 were added (both fit) after that
-# day's first calibration (and one exploratory N1 run), before any run of them: its 3 fit points
-# could not pin 6 constants, and no fit point had drafts, so speculation's cost was never fitted.
-# Roles and settings unchanged since; the engine model was changed after run 1 (see git log).
+# fixed (range ratio 0) so every repeat asks the same. The decode fit points D1 and D2 are
+# measured by TPOT, the step time they stand for. History (all 2026-12-02): D1, D2, S1 and the
+# speculation change were tpot_s.mean in run 1, where TPOT sometimes read 0 (whole outputs in one
+# chunk), and were moved to e2e_s.mean; the cause was found at run 7: the vLLM server ran in a
+# session of its own, and Linux's per-session (autogroup) scheduling left the client and API
+# server unscheduled for up to 0.85 s (labs/backends/vllm/server.py), which merged the chunks.
+# With that fixed, e2e fit points (runs 4-7) left the per-sequence cost unpinned (fitted at 49 to
+# 165 us across runs of the same sweep, held-out D3 +3% to +21%), so D1 and D2 went back to TPOT
+# (run 8 on); S1, S2 and the change stay e2e. P3 and S2 were added (both fit) after run 1, before
+# any run of them: its 3 fit points could not pin 6 constants, and no fit point had drafts.
+# Roles unchanged since; the engine model was changed after run 1 (see git log).
 _DECODE = {"prompt_tokens": 64, "output_tokens": 32, "max_tokens": 64}
 _PREFILL = {"output_tokens": 2, "max_tokens": 16, "max_concurrency": 1, "num_prompts": 2}
 _NGRAM = {"spec_method": "ngram", "spec_tokens": 3}
 SWEEP: tuple[SweepPoint, ...] = (
     SweepPoint("D1", "fit", "batch-1 decode", {**_DECODE, "max_concurrency": 1, "num_prompts": 3},
-               "e2e_s.mean"),
+               "tpot_s.mean"),
     SweepPoint("D2", "fit", "4 sequences decoding", {**_DECODE, "max_concurrency": 4,
-               "num_prompts": 8}, "e2e_s.mean"),
+               "num_prompts": 8}, "tpot_s.mean"),
     SweepPoint("D3", "held_out", "8 sequences decoding", {**_DECODE, "max_concurrency": 8,
                "num_prompts": 16}, "output_tokens_per_s"),
     SweepPoint("P1", "fit", "a long prefill", {**_PREFILL, "prompt_tokens": 1024}, "ttft_s.mean"),

@@ -113,10 +113,13 @@ def test_the_command_calibrates_a_device_from_its_vllm_server_and_stores_it(
     held_out = sorted(abs(p["error"]) for p in row.points if p["role"] == "held_out")
     assert row.held_out_error == pytest.approx(held_out[len(held_out) // 2])
     # The fake answers the first token after 20 ms, then each 8 ms apart, whatever the batch:
-    # batch-1 decode's 32 tokens take 20 + 31 x 8 ms end to end.
+    # batch-1 decode's TPOT is 8 ms, and S1's 32 tokens take 20 + 31 x 8 ms end to end.
     decode = next(p for p in row.points if p["id"] == "D1")
-    assert decode["metric"] == "e2e_s.mean"
-    assert decode["measured"] == pytest.approx(0.020 + 31 * 0.008, rel=0.3)
+    assert decode["metric"] == "tpot_s.mean"
+    assert decode["measured"] == pytest.approx(0.008, rel=0.3)
+    speculative = next(p for p in row.points if p["id"] == "S1")
+    assert speculative["metric"] == "e2e_s.mean"
+    assert speculative["measured"] == pytest.approx(0.020 + 31 * 0.008, rel=0.3)
     stored = device_calibration("l4")
     assert stored is not None and stored.where == "the test worker"
     assert "stored for l4: calibrated on the test worker" in out.getvalue()
