@@ -370,7 +370,7 @@ def calibration_reap_stale(*, now: datetime | None = None) -> int:
     reaped = 0
     for job in CalibrationJob.objects.filter(state=RunState.RUNNING):
         started = up_since.get(job.worker)
-        if started is not None and job.started_at is not None and started <= job.started_at:
+        if started is not None and (job.started_at is None or started <= job.started_at):
             continue
         why = "is no longer online" if started is None else "restarted"
         reaped += CalibrationJob.objects.filter(pk=job.pk, state=RunState.RUNNING).update(
