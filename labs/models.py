@@ -207,3 +207,54 @@ class DeviceCalibration(models.Model):
             held_out_error=self.held_out_error,
             where=self.where,
         )
+
+
+class CalibrationJobQuerySet(models.QuerySet["CalibrationJob"]):
+    def active(self) -> CalibrationJobQuerySet:
+        return self.filter(state__in=ACTIVE_STATES)
+
+
+class CalibrationJob(models.Model):
+    """A staff member's request to calibrate one device on its own vLLM worker (the devices
+    page): queued, running, done with the DeviceCalibration it stored, or failed with why. The
+    row is the truth, Celery carries its id; state changes are conditional UPDATEs
+    (labs.calibrations), as for lab runs. One device has at most one job queued or running."""
+
+    device = models.CharField(max_length=200, db_index=True, help_text="DeviceCalibration.device")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    queue = models.CharField(max_length=60, help_text="where the task was sent")
+    base = models.JSONField(help_text="the sweep's base lab settings (model, gpu, ...)")
+    repeats = models.PositiveSmallIntegerField()
+    rounds = models.PositiveSmallIntegerField()
+    state = models.CharField(max_length=12, choices=RunState.choices, default=RunState.QUEUED)
+    note = models.CharField(max_length=300, blank=True, help_text="the sweep's latest log line")
+    error = models.TextField(blank=True)
+    worker = models.CharField(max_length=200, blank=True, help_text="hostname that claimed it")
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    calibration = models.ForeignKey(
+        DeviceCalibration, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    objects = CalibrationJobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            # Two presses at once both pass the check before saving; the database keeps one.
+            models.UniqueConstraint(
+                fields=["device"],
+                condition=models.Q(state__in=ACTIVE_STATES),
+                name="one_active_calibration_per_device",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"calibration {self.pk} of {self.device} ({self.state})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES

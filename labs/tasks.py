@@ -1,6 +1,7 @@
 """Celery tasks: thin. They carry a run id; `labs.services` does the work and the DB holds the
 state. The queue (labs.sim, labs.gpu) and time limits are chosen per backend when the run is
-enqueued (`labs.services._enqueue`)."""
+enqueued (`labs.services._enqueue`). A device calibration carries a job id the same way
+(`labs.calibrations`)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,31 @@ def reap_stale_task() -> int:
     from labs.services import run_reap_stale
 
     return run_reap_stale()
+
+
+class _CalibrationTask(Task):
+    def on_failure(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        # As for a run: what escapes the service (a lost database connection) fails the job.
+        from labs.calibrations import calibration_fail
+
+        job_id = args[0] if args else kwargs.get("job_id")
+        if job_id is not None:
+            calibration_fail(job_id=int(job_id), error=f"{type(exc).__name__}: {exc}")
+
+
+@shared_task(
+    name="labs.calibrate_device",
+    base=_CalibrationTask,
+    bind=True,
+    ignore_result=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def calibrate_device_task(self: Task, job_id: int) -> str:
+    """Calibrate a device on the vLLM worker that has it (the staff's devices page); sent to
+    that device's queue by `labs.calibrations.calibration_request`."""
+    from labs.calibrations import calibration_execute
+
+    return calibration_execute(job_id=int(job_id), hostname=self.request.hostname or "")

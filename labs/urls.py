@@ -12,7 +12,9 @@ urlpatterns = [
     path("runs/<int:pk>/cancel/", views.run_cancel, name="run-cancel"),
     path("sweeps/<int:pk>/", views.sweep_detail, name="sweep-detail"),
     path("sweeps/<int:pk>/cancel/", views.sweep_cancel, name="sweep-cancel"),
-    # Lab slugs last: "runs", "sweeps" and "preset" above are not labs.
+    path("devices/", views.devices, name="devices"),
+    path("devices/calibrate/", views.device_calibrate, name="device-calibrate"),
+    # Lab slugs last: "runs", "sweeps", "preset" and "devices" above are not labs.
     path("<slug:lab>/", views.lab_detail, name="lab-detail"),
     path("<slug:lab>/predict/", views.lab_predict, name="lab-predict"),
     path("<slug:lab>/runs/", views.run_create, name="run-create"),

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import wraps
 from typing import Any
 
 from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
@@ -15,7 +18,7 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
-from labs import definitions, results, selectors, services
+from labs import calibrations, definitions, results, selectors, services
 from labs.backends.vllm.cpu import CPU_LAB_SETTINGS
 from labs.backends.vllm.fit import requirement
 from labs.backends.vllm.start import check_can_start
@@ -364,3 +367,56 @@ def sweep_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     sweep = selectors.sweep_get_for_owner(user=request.user, pk=pk)
     services.sweep_cancel(sweep=sweep)
     return redirect(sweep)
+
+
+# -- staff: calibrate a device -------------------------------------------------------------------
+
+CALIBRATION_REFUSAL_STATUS = {"no-device": 503, "busy": 409, "queue-down": 503}
+
+
+def _staff_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """A visitor is sent to log in; a learner who is not staff gets 403."""
+
+    @wraps(view)
+    def staff_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_staff:
+            raise PermissionDenied("Staff only.")
+        return view(request, *args, **kwargs)
+
+    return login_required(staff_view)
+
+
+def _devices_page(request: HttpRequest, *, status: int = 200, refusal: str = "") -> HttpResponse:
+    rows = calibrations.devices_page()
+    active = any(row.job is not None and not row.job.is_terminal for row in rows)
+    context = {
+        "rows": rows,
+        "active": active,
+        "refusal": refusal,
+        "start_commands": calibrations.worker_start_commands(),
+    }
+    if request.htmx:
+        return _status_response(request, "labs/devices.html#devices-status", context, not active)
+    return render(request, "labs/devices.html", context, status=status)
+
+
+@require_GET
+@_staff_only
+def devices(request: HttpRequest) -> HttpResponse:
+    # A page watching a job must see a dead worker's job fail even if no worker reaps it.
+    calibrations.calibration_reap_stale()
+    return _devices_page(request)
+
+
+@require_POST
+@_staff_only
+def device_calibrate(request: HttpRequest) -> HttpResponse:
+    try:
+        job = calibrations.calibration_request(
+            device=request.POST.get("device", ""), user=request.user
+        )
+    except calibrations.CalibrationRefused as exc:
+        status = CALIBRATION_REFUSAL_STATUS[exc.kind]
+        return _devices_page(request, status=status, refusal=exc.reason)
+    messages.success(request, f"Calibration of {job.device} queued for its worker ({job.queue}).")
+    return redirect("labs:devices")

@@ -167,9 +167,15 @@ def cpu_worker_hardware(now: object = None) -> tuple[Hardware, dict[str, Any]] |
 def cpu_figures(now: object = None) -> dict[str, float]:
     """gpu cpu's three figures (labs.params) from the online CPU worker; {} without one."""
     found = cpu_worker_hardware(now)
-    if found is None:
+    return {} if found is None else announced_cpu_figures(found[1])
+
+
+def announced_cpu_figures(gpus: dict[str, Any] | None) -> dict[str, float]:
+    """gpu cpu's three figures (labs.params) from one CPU worker's announced inventory (its
+    heartbeat's `gpus`); {} when it measured nothing."""
+    hardware = cpu_hardware(gpus)
+    if hardware is None:
         return {}
-    hardware, _ = found
     return {
         "hbm_gb": hardware.hbm_bytes / GB,
         "bandwidth_tbs": hardware.bandwidth_bytes_per_s / TB,

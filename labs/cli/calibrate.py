@@ -17,11 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from django.utils import timezone
-
-from labs.catalog import CPU_KIND
 from labs.cli import add_param_options, params_from_args
-from labs.device_calibration import CONSTANT_BOUNDS, cpu_device_key
 from labs.params import PARAM_FIELDS, LabParams, ParamError
 
 HELP = "calibrate a device from a short sweep on its vLLM engine and store the constants"
@@ -54,16 +50,7 @@ def _positive_int(options: Mapping[str, Any], name: str, most: int) -> int:
 
 def run(options: Mapping[str, Any], stdout: TextIO) -> None:
     """Measure, fit, store and print. Raises ParamError for bad options."""
-    from labs.backends import get_backend
-    from labs.calibrate_device import (
-        Runs,
-        check_changes,
-        fit_device,
-        measure_changes,
-        measure_sweep,
-        run_summary,
-    )
-    from labs.models import DeviceCalibration
+    from labs.calibrations import calibrate_and_store
 
     params = params_from_args(options)  # validates the base settings
     repeats = _positive_int(options, "repeats", 10)
@@ -72,41 +59,30 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
     if not device or len(device) > 200:
         raise ParamError({"device": "--device must be 1 to 200 characters"})
     base = {f.name: options[f.name] for f in PARAM_FIELDS if options.get(f.name) is not None}
-    extra = {"base_url": options["base_url"]} if options.get("base_url") else {}
-    backend = get_backend("vllm", **extra)
 
     def log(line: str) -> None:
         stdout.write(line + "\n")
 
-    runs = Runs(lambda p: run_summary(backend.run(p)), repeats, warmups=1)
-    measured = measure_sweep(base, runs, log)
-    changes = measure_changes(base, runs, log)
-    where = str(options.get("where") or "this worker")[:200]
-    result = fit_device(
-        device, measured, on=timezone.localdate(), where=where, rounds=rounds, log=log
+    stored = calibrate_and_store(
+        base,
+        device,
+        repeats=repeats,
+        rounds=rounds,
+        where=str(options.get("where") or "this worker")[:200],
+        log=log,
+        base_url=options.get("base_url") or None,
     )
-    c = result.constants
-    DeviceCalibration.objects.create(
-        device=device,
-        where=where,
-        constants={name: getattr(c, name) for name in CONSTANT_BOUNDS},
-        fit_error=c.fit_error,
-        held_out_error=c.held_out_error,
-        points=result.points,
-    )
-    stdout.write(format_points(result.points))
-    stdout.write(format_changes(check_changes(changes, c)))
+    c = stored.constants
+    stdout.write(format_points(stored.points))
+    stdout.write(format_changes(stored.changes))
     stdout.write(f"stored for {device}: {c.label()} (fit error {c.fit_error:.0%})\n")
 
 
 def default_device(params: LabParams) -> str:
-    """The --gpu kind; for gpu cpu this machine's CPU as its CPU worker announces itself (model
-    and cores), the key its runs look their calibration up by (labs.selectors.device_key)."""
-    if params.hardware.name != CPU_KIND:
-        return params.hardware.name
-    from labs.backends.vllm import cpu
+    """The --gpu kind; for gpu cpu this machine's CPU as its CPU worker announces itself."""
+    from labs.calibrations import this_device
 
-    return cpu_device_key(cpu.cpu_inventory().name or "", cpu.cores())
+    return this_device(params)
 
 
 # Each column: (header, the row's key, its format: alignment, sign, width, then precision/type).

@@ -694,3 +694,158 @@ def test_the_batch_32_presets_run_explains_itself_with_its_own_table(
     # The preset is decode-heavy now (1,024-token prompts, 2,048 output tokens), so what is left
     # of the gap to the formula is kernel efficiency, not prefill.
     assert "efficiency loss" in rows["Output tokens/s"].reading
+
+
+# -- staff: calibrate a device -------------------------------------------------------------------
+
+
+def _cpu_worker():
+    from tests.labs.vllm.test_cpu import CPU_GPUS
+
+    return make_heartbeat("vllm", hostname="cpu@box", queue="labs.gpu.cpu", gpus=CPU_GPUS)
+
+
+CPU_KEY = "cpu:Intel(R) Xeon(R) Test CPU:2"
+
+
+@pytest.fixture
+def staff_client(client):
+    client.force_login(make_user("root", is_staff=True))
+    return client
+
+
+@pytest.fixture
+def calibration_sent():
+    from labs.tasks import calibrate_device_task
+
+    with mock.patch.object(calibrate_device_task, "apply_async") as apply_async:
+        yield apply_async
+
+
+def test_the_devices_page_is_for_staff_only(alice_client, calibration_sent):
+    from django.test import Client
+
+    url = reverse("labs:devices")
+    response = Client().get(url)
+    assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+    assert alice_client.get(url).status_code == 403
+    _cpu_worker()
+    response = alice_client.post(reverse("labs:device-calibrate"), {"device": CPU_KEY})
+    assert response.status_code == 403
+    calibration_sent.assert_not_called()
+    assert "Calibrate a vLLM worker" not in alice_client.get(reverse("labs:index")).content.decode()
+
+
+def test_staff_see_each_devices_calibration_and_its_points(staff_client):
+    from labs.models import DeviceCalibration
+
+    _cpu_worker()
+    DeviceCalibration.objects.create(
+        device=CPU_KEY,
+        constants={
+            "bandwidth_efficiency": 0.6,
+            "kv_bandwidth_efficiency": 0.5,
+            "gemm_efficiency": 1.0,
+            "decode_step_overhead_s": 0.004,
+            "mixed_step_overhead_s": 0.006,
+        },  # fmt: skip
+        fit_error=0.021,
+        held_out_error=0.043,
+        points=[
+            {
+                "id": "D1",
+                "role": "fit",
+                "what": "batch-1 decode",
+                "metric": "e2e_s.mean",
+                "measured": 0.1234567,
+                "predicted": 0.13,
+                "error": 0.053,
+            }
+        ],  # fmt: skip
+    )
+    assert "Calibrate a vLLM worker" in staff_client.get(reverse("labs:index")).content.decode()
+    response = staff_client.get(reverse("labs:devices"))
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "Intel(R) Xeon(R) Test CPU, 2 cores (CPU)" in html and CPU_KEY in html
+    today = timezone.localdate().isoformat()
+    assert f"calibrated on this worker, {today}, held-out error 4%" in html
+    assert "fit error 2%" in html
+    for cell in ("D1", "batch-1 decode", "e2e_s.mean", "0.12346", "0.13", "+5.3%"):
+        assert f">{cell}<" in html, cell
+    assert 'class="table-wrap"' in html  # a phone scrolls the points table sideways
+    assert "Calibrate this device" in html and "csrfmiddlewaretoken" in html
+
+
+def test_with_no_vllm_worker_online_the_page_says_how_to_start_one(staff_client):
+    html = staff_client.get(reverse("labs:devices")).content.decode()
+    assert "No vLLM worker is online" in html
+    assert "LABS_VLLM_DEVICE=cpu celery -A config worker -Q labs.gpu --pool=solo" in html
+
+
+def test_calibrate_queues_a_job_on_the_devices_worker_and_refuses_a_second_press(
+    staff_client, calibration_sent, django_capture_on_commit_callbacks
+):
+    from labs.models import CalibrationJob
+
+    _cpu_worker()
+    url = reverse("labs:device-calibrate")
+    with django_capture_on_commit_callbacks(execute=True):
+        response = staff_client.post(url, {"device": CPU_KEY}, follow=True)
+    job = CalibrationJob.objects.get()
+    assert response.redirect_chain == [(reverse("labs:devices"), 302)]
+    html = response.content.decode()
+    assert f"Calibration of {CPU_KEY} queued" in html
+    assert "Latest calibration job" in html and "state-queued" in html
+    assert "every 5s" in html  # the page polls while a job is queued or running
+    calibration_sent.assert_called_once()
+    assert calibration_sent.call_args.kwargs["args"] == [job.pk]
+    assert calibration_sent.call_args.kwargs["queue"] == "labs.gpu.cpu.x1"
+    assert job.base == {
+        "model": "lab-llama-20m",
+        "gpu": "cpu",
+        "block_size": 128,
+        "kv_capacity_tokens": 8192,
+        "max_num_seqs": 8,
+        "hbm_gb": pytest.approx(17.179869184),
+        "bandwidth_tbs": pytest.approx(0.008),
+        "tflops": pytest.approx(0.2),
+    }
+
+    calibration_sent.reset_mock()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = staff_client.post(url, {"device": CPU_KEY})
+    assert response.status_code == 409
+    assert "already queued or running, so nothing was queued" in response.content.decode()
+    assert CalibrationJob.objects.count() == 1
+    calibration_sent.assert_not_called()
+
+    # The poll: the job's state alone, and htmx told to stop once it has ended.
+    assert staff_client.get(reverse("labs:devices"), **HTMX).status_code == 200
+    CalibrationJob.objects.update(state=RunState.FAILED, error="RuntimeError: vLLM exited")
+    response = staff_client.get(reverse("labs:devices"), **HTMX)
+    assert response.status_code == 286 and "RuntimeError: vLLM exited" in response.content.decode()
+
+
+def test_calibrating_an_unknown_device_is_refused_not_an_error(staff_client, calibration_sent):
+    response = staff_client.post(reverse("labs:device-calibrate"), {"device": "<b>h100</b>"})
+    assert response.status_code == 503
+    assert "No online vLLM worker can calibrate" in response.content.decode()
+    assert "<b>h100</b>" not in response.content.decode()
+    calibration_sent.assert_not_called()
+    assert staff_client.get(reverse("labs:device-calibrate")).status_code == 405
+
+
+@pytest.mark.django_db(transaction=True)
+def test_calibrate_while_the_broker_is_down_says_so_and_fails_the_job(client, broker_down):
+    from labs.models import CalibrationJob
+
+    client.force_login(make_user("root", is_staff=True))
+    _cpu_worker()
+    response = client.post(reverse("labs:device-calibrate"), {"device": CPU_KEY})
+    assert response.status_code == 503
+    html = response.content.decode()
+    assert "The lab queue is unavailable right now, so nothing was queued" in html
+    job = CalibrationJob.objects.get()
+    assert job.state == RunState.FAILED and "never sent" in job.error
+    assert "The calibration failed." in html  # the page shows the job's state and reason
