@@ -53,8 +53,8 @@ def test_a_staff_member_calibrates_a_cpu_worker_from_a_phone(page):
         ],  # fmt: skip
     )
     page.set_viewport_size(PHONE)
-    sign_up(page, "root")
-    get_user_model().objects.filter(username="root").update(is_staff=True)
+    sign_up(page, "staffer")
+    get_user_model().objects.filter(username="staffer").update(is_staff=True)
     page.goto("/labs/")
     page.click("text=Calibrate a vLLM worker's device")
     page.wait_for_selector("text=held-out error 4%")
