@@ -451,3 +451,42 @@ def test_the_fake_answers_vllms_three_length_cases_as_the_real_one(cpu_worker, l
             ]
             assert codes[0] == codes[1], f"{name}: real {codes[0]} vs fake {codes[1]}"
             assert codes[0] == (200 if name.endswith("(clamped)") else 400), name
+
+
+def test_a_staff_member_calibrates_the_cpu_worker_from_the_devices_page(cpu_worker, learner_client):
+    """The staff's "Calibrate this device": the job goes to the real CPU worker, which runs the
+    sweep on its own vLLM engine and stores the device's calibration, which its labs then use."""
+    from labs.calibrate_device import SWEEP
+    from labs.calibrations import calibration_targets
+    from labs.models import CalibrationJob, DeviceCalibration
+    from labs.params import parse_lab_params
+    from labs.selectors import lab_calibration
+
+    staff = make_user("staff")
+    staff.is_staff = True
+    staff.save()
+    learner_client.force_login(staff)
+    (target,) = [t for t in calibration_targets() if t.device.startswith("cpu:")]
+    page = learner_client.get(reverse("labs:devices"))
+    assert page.status_code == 200 and "Calibrate this device" in page.content.decode()
+    response = learner_client.post(reverse("labs:device-calibrate"), {"device": target.device})
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    job = CalibrationJob.objects.get(device=target.device)
+    deadline = time.monotonic() + RUN_WAIT_S
+    while time.monotonic() < deadline:
+        job.refresh_from_db()
+        if job.state in (RunState.DONE, RunState.FAILED):
+            break
+        time.sleep(2)
+    assert job.state == RunState.DONE, f"{job.state}: {job.error}\n{cpu_worker.log()[-3000:]}"
+    row = DeviceCalibration.objects.get(device=target.device)
+    assert job.calibration_id == row.pk and job.worker.startswith(cpu_worker.name)
+    assert [p["id"] for p in row.points] == [p.id for p in SWEEP]
+    assert all(p["measured"] > 0 and p["predicted"] > 0 for p in row.points)
+    print(
+        "calibrated from the devices page: "
+        + ", ".join(f"{p['id']} {p['error']:+.1%}" for p in row.points)
+        + f"; held-out error {row.held_out_error:.1%}"
+    )
+    found = lab_calibration(parse_lab_params(dict(target.base)))
+    assert found is not None and found.label().startswith("calibrated on this worker")
