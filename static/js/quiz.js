@@ -72,6 +72,11 @@
       handled = true; // never typed: it cannot be part of a number
     } else if (event.key === " " && event.target.value.trim() === "") {
       handled = press(root.querySelector("[data-reveal]"));
+    } else if (event.key === "Enter" && event.target.form && window.htmx) {
+      // As in press(): a box typed into right after the swap may not be wired yet, and its
+      // Enter would post the whole page (seen in CI on a loaded machine). keydown comes before
+      // the submit, so wiring it now sends the submit through htmx.
+      window.htmx.process(event.target.form);
     }
     if (handled) event.preventDefault();
   }
