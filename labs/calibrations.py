@@ -26,7 +26,12 @@ from django.utils import timezone
 from labs.backends.base import Device, Placement
 from labs.backends.vllm.gpus import GpuInventory
 from labs.catalog import CPU_KIND, GPUS, LAB_MODEL_SHAPES, MODELS
-from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants, cpu_device_key
+from labs.device_calibration import (
+    CONSTANT_BOUNDS,
+    DeviceConstants,
+    announced_cpu_key,
+    cpu_device_key,
+)
 from labs.models import CalibrationJob, DeviceCalibration, RunState, WorkerHeartbeat
 from labs.params import LabParams, ParamError, parse_lab_params
 from labs.services import QueueUnavailable
@@ -176,7 +181,7 @@ def _target(gpus: Mapping[str, Any]) -> CalibrationTarget:
     queue = placement_queue(settings.LABS_BACKEND_QUEUES["vllm"], Placement(device.kind, 1))
     if device.kind == CPU_KIND:
         name, cores = str(gpus.get("name") or ""), int(gpus.get("cores") or 0)
-        key = cpu_device_key(name, cores)
+        key = announced_cpu_key(gpus)
         label = f"{name or 'unknown CPU'}, {cores} core{'' if cores == 1 else 's'} (CPU)"
         figures = announced_cpu_figures(dict(gpus))
         if not figures:

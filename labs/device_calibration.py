@@ -14,6 +14,7 @@ Plain Python; never Django.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import date
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,11 @@ OPTIONAL_CONSTANTS = frozenset(
 def cpu_device_key(cpu_model: str, cores: int) -> str:
     """The device key of a CPU worker: its model name and core count ("cpu:AMD EPYC 7763:2")."""
     return f"cpu:{' '.join(cpu_model.split())}:{int(cores)}"
+
+
+def announced_cpu_key(gpus: Mapping[str, Any]) -> str:
+    """The device key of the CPU worker whose heartbeat announced `gpus` (name, cores)."""
+    return cpu_device_key(str(gpus.get("name") or ""), int(gpus.get("cores") or 0))
 
 
 def check_constants(constants: dict[str, Any]) -> dict[str, float]:

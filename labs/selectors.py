@@ -17,7 +17,7 @@ from labs import results
 from labs.backends.base import Phase
 from labs.backends.vllm.gpus import GpuInventory
 from labs.catalog import CPU_KIND
-from labs.device_calibration import DeviceConstants, cpu_device_key
+from labs.device_calibration import DeviceConstants, announced_cpu_key
 from labs.models import DeviceCalibration, LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.params import LabParams
 from labs.presets import LABS, Lab, load_presets
@@ -139,8 +139,7 @@ def device_key(params: LabParams) -> str:
     found = cpu_worker_hardware()
     if found is None:
         return CPU_KIND
-    announced = found[1]
-    return cpu_device_key(str(announced.get("name") or ""), int(announced.get("cores") or 0))
+    return announced_cpu_key(found[1])
 
 
 def lab_calibration(params: LabParams) -> DeviceConstants | None:

@@ -5,7 +5,7 @@ with known constants), never a real worker or engine."""
 
 from __future__ import annotations
 
-from datetime import date, timedelta
+from datetime import timedelta
 from typing import Any
 from unittest import mock
 
@@ -15,28 +15,17 @@ from django.utils import timezone
 from labs import calibrations
 from labs.backends.sim import build_simulator
 from labs.calibrate_device import SWEEP
-from labs.device_calibration import DeviceConstants
 from labs.models import CalibrationJob, DeviceCalibration, RunState
 from labs.tasks import calibrate_device_task
 from tests.conftest import make_user
 from tests.labs.factories import make_heartbeat
+from tests.labs.test_calibrate_device import TRUTH
 from tests.labs.vllm.test_cpu import CPU_GPUS
 
 pytestmark = pytest.mark.django_db
 
 CPU_KEY = "cpu:Intel(R) Xeon(R) Test CPU:2"
 L4_GPUS = {"count": 1, "name": "NVIDIA L4", "kind": "l4", "memory_bytes": 23034 * 1024**2}
-TRUTH = DeviceConstants(
-    device="l4",
-    bandwidth_efficiency=0.5,
-    kv_bandwidth_efficiency=0.5,
-    gemm_efficiency=0.4,
-    decode_step_overhead_s=0.002,
-    mixed_step_overhead_s=0.004,
-    fitted_on=date(2026, 12, 2),
-    fit_error=0.0,
-    held_out_error=0.0,
-)
 
 
 def cpu_worker(**overrides: Any) -> Any:

@@ -777,6 +777,25 @@ def test_staff_see_each_devices_calibration_and_its_points(staff_client):
     assert "Calibrate this device" in html and "csrfmiddlewaretoken" in html
 
 
+def test_a_finished_jobs_line_says_how_long_that_job_took(staff_client):
+    from labs.models import CalibrationJob, RunState
+
+    _cpu_worker()
+    started = timezone.now() - timezone.timedelta(minutes=10)
+    CalibrationJob.objects.create(
+        device=CPU_KEY,
+        queue="labs.gpu.cpu.x1",
+        base={},
+        repeats=5,
+        rounds=6,
+        state=RunState.DONE,
+        started_at=started,
+        finished_at=started + timezone.timedelta(minutes=3, seconds=10),
+    )
+    html = staff_client.get(reverse("labs:devices")).content.decode()
+    assert ", took 3\xa0minutes</span>" in html
+
+
 def test_with_no_vllm_worker_online_the_page_says_how_to_start_one(staff_client):
     html = staff_client.get(reverse("labs:devices")).content.decode()
     assert "No vLLM worker is online" in html

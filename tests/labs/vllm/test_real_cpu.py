@@ -170,15 +170,19 @@ def refusals(response: Any) -> str:
 def run_to_end(client: Any, data: dict[str, str], worker: WorkerProcess) -> LabRun:
     response = submit(client, data)
     assert response.status_code == 302, refusals(response)
-    run = LabRun.objects.latest("pk")
+    return wait_done(LabRun.objects.latest("pk"), worker)
+
+
+def wait_done(row: Any, worker: WorkerProcess) -> Any:
+    """`row` (a lab run or a calibration job) once it has ended; it must have ended done."""
     deadline = time.monotonic() + RUN_WAIT_S
     while time.monotonic() < deadline:
-        run.refresh_from_db()
-        if run.state in (RunState.DONE, RunState.FAILED):
+        row.refresh_from_db()
+        if row.state in (RunState.DONE, RunState.FAILED):
             break
         time.sleep(1)
-    assert run.state == RunState.DONE, f"{run.state}: {run.error}\n{worker.log()[-3000:]}"
-    return run
+    assert row.state == RunState.DONE, f"{row.state}: {row.error}\n{worker.log()[-3000:]}"
+    return row
 
 
 def server_url(run: LabRun) -> str:
@@ -471,14 +475,7 @@ def test_a_staff_member_calibrates_the_cpu_worker_from_the_devices_page(cpu_work
     assert page.status_code == 200 and "Calibrate this device" in page.content.decode()
     response = learner_client.post(reverse("labs:device-calibrate"), {"device": target.device})
     assert response.status_code == 302, response.content.decode()[-2000:]
-    job = CalibrationJob.objects.get(device=target.device)
-    deadline = time.monotonic() + RUN_WAIT_S
-    while time.monotonic() < deadline:
-        job.refresh_from_db()
-        if job.state in (RunState.DONE, RunState.FAILED):
-            break
-        time.sleep(2)
-    assert job.state == RunState.DONE, f"{job.state}: {job.error}\n{cpu_worker.log()[-3000:]}"
+    job = wait_done(CalibrationJob.objects.get(device=target.device), cpu_worker)
     row = DeviceCalibration.objects.get(device=target.device)
     assert job.calibration_id == row.pk and job.worker.startswith(cpu_worker.name)
     assert [p["id"] for p in row.points] == [p.id for p in SWEEP]
