@@ -52,23 +52,36 @@ class SweepPoint:
 # (run 8 on); S1, S2 and the change stay e2e. P3 and S2 were added (both fit) after run 1, before
 # any run of them: its 3 fit points could not pin 6 constants, and no fit point had drafts.
 # Roles unchanged since; the engine model was changed after run 1 (see git log).
+# 2026-12-03, on another machine (a 2-core AMD EPYC VM whose speed wandered by a third over
+# minutes), before any run of these settings: the points are measured in interleaved rounds
+# (Runs.measure), the batch-1 points send 8 requests instead of 3 (one batch-1 request's TPOT
+# ranged 2.7-4.5 ms within a run), and P1's prompt is 1,000 tokens, not 1,024, so that with its
+# output it fits the 1,024-token context the other points' server has and shares it. The same
+# day, after the first interleaved run (whose S1 and S2 had 32-token answers) and before any
+# run of these: the ngram points and the speculation change answer 128 tokens. ngram drafts only
+# after a 5-token run of the context repeats (vLLM's default prompt_lookup_min), which the
+# random-weight model's greedy answers do once they fall into their loops; in 32 tokens few had,
+# so the engine accepted little (per-draft alpha 0.22-0.29) and speculation's measured change
+# (-12% in one run, +12% in the next) was smaller than its noise.
 _DECODE = {"prompt_tokens": 64, "output_tokens": 32, "max_tokens": 64}
+_ONE_DECODING = {**_DECODE, "max_concurrency": 1, "num_prompts": 8}
 _PREFILL = {"output_tokens": 2, "max_tokens": 16, "max_concurrency": 1, "num_prompts": 2}
 _NGRAM = {"spec_method": "ngram", "spec_tokens": 3}
+_LONG = {"prompt_tokens": 64, "output_tokens": 128, "max_tokens": 160}
+_ONE_LONG = {**_LONG, "max_concurrency": 1, "num_prompts": 4}
 SWEEP: tuple[SweepPoint, ...] = (
-    SweepPoint("D1", "fit", "batch-1 decode", {**_DECODE, "max_concurrency": 1, "num_prompts": 3},
-               "tpot_s.mean"),
+    SweepPoint("D1", "fit", "batch-1 decode", _ONE_DECODING, "tpot_s.mean"),
     SweepPoint("D2", "fit", "4 sequences decoding", {**_DECODE, "max_concurrency": 4,
                "num_prompts": 8}, "tpot_s.mean"),
     SweepPoint("D3", "held_out", "8 sequences decoding", {**_DECODE, "max_concurrency": 8,
                "num_prompts": 16}, "output_tokens_per_s"),
-    SweepPoint("P1", "fit", "a long prefill", {**_PREFILL, "prompt_tokens": 1024}, "ttft_s.mean"),
+    SweepPoint("P1", "fit", "a long prefill", {**_PREFILL, "prompt_tokens": 1000}, "ttft_s.mean"),
     SweepPoint("P2", "held_out", "a shorter prefill", {**_PREFILL, "prompt_tokens": 512},
                "ttft_s.mean"),
     SweepPoint("P3", "fit", "a short prefill", {**_PREFILL, "prompt_tokens": 128}, "ttft_s.mean"),
-    SweepPoint("S1", "held_out", "ngram speculation, 3 drafts", {**_DECODE,
-               "max_concurrency": 1, "num_prompts": 3, **_NGRAM}, "e2e_s.mean"),
-    SweepPoint("S2", "fit", "ngram, 3 drafts, 4 decoding", {**_DECODE, "max_concurrency": 4,
+    SweepPoint("S1", "held_out", "ngram speculation, 3 drafts", {**_ONE_LONG, **_NGRAM},
+               "e2e_s.mean"),
+    SweepPoint("S2", "fit", "ngram, 3 drafts, 4 decoding", {**_LONG, "max_concurrency": 4,
                "num_prompts": 8, **_NGRAM}, "e2e_s.mean"),
 )  # fmt: skip
 
@@ -86,12 +99,11 @@ class Change:
 
 # Each side equal to a sweep point's settings where it can be, so it is measured once.
 _EIGHT_DECODING = {**_DECODE, "max_concurrency": 8, "num_prompts": 16}
-_ONE_DECODING = {**_DECODE, "max_concurrency": 1, "num_prompts": 3}
 CHANGES: tuple[Change, ...] = (
     Change("max_num_seqs 1 -> 8", {**_EIGHT_DECODING, "max_num_seqs": 1},
            {**_EIGHT_DECODING, "max_num_seqs": 8}, "output_tokens_per_s"),
-    Change("ngram speculation off -> on (3 drafts)", _ONE_DECODING,
-           {**_ONE_DECODING, "spec_method": "ngram", "spec_tokens": 3}, "e2e_s.mean"),
+    Change("ngram speculation off -> on (3 drafts)", _ONE_LONG, {**_ONE_LONG, **_NGRAM},
+           "e2e_s.mean"),
 )  # fmt: skip
 
 
@@ -174,13 +186,49 @@ class Runs:
     side that is also a sweep point) gets the summaries already measured. `warmups` runs of
     each setting go first and are not kept: the first requests a vLLM server answers pay
     one-time costs (on the CPU worker the ngram proposer's compilation: S1's first run had a
-    1.09 s mean TTFT against D1's 0.03 s, 2026-12-02)."""
+    1.09 s mean TTFT against D1's 0.03 s, 2026-12-02).
+
+    `measure` runs many settings in interleaved rounds (the sweep does); a setting never
+    measured so far runs its repeats back to back when its values are asked for."""
 
     def __init__(
         self, run: Callable[[LabParams], Mapping[str, Any]], repeats: int = 3, warmups: int = 0
     ) -> None:
         self._run, self.repeats, self.warmups = run, repeats, warmups
         self._done: dict[str, list[Mapping[str, Any]]] = {}
+
+    def measure(self, settings: list[LabParams]) -> None:
+        """Measure each of `settings` not measured yet, in `repeats` rounds that visit every
+        one of them once, so that a machine whose speed wanders over minutes moves the repeats
+        of every setting alike instead of all the repeats of a few: on a shared 2-core VM, 8
+        sequences decoding ran at 1,180-1,420 tok/s in one minute's five back-to-back repeats
+        and at 1,655-1,843 tok/s four minutes later (2026-12-03), which put the held-out point
+        measured in the slow minute 30% off and the batch change 74%.
+
+        Settings with the same engine settings (one vLLM server) run next to each other, and
+        every other round runs the whole order backwards: the server a round ends on starts
+        the next, and a setting early in one round is late in the next. Wherever the engine
+        settings change (the backend restarts its server), `warmups` unkept runs of every
+        setting of the new server go first: a server's first run of each shape pays one-time
+        costs (kept, 4 sequences drafting ran 0.18-0.22 s on a new server each round against
+        0.12-0.13 s warmed, 2026-12-03)."""
+        groups: dict[str, list[LabParams]] = {}
+        seen = set(self._done)
+        for params in settings:
+            key = self._key(params)
+            if key not in seen:
+                seen.add(key)
+                groups.setdefault(repr(params.engine), []).append(params)
+        order = [(engine, params) for engine, group in groups.items() for params in group]
+        previous = None
+        for round_number in range(self.repeats):
+            for engine, params in order if round_number % 2 == 0 else reversed(order):
+                if engine != previous:
+                    for _ in range(self.warmups):
+                        for setting in groups[engine]:
+                            self._run(setting)
+                    previous = engine
+                self._done.setdefault(self._key(params), []).append(self._run(params))
 
     def values(self, params: LabParams, metric: str) -> list[float]:
         """The metric of each repeat, in the order run."""
@@ -224,10 +272,20 @@ class Runs:
         return f"({min(values):.3g} to {max(values):.3g} over {len(values)} runs)"
 
 
+def sweep_settings(base: Mapping[str, Any]) -> list[LabParams]:
+    """Every setting the sweep and the lessons' changes run, each once."""
+    settings = [point_params(base, point) for point in SWEEP]
+    for change in CHANGES:
+        settings += [settings_params(base, change.before), settings_params(base, change.after)]
+    return settings
+
+
 def measure_sweep(
     base: Mapping[str, Any], runs: Runs, log: Callable[[str], None] = print
 ) -> list[Measured]:
-    """Each point of SWEEP measured with `runs`; the median of its metric kept."""
+    """Each point of SWEEP measured with `runs`; the median of its metric kept. The points and
+    the changes' settings are measured together, in interleaved rounds (`Runs.measure`)."""
+    runs.measure(sweep_settings(base))
     measured = []
     for point in SWEEP:
         params = point_params(base, point)
