@@ -62,19 +62,22 @@ class SweepPoint:
 # after a 5-token run of the context repeats (vLLM's default prompt_lookup_min), which the
 # random-weight model's greedy answers do once they fall into their loops; in 32 tokens few had,
 # so the engine accepted little (per-draft alpha 0.22-0.29) and speculation's measured change
-# (-12% in one run, +12% in the next) was smaller than its noise.
+# (-12% in one run, +12% in the next) was smaller than its noise. After the second interleaved
+# run (roles unchanged): every point sends twice the requests per run, since one batch-1
+# request's TPOT wandered 2.7-5.4 ms over a minute on one server, in spells of seconds that a
+# one-second run sat inside (the median of 5 runs of S1 spread 0.26-0.61 s).
 _DECODE = {"prompt_tokens": 64, "output_tokens": 32, "max_tokens": 64}
-_ONE_DECODING = {**_DECODE, "max_concurrency": 1, "num_prompts": 8}
-_PREFILL = {"output_tokens": 2, "max_tokens": 16, "max_concurrency": 1, "num_prompts": 2}
+_ONE_DECODING = {**_DECODE, "max_concurrency": 1, "num_prompts": 16}
+_PREFILL = {"output_tokens": 2, "max_tokens": 16, "max_concurrency": 1, "num_prompts": 4}
 _NGRAM = {"spec_method": "ngram", "spec_tokens": 3}
 _LONG = {"prompt_tokens": 64, "output_tokens": 128, "max_tokens": 160}
-_ONE_LONG = {**_LONG, "max_concurrency": 1, "num_prompts": 4}
+_ONE_LONG = {**_LONG, "max_concurrency": 1, "num_prompts": 8}
+_EIGHT_DECODING = {**_DECODE, "max_concurrency": 8, "num_prompts": 32}
 SWEEP: tuple[SweepPoint, ...] = (
     SweepPoint("D1", "fit", "batch-1 decode", _ONE_DECODING, "tpot_s.mean"),
     SweepPoint("D2", "fit", "4 sequences decoding", {**_DECODE, "max_concurrency": 4,
-               "num_prompts": 8}, "tpot_s.mean"),
-    SweepPoint("D3", "held_out", "8 sequences decoding", {**_DECODE, "max_concurrency": 8,
-               "num_prompts": 16}, "output_tokens_per_s"),
+               "num_prompts": 16}, "tpot_s.mean"),
+    SweepPoint("D3", "held_out", "8 sequences decoding", _EIGHT_DECODING, "output_tokens_per_s"),
     SweepPoint("P1", "fit", "a long prefill", {**_PREFILL, "prompt_tokens": 1000}, "ttft_s.mean"),
     SweepPoint("P2", "held_out", "a shorter prefill", {**_PREFILL, "prompt_tokens": 512},
                "ttft_s.mean"),
@@ -82,7 +85,7 @@ SWEEP: tuple[SweepPoint, ...] = (
     SweepPoint("S1", "held_out", "ngram speculation, 3 drafts", {**_ONE_LONG, **_NGRAM},
                "e2e_s.mean"),
     SweepPoint("S2", "fit", "ngram, 3 drafts, 4 decoding", {**_LONG, "max_concurrency": 4,
-               "num_prompts": 8, **_NGRAM}, "e2e_s.mean"),
+               "num_prompts": 16, **_NGRAM}, "e2e_s.mean"),
 )  # fmt: skip
 
 
@@ -98,7 +101,6 @@ class Change:
 
 
 # Each side equal to a sweep point's settings where it can be, so it is measured once.
-_EIGHT_DECODING = {**_DECODE, "max_concurrency": 8, "num_prompts": 16}
 CHANGES: tuple[Change, ...] = (
     Change("max_num_seqs 1 -> 8", {**_EIGHT_DECODING, "max_num_seqs": 1},
            {**_EIGHT_DECODING, "max_num_seqs": 8}, "output_tokens_per_s"),
