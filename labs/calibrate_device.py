@@ -154,12 +154,26 @@ def point_params(base: Mapping[str, Any], point: SweepPoint) -> LabParams:
 def run_summary(record: RunRecord) -> dict[str, Any]:
     """labs.metrics.summarize, plus what the simulator is told of a speculative run: the
     decode tokens made (every output token after each request's first) and the drafts the
-    engine accepted (its counter; None where it reported none)."""
+    engine accepted (its counter; None where it reported none), and how many times it drafted
+    (its drafts counter, for `drafted_share`)."""
     summary = summarize(record)
     done = [r for r in record.requests if r.error is None and r.finish_s is not None]
     summary["decode_tokens"] = sum(max(r.output_tokens - 1, 0) for r in done)
     summary["spec_accepted_tokens"] = record.counters.spec_accepted_tokens
+    summary["spec_drafts"] = record.counters.spec_drafts
     return summary
+
+
+def drafted_share(summary: Mapping[str, Any]) -> float | None:
+    """The share of its sequence-steps in which the engine proposed drafts: its drafts counter
+    over the steps its sequences decoded (decode tokens less accepted drafts, one token a step
+    besides those). The simulator drafts at every one; vLLM's ngram proposer only after a
+    5-token match. None where the engine reported no counters."""
+    drafts, accepted = summary.get("spec_drafts"), summary.get("spec_accepted_tokens")
+    if drafts is None or accepted is None or "decode_tokens" not in summary:
+        return None
+    steps = int(summary["decode_tokens"]) - int(accepted)
+    return min(int(drafts) / steps, 1.0) if steps > 0 else None
 
 
 def step_acceptance(k: int, decode_tokens: int, accepted: int) -> float:
@@ -234,12 +248,16 @@ class Runs:
 
     def values(self, params: LabParams, metric: str) -> list[float]:
         """The metric of each repeat, in the order run."""
+        return [metric_value(s, metric) for s in self.summaries(params)]
+
+    def summaries(self, params: LabParams) -> list[Mapping[str, Any]]:
+        """Each repeat's summary, in the order run (measured now if not yet)."""
         key = self._key(params)
         if key not in self._done:
             for _ in range(self.warmups):
                 self._run(params)
             self._done[key] = [self._run(params) for _ in range(self.repeats)]
-        return [metric_value(s, metric) for s in self._done[key]]
+        return self._done[key]
 
     @staticmethod
     def _key(params: LabParams) -> str:
@@ -256,8 +274,7 @@ class Runs:
         k = params.engine.spec_tokens
         if not k:
             return params
-        self.values(params, "completed")  # measured, if not yet
-        summaries = self._done[self._key(params)]
+        summaries = self.summaries(params)
         if any(
             s.get("spec_accepted_tokens") is None or "decode_tokens" not in s for s in summaries
         ):
@@ -297,6 +314,13 @@ def measure_sweep(
         accepted = ""
         if params.engine.spec_tokens:
             accepted = f"; simulated at acceptance {simulated.engine.acceptance:.3f}"
+            summaries = runs.summaries(params)
+            shares = [x for x in map(drafted_share, summaries) if x is not None]
+            if len(shares) == len(summaries):
+                accepted += (
+                    f", drafting at every step; the engine drafted at "
+                    f"{statistics.median(shares):.0%} of its sequence-steps"
+                )
         log(
             f"{point.id} {point.what}: {point.metric} {value:.6g} "
             + runs.spread(params, point.metric)

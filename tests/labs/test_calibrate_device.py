@@ -19,6 +19,7 @@ from labs.calibrate_device import (
     Measured,
     Runs,
     check_changes,
+    drafted_share,
     fit_device,
     measure_changes,
     measure_sweep,
@@ -260,6 +261,12 @@ def test_the_simulator_is_told_the_acceptance_the_engine_made_not_the_labs_alpha
     engine = {"spec_accepted_tokens": 31, "decode_tokens": 93, "completed": 3}
     told = Runs(lambda p: engine, repeats=3).simulated_params(params)
     assert told.engine.acceptance == pytest.approx(alpha)
+    # How often the engine drafted at all: the simulator at every sequence-step; an engine
+    # that drafted 31 times in the 62 steps above, at half of them.
+    assert drafted_share({**engine, "spec_drafts": 31}) == pytest.approx(0.5)
+    assert drafted_share(engine) is None
+    simulated = run_summary(build_simulator(params).run())
+    assert drafted_share(simulated) == pytest.approx(1.0, abs=0.05)
     # Without drafts, or without the engine's counter, the settings stay as they were.
     plain = point_params(BASE, SWEEP[0])
     assert Runs(lambda p: engine, repeats=1).simulated_params(plain) is plain
