@@ -219,7 +219,7 @@ class Runs:
         of every setting alike instead of all the repeats of a few: on a shared 2-core VM, 8
         sequences decoding ran at 1,180-1,420 tok/s in one minute's five back-to-back repeats
         and at 1,655-1,843 tok/s four minutes later (2026-12-03), which put the held-out point
-        measured in the slow minute 30% off and the batch change 74%.
+        measured in the slow minute 30% off and the batch change 74% (on the ratio).
 
         Settings with the same engine settings (one vLLM server) run next to each other, and
         every other round runs the whole order backwards: the server a round ends on starts
