@@ -244,3 +244,18 @@ def test_without_a_cpu_worker_online_a_cpu_run_has_no_device_calibration(db):
     from labs.selectors import device_key, lab_calibration
 
     assert device_key(cpu_params()) == "cpu" and lab_calibration(cpu_params()) is None
+
+
+def test_the_calibration_sweeps_settings_with_one_engine_get_one_server():
+    # Runs.measure warms a server's settings where the engine settings change and nowhere else;
+    # that holds only if settings sharing engine settings share the server's arguments (P1's
+    # 1,000-token prompt keeps the 1,024-token context the other points' server has).
+    from labs.calibrate_device import sweep_settings
+    from labs.calibrations import CPU_BASE
+
+    base = {**CPU_BASE, "hbm_gb": 16, "bandwidth_tbs": 0.008, "tflops": 0.2}
+    servers: dict[str, set[tuple[str, ...]]] = {}
+    for params in sweep_settings(base):
+        servers.setdefault(repr(params.engine), set()).add(build_plan(params).args)
+    assert len(servers) == 3  # plain, ngram, max_num_seqs 1
+    assert all(len(args) == 1 for args in servers.values())
