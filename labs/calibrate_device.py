@@ -167,8 +167,8 @@ def run_summary(record: RunRecord) -> dict[str, Any]:
 def drafted_share(summary: Mapping[str, Any]) -> float | None:
     """The share of its sequence-steps in which the engine proposed drafts: its drafts counter
     over the steps its sequences decoded (decode tokens less accepted drafts, one token a step
-    besides those). The simulator drafts at every one; vLLM's ngram proposer only after a
-    5-token match. None where the engine reported no counters."""
+    besides those). vLLM's ngram proposer drafts only after a 5-token match. None where the
+    engine reported no counters."""
     drafts, accepted = summary.get("spec_drafts"), summary.get("spec_accepted_tokens")
     if drafts is None or accepted is None or "decode_tokens" not in summary:
         return None
@@ -176,13 +176,33 @@ def drafted_share(summary: Mapping[str, Any]) -> float | None:
     return min(int(drafts) / steps, 1.0) if steps > 0 else None
 
 
+# The least draft share simulated: a run whose engine never drafted is simulated drafting at
+# one step in a thousand, at acceptance 0 (the scheduler's share must be above 0).
+_MIN_DRAFT_SHARE = 1e-3
+
+
+def spec_drafting(k: int, summary: Mapping[str, Any]) -> tuple[float, float]:
+    """(alpha, share) at which the simulator reproduces a speculative run's drafting: a
+    sequence drafts k tokens at `share` of its steps, the engine's (`drafted_share`), and there
+    makes the tokens per drafted step the engine made (its decode tokens less the steps without
+    drafts, over its drafts), at per-draft acceptance alpha (`step_acceptance`). Where the
+    engine reported no drafts counter, every step drafts at the alpha that makes its tokens per
+    step."""
+    decode_tokens, accepted = int(summary["decode_tokens"]), int(summary["spec_accepted_tokens"])
+    share = drafted_share(summary)
+    if share is None:
+        return step_acceptance(k, decode_tokens, accepted), 1.0
+    drafts = int(summary["spec_drafts"])
+    return step_acceptance(k, drafts + accepted, accepted), max(share, _MIN_DRAFT_SHARE)
+
+
 def step_acceptance(k: int, decode_tokens: int, accepted: int) -> float:
     """The per-draft acceptance alpha at which the simulator's steps (k drafts each, accepted
     until the first rejection) make the tokens per step the engine made: decode_tokens over
     its steps, decode_tokens - accepted (each step makes one token plus those accepted).
 
-    The engine's ngram proposer drafts only where the context repeats itself, so its own rate
-    (accepted / drafted) is not the simulator's alpha: steps without a draft count too."""
+    Given all the engine's decode tokens and steps, it is the alpha of a simulator drafting at
+    every step; `spec_drafting` gives it the drafted steps only."""
     steps = decode_tokens - accepted
     if k <= 0 or accepted <= 0 or steps <= 0:
         return 0.0
@@ -267,10 +287,10 @@ class Runs:
         return statistics.median(self.values(params, metric))
 
     def simulated_params(self, params: LabParams) -> LabParams:
-        """`params` as the simulator runs them: with drafts, at the acceptance the engine made
-        in these runs (the median of its repeats, `step_acceptance`), not the lab's assumed
-        alpha; acceptance is the workload's and the model's, not a device constant. Unchanged
-        where the runs did not report what was accepted."""
+        """`params` as the simulator runs them: with drafts, at the acceptance and the draft
+        share the engine made in these runs (the median of its repeats, `spec_drafting`), not
+        the lab's assumed alpha; both are the workload's and the model's, not device constants.
+        Unchanged where the runs did not report what was accepted."""
         k = params.engine.spec_tokens
         if not k:
             return params
@@ -279,11 +299,11 @@ class Runs:
             s.get("spec_accepted_tokens") is None or "decode_tokens" not in s for s in summaries
         ):
             return params
-        alpha = statistics.median(
-            step_acceptance(k, int(s["decode_tokens"]), int(s["spec_accepted_tokens"]))
-            for s in summaries
-        )
-        return replace(params, engine=replace(params.engine, acceptance=min(alpha, 0.999)))
+        drafting = [spec_drafting(k, s) for s in summaries]
+        alpha = statistics.median(a for a, _ in drafting)
+        share = statistics.median(s for _, s in drafting)
+        engine = replace(params.engine, acceptance=min(alpha, 0.999), draft_share=share)
+        return replace(params, engine=engine)
 
     def spread(self, params: LabParams, metric: str) -> str:
         """ "(4.1e-03 to 5.7e-03 over 3 runs)": how far the repeats disagree on a busy machine."""
@@ -313,14 +333,10 @@ def measure_sweep(
         measured.append(Measured(point, simulated, value))
         accepted = ""
         if params.engine.spec_tokens:
-            accepted = f"; simulated at acceptance {simulated.engine.acceptance:.3f}"
-            summaries = runs.summaries(params)
-            shares = [x for x in map(drafted_share, summaries) if x is not None]
-            if len(shares) == len(summaries):
-                accepted += (
-                    f", drafting at every step; the engine drafted at "
-                    f"{statistics.median(shares):.0%} of its sequence-steps"
-                )
+            accepted = (
+                f"; simulated at acceptance {simulated.engine.acceptance:.3f}, drafting at "
+                f"{simulated.engine.draft_share:.0%} of its sequence-steps (the engine's)"
+            )
         log(
             f"{point.id} {point.what}: {point.metric} {value:.6g} "
             + runs.spread(params, point.metric)

@@ -504,6 +504,10 @@ class EngineConfig:
     spec_method: str = "none"
     spec_tokens: int = 0
     acceptance: float = 0.7
+    # Not a lab parameter: the share of its steps in which a sequence drafts, 1 (every step)
+    # unless a device calibration measured its engine's (labs/calibrate_device.py); only the
+    # simulator reads it.
+    draft_share: float = 1.0
     draft_cost: float = 0.0
     step_overhead_s: float = 0.0
     activation_reserve_bytes: int = 0

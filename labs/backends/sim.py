@@ -75,6 +75,7 @@ def build_simulator(
         kv_allocation=engine.kv_allocation,
         num_spec_tokens=engine.spec_tokens,
         spec_acceptance=engine.acceptance,
+        spec_draft_share=engine.draft_share,
     )
     # The seed's first stream draws the requests (lab_workload), the second draft acceptance.
     _, run_seed = np.random.SeedSequence(work.seed).spawn(2)

@@ -44,6 +44,10 @@ class SchedulerConfig:
     kv_allocation: str = "paged"  # "paged" | "contiguous"
     num_spec_tokens: int = 0  # k drafts per decode step
     spec_acceptance: float = 0.0  # alpha: chance each draft is accepted
+    # Chance a decoding sequence proposes its k drafts at a step. vLLM's ngram proposer drafts
+    # only where the last tokens repeat earlier context (5 of them by default), so many of its
+    # steps verify nothing; a calibration sets the share its engine drafted at (1: every step).
+    spec_draft_share: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks", "block_size"):
@@ -53,6 +57,8 @@ class SchedulerConfig:
             raise ValueError(f"kv_allocation must be paged or contiguous, got {self.kv_allocation}")
         if self.num_spec_tokens < 0 or not 0 <= self.spec_acceptance < 1:
             raise ValueError("num_spec_tokens must be >= 0 and spec_acceptance in [0, 1)")
+        if not 0 < self.spec_draft_share <= 1:
+            raise ValueError(f"spec_draft_share must be in (0, 1], got {self.spec_draft_share}")
 
 
 @dataclass
@@ -98,7 +104,8 @@ class Scheduler:
     Args:
         config: budget, caps, KV pool and feature switches.
         table: the run's requests (the scheduler updates their counters).
-        rng: draws draft acceptance; the only randomness in a step.
+        rng: draws draft acceptance (and, below a draft share of 1, which sequences draft);
+            the only randomness in a step.
     """
 
     def __init__(self, config: SchedulerConfig, table: RequestTable, rng: np.random.Generator):
@@ -150,7 +157,11 @@ class Scheduler:
         if k:
             # Drafts never run past the request's last token.
             room = t.num_output_tokens_target[run] - output - 1
-            want = gap + np.where(decoding, np.minimum(k, room), 0)
+            proposes = decoding
+            if self.config.spec_draft_share < 1:
+                # NOTE: drawn only then, so that a run drafting every step draws what it did.
+                proposes = decoding & (self.rng.random(len(run)) < self.config.spec_draft_share)
+            want = gap + np.where(proposes, np.minimum(k, room), 0)
         # NOTE: the budget goes to running requests oldest first; once it is spent the rest sit
         # this step out. Each wants at least one token, so the scheduled ones are a prefix.
         before = np.cumsum(want) - want

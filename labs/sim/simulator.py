@@ -416,6 +416,8 @@ class Simulator:
         want = m * (1 + k)
         if m == 0 or want > cfg.max_num_batched_tokens:
             return now
+        if k and cfg.spec_draft_share < 1:
+            return now  # who drafts is drawn at each step: the steps differ (single steps)
         if sched.waiting and m < cfg.max_num_seqs and want < cfg.max_num_batched_tokens:
             return now  # the waiting queue's head might be admitted
         computed = t.num_computed_tokens[run]

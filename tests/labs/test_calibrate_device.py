@@ -261,10 +261,17 @@ def test_the_simulator_is_told_the_acceptance_the_engine_made_not_the_labs_alpha
     engine = {"spec_accepted_tokens": 31, "decode_tokens": 93, "completed": 3}
     told = Runs(lambda p: engine, repeats=3).simulated_params(params)
     assert told.engine.acceptance == pytest.approx(alpha)
-    # How often the engine drafted at all: the simulator at every sequence-step; an engine
-    # that drafted 31 times in the 62 steps above, at half of them.
-    assert drafted_share({**engine, "spec_drafts": 31}) == pytest.approx(0.5)
+    assert told.engine.draft_share == 1.0  # no drafts counter: every step drafts
+    # How often the engine drafted at all: an engine that drafted 31 times in the 62 steps
+    # above did at half of them, and its drafted steps made 2 tokens each (31 + 31 over 31):
+    # the simulator drafts at half the steps, at the alpha whose drafted steps make 2.
+    counted = {**engine, "spec_drafts": 31}
+    assert drafted_share(counted) == pytest.approx(0.5)
     assert drafted_share(engine) is None
+    told = Runs(lambda p: counted, repeats=3).simulated_params(params)
+    assert told.engine.draft_share == pytest.approx(0.5)
+    a = told.engine.acceptance
+    assert (1 - a**4) / (1 - a) == pytest.approx(2.0) and a > alpha
     simulated = run_summary(build_simulator(params).run())
     assert drafted_share(simulated) == pytest.approx(1.0, abs=0.05)
     # Without drafts, or without the engine's counter, the settings stay as they were.
@@ -272,6 +279,19 @@ def test_the_simulator_is_told_the_acceptance_the_engine_made_not_the_labs_alpha
     assert Runs(lambda p: engine, repeats=1).simulated_params(plain) is plain
     silent = {**engine, "spec_accepted_tokens": None}
     assert Runs(lambda p: silent, repeats=1).simulated_params(params) is params
+
+
+def test_the_simulator_drafting_at_the_engines_share_gives_that_share_back():
+    # A run simulated at a share and an acceptance, read back from its counters as an
+    # engine's are, gives the same share and acceptance: what the calibration is told of a
+    # drafting engine, the simulator reproduces.
+    s2 = point_params(BASE, next(p for p in SWEEP if p.id == "S2"))
+    engine = replace(s2.engine, acceptance=0.7, draft_share=0.35)
+    summary = run_summary(build_simulator(replace(s2, engine=engine)).run())
+    assert drafted_share(summary) == pytest.approx(0.35, abs=0.05)
+    told = Runs(lambda p: summary, repeats=1).simulated_params(s2).engine
+    assert told.draft_share == pytest.approx(0.35, abs=0.05)
+    assert told.acceptance == pytest.approx(0.7, abs=0.06)
 
 
 def test_a_warm_up_run_of_each_setting_goes_first_and_is_not_kept():

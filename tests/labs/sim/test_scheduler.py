@@ -162,6 +162,31 @@ def test_accepted_drafts_arrive_as_one_chunk():
     assert chunks(record, 0) == [(1.0, 1), (2.0, 4), (3.0, 4)]
 
 
+def test_below_a_draft_share_of_1_a_sequence_drafts_at_that_share_of_its_steps():
+    # Like vLLM's ngram proposer, which drafts only where the context repeats: at share 0.3,
+    # about 3 in 10 sequence-steps verify k drafts, the rest one token. Every step of a
+    # sequence is a decode here (1-token prompts aside), so the share reads off the counters.
+    workload = make_workload([1] * 8, [400] * 8)
+    config = {"num_spec_tokens": 3, "spec_acceptance": 0.5, "num_gpu_blocks": 1000,
+              "max_num_batched_tokens": 64}  # fmt: skip
+    steps: list[dict[int, int]] = []
+    record = make_sim(workload, spec_draft_share=0.3, on_step=record_steps(steps), **config).run()
+    c = record.counters
+    seq_steps = sum(len(s) for s in steps) - 8  # less each request's prefill step
+    assert c.spec_drafts / seq_steps == pytest.approx(0.3, abs=0.03)
+    # A drafting sequence drafts all k but near its last token; the others verify nothing.
+    assert 2.9 < c.spec_draft_tokens / c.spec_drafts <= 3
+    assert sum(n == 1 for s in steps[1:] for n in s.values()) > 0.6 * seq_steps
+    # At share 1 every decode step drafts, and the run draws what it drew before the share.
+    every = make_sim(workload, **config).run()
+    again = make_sim(workload, spec_draft_share=1.0, **config).run()
+    assert [r.chunks for r in every.requests] == [r.chunks for r in again.requests]
+    assert every.counters.spec_drafts > 2 * c.spec_drafts
+    with pytest.raises(ValueError, match="spec_draft_share must be in"):
+        SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=8, num_gpu_blocks=4,
+                        spec_draft_share=0.0)  # fmt: skip
+
+
 def test_requests_issue_at_their_arrival_and_the_engine_idles_between():
     # B arrives at 10 s, long after A (2 steps) finished: the clock jumps, TTFT is one step.
     record = make_sim(make_workload([4, 4], [2, 2], [0.0, 10.0])).run()
