@@ -217,6 +217,30 @@ def step_acceptance(k: int, decode_tokens: int, accepted: int) -> float:
     return (low + high) / 2
 
 
+def cpu_times(stat_path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(steal, total): the CPU time, in clock ticks since boot over all CPUs, that the
+    hypervisor gave to other guests while this one wanted it, and all CPU time (the first line
+    of Linux's /proc/stat; guest time is already inside user time). None where it cannot be
+    read (not Linux)."""
+    try:
+        with open(stat_path) as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return ticks[7], sum(ticks)
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the CPU time between two `cpu_times` readings that the hypervisor took:
+    0 on a quiet machine or a bare one; None where either reading is missing."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 class Runs:
     """Runs each distinct setting `repeats` times, once: a setting asked for again (a change's
     side that is also a sweep point) gets the summaries already measured. `warmups` runs of
@@ -306,9 +330,16 @@ class Runs:
         return replace(params, engine=engine)
 
     def spread(self, params: LabParams, metric: str) -> str:
-        """ "(4.1e-03 to 5.7e-03 over 3 runs)": how far the repeats disagree on a busy machine."""
+        """ "(0.0041 to 0.0057 over 3 runs; steal 0.0% to 2.1%)": how far the repeats disagree
+        on a busy machine, and how much CPU time the hypervisor took in them where the runs
+        say."""
         values = self.values(params, metric)
-        return f"({min(values):.3g} to {max(values):.3g} over {len(values)} runs)"
+        text = f"{min(values):.3g} to {max(values):.3g} over {len(values)} runs"
+        stolen = [s.get("steal_share") for s in self.summaries(params)]
+        if stolen and all(x is not None for x in stolen):
+            # The CPU time the hypervisor took in each run (calibrations.measured_run).
+            text += f"; steal {min(stolen):.1%} to {max(stolen):.1%}"
+        return f"({text})"
 
 
 def sweep_settings(base: Mapping[str, Any]) -> list[LabParams]:

@@ -84,16 +84,34 @@ def calibrate_and_store(
     from labs.calibrate_device import (
         Runs,
         check_changes,
+        cpu_times,
         fit_device,
         measure_changes,
         measure_sweep,
         run_summary,
+        steal_share,
     )
 
     backend = get_backend("vllm", **({"base_url": base_url} if base_url else {}))
-    runs = Runs(lambda p: run_summary(backend.run(p)), repeats, warmups=1)
+
+    def measured_run(params: LabParams) -> dict[str, Any]:
+        before = cpu_times()
+        summary = run_summary(backend.run(params))
+        summary["steal_share"] = steal_share(before, cpu_times())
+        return summary
+
+    runs = Runs(measured_run, repeats, warmups=1)
+    before = cpu_times()
     measured = measure_sweep(base, runs, log)
     changes = measure_changes(base, runs, log)
+    stolen = steal_share(before, cpu_times())
+    if stolen is not None:
+        # A sweep's figures are only as steady as the machine: on a shared VM whose neighbours
+        # are busy, the hypervisor takes CPU time from the engine mid-run.
+        log(
+            f"the hypervisor took {stolen:.1%} of this machine's CPU time during the runs "
+            "(steal, /proc/stat; 0 on a quiet machine)"
+        )
     result = fit_device(
         device, measured, on=timezone.localdate(), where=where, rounds=rounds, log=log
     )

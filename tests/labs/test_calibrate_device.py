@@ -5,6 +5,7 @@ stores the result for the device against the fake vLLM server."""
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import replace
 from datetime import date
 from typing import Any
@@ -19,6 +20,7 @@ from labs.calibrate_device import (
     Measured,
     Runs,
     check_changes,
+    cpu_times,
     drafted_share,
     fit_device,
     measure_changes,
@@ -28,6 +30,7 @@ from labs.calibrate_device import (
     settings_params,
     simulate,
     simulate_point,
+    steal_share,
     step_acceptance,
 )
 from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants
@@ -126,6 +129,8 @@ def test_the_command_calibrates_a_device_from_its_vllm_server_and_stores_it(
     assert "stored for l4: calibrated on the test worker" in out.getvalue()
     assert "max_num_seqs 1 -> 8" in out.getvalue()
     assert "ngram speculation off -> on" in out.getvalue()
+    assert re.search(r"the hypervisor took \d+\.\d% of this machine's CPU time", out.getvalue())
+    assert re.search(r"D1 batch-1 decode: .* over 1 runs; steal \d+\.\d% to", out.getvalue())
 
 
 @pytest.mark.django_db
@@ -292,6 +297,28 @@ def test_the_simulator_drafting_at_the_engines_share_gives_that_share_back():
     told = Runs(lambda p: summary, repeats=1).simulated_params(s2).engine
     assert told.draft_share == pytest.approx(0.35, abs=0.05)
     assert told.acceptance == pytest.approx(0.7, abs=0.06)
+
+
+def test_the_share_of_cpu_time_the_hypervisor_took_is_read_from_proc_stat(tmp_path):
+    # /proc/stat's first line: user nice system idle iowait irq softirq steal guest guest_nice.
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  700 0 100 1000 0 0 0 200 50 0\ncpu0 350 0 50 500 0 0 0 100 25 0\n")
+    before = cpu_times(str(stat))
+    assert before == (200, 2000)  # guest time is inside user time, not added again
+    stat.write_text("cpu  1500 0 200 1200 0 0 0 600 90 0\n")
+    assert steal_share(before, cpu_times(str(stat))) == pytest.approx(400 / 1500)
+    assert steal_share(before, before) is None  # no time passed
+    assert cpu_times(str(tmp_path / "missing")) is None
+    assert steal_share(None, before) is None
+    stat.write_text("intr 1 2 3\n")
+    assert cpu_times(str(stat)) is None
+    # Each run's share beside the spread of its values, where the runs carry it.
+    d1 = point_params(BASE, SWEEP[0])
+    shares = iter([0.0, 0.125, 0.021])
+    runs = Runs(lambda p: {"e2e_s": {"mean": 1.0}, "steal_share": next(shares)}, repeats=3)
+    assert runs.spread(d1, "e2e_s.mean") == "(1 to 1 over 3 runs; steal 0.0% to 12.5%)"
+    plain = Runs(lambda p: {"e2e_s": {"mean": 1.0}}, repeats=2)
+    assert plain.spread(d1, "e2e_s.mean") == "(1 to 1 over 2 runs)"
 
 
 def test_a_warm_up_run_of_each_setting_goes_first_and_is_not_kept():
