@@ -15,7 +15,8 @@ fitted to; docs/engine-model.md has the formulas and the error table):
          + per-step overhead  decode-only steps (CUDA graphs) or mixed steps, + per sequence
          + communication      tp > 1: 2 all-reduces per layer, latency + ring bytes / link
          + speculation        k draft passes, each c x a plain decode step, + the fixed CPU
-                              time of a step with drafts (proposer, rejection sampler)
+                              time speculation adds to every step of a speculating engine
+                              (its proposer runs after each step, drafts found or not)
 
 The vocabulary tables are priced as vLLM runs them (`layer_params`, `lm_head_params`): the input
 embedding is a lookup (no FLOPs, and a step reads only its tokens' rows) and the LM head runs only
@@ -549,10 +550,12 @@ class EngineModel:
         if out.max_num_draft_tokens and self.engine.draft_cost:
             plain = self._decode_step_s(out.num_spec_seqs, spec_kv)
             draft_s = out.max_num_draft_tokens * self.engine.draft_cost * plain
-        if out.max_num_draft_tokens and self.profile == "realistic":
+        if self._spec_overhead(out):
             # Drafting costs the engine's CPU beyond any draft model: the ngram proposer
-            # searches the sequences' tokens between steps (c = 0 leaves it out), and the
-            # rejection sampler checks the drafts. On a CPU worker that CPU is the device.
+            # searches the sequences' tokens after every step (c = 0 leaves it out), whether or
+            # not it finds a draft, and the rejection sampler checks the drafts. On a CPU worker
+            # that CPU is the device. (A calibration on one, 2026-12-03, refitted from the same
+            # runs: priced only in steps with drafts, batch-1 ngram came out 12-19% fast.)
             draft_s = draft_s + self.cal.spec_step_overhead_s
         parts[:, SPECULATION] = np.maximum(full_ideal - base_ideal, 0) + draft_s
         if self.profile == "ideal":
@@ -605,9 +608,17 @@ class EngineModel:
         """Seconds of len(kv_tokens_read) steps composed like `out` except for their KV totals."""
         return self.steps_parts_s(out, kv_tokens_read, spec_kv_tokens_read).sum(axis=1)
 
+    def _spec_overhead(self, out: SchedulerOutput) -> bool:
+        """Whether the step pays speculation's fixed CPU time: on the realistic profile, every
+        step of an engine that speculates, and any step with drafts."""
+        return self.profile == "realistic" and bool(
+            out.max_num_draft_tokens or self.engine.spec_tokens
+        )
+
     def step_parts_s(self, out: SchedulerOutput) -> np.ndarray:
         """The parts of the one step `out`."""
-        if not out.max_num_draft_tokens and not out.num_draft_tokens.any():
+        plain = not out.max_num_draft_tokens and not out.num_draft_tokens.any()
+        if plain and not self._spec_overhead(out):
             parts = self.composition_parts_s(
                 out.total_num_scheduled_tokens,
                 out.num_prefill_tokens,
@@ -630,7 +641,8 @@ class EngineModel:
             return 0.0
         decoding = out.num_computed_before > 0
         decoding &= out.num_scheduled_tokens <= 1 + out.num_draft_tokens
-        if not out.max_num_draft_tokens and not out.num_draft_tokens.any():
+        plain = not out.max_num_draft_tokens and not out.num_draft_tokens.any()
+        if plain and not self._spec_overhead(out):
             # Each decoding sequence schedules exactly one token: its totals are enough.
             return self.composition_share_s(
                 self.step_time_s(out),

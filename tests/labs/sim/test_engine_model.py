@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import yaml
@@ -208,6 +210,26 @@ def test_speculation_is_a_part_of_its_own():
     engine = EngineConfig(spec_tokens=3, draft_cost=0.1)
     parts = EngineModel(H100, LLAMA8, engine).step_parts_s(decode_out(4, 300, drafts=3))
     assert parts[-1] > 0
+
+
+def test_a_speculating_engine_pays_its_fixed_cost_at_every_step_drafts_or_not():
+    # vLLM's proposer runs after every step, found drafts or not: a speculating engine's steps
+    # without drafts pay spec_step_overhead too, in the speculation part; a plain engine's not.
+    cal = replace(load_calibration(), spec_step_overhead_s=0.002)
+    ngram = EngineModel(H100, LLAMA8, EngineConfig(spec_tokens=3), calibration=cal)
+    plain = EngineModel(H100, LLAMA8, EngineConfig(), calibration=cal)
+    for out in (decode_out(4, 300), mixed_out([200], 3, 300)):
+        with_spec, without = ngram.step_parts_s(out), plain.step_parts_s(out)
+        assert with_spec[SPECULATION] == pytest.approx(0.002)
+        assert without[SPECULATION] == 0
+        assert with_spec.sum() == pytest.approx(without.sum() + 0.002)
+        assert ngram.step_time_s(out) == pytest.approx(plain.step_time_s(out) + 0.002)
+    # Priced once per step, not once per draft; the prompt's share of a mixed step is the same.
+    assert ngram.step_parts_s(decode_out(4, 300, drafts=3))[SPECULATION] > 0.002
+    mixed = mixed_out([200], 3, 300)
+    assert ngram.prefill_share_s(mixed) == pytest.approx(plain.prefill_share_s(mixed))
+    ideal = EngineModel(H100, LLAMA8, EngineConfig(spec_tokens=3), "ideal", calibration=cal)
+    assert ideal.step_parts_s(decode_out(4, 300))[SPECULATION] == 0
 
 
 def test_every_constant_names_its_source():
