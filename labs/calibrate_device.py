@@ -65,7 +65,10 @@ class SweepPoint:
 # (-12% in one run, +12% in the next) was smaller than its noise. After the second interleaved
 # run (roles unchanged): every point sends twice the requests per run, since one batch-1
 # request's TPOT wandered 2.7-5.4 ms over a minute on one server, in spells of seconds that a
-# one-second run sat inside (the median of 5 runs of S1 spread 0.26-0.61 s).
+# one-second run sat inside (the median of 5 runs of S1 spread 0.26-0.61 s). The sweep has
+# not changed since; on a third machine (2026-12-03) the simulation of its ngram points did,
+# after three runs there: it drafts at the engine's share of steps (`spec_drafting`), and
+# speculation's fixed CPU time is priced at every step (labs/sim/engine_model.py).
 _DECODE = {"prompt_tokens": 64, "output_tokens": 32, "max_tokens": 64}
 _ONE_DECODING = {**_DECODE, "max_concurrency": 1, "num_prompts": 16}
 _PREFILL = {"output_tokens": 2, "max_tokens": 16, "max_concurrency": 1, "num_prompts": 4}
