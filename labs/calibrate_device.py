@@ -367,9 +367,13 @@ def measure_sweep(
         measured.append(Measured(point, simulated, value))
         accepted = ""
         if params.engine.spec_tokens:
+            # "the engine's" only where every repeat reported its drafts counter: otherwise the
+            # share is the simulator's default, every step.
+            counted = all(drafted_share(s) is not None for s in runs.summaries(params))
             accepted = (
                 f"; simulated at acceptance {simulated.engine.acceptance:.3f}, drafting at "
-                f"{simulated.engine.draft_share:.0%} of its sequence-steps (the engine's)"
+                f"{simulated.engine.draft_share:.0%} of its sequence-steps"
+                + (" (the engine's)" if counted else " (no drafts counter: every step)")
             )
         log(
             f"{point.id} {point.what}: {point.metric} {value:.6g} "

@@ -160,6 +160,9 @@ def test_the_lessons_changes_are_measured_once_per_setting_and_set_beside_the_si
     changes = measure_changes(base, runs, log=logged.append)
     # Each line shows how far its repeats disagree, not only their median.
     assert all("over 2 runs)" in line for line in logged), logged
+    # These runs report no drafts counter: the S1 line does not claim the engine's share.
+    (s1_line,) = [line for line in logged if line.startswith("S1 ")]
+    assert s1_line.endswith("100% of its sequence-steps (no drafts counter: every step)")
     # Speculation on is the sweep's S1 and max_num_seqs 8 its D3: two new settings (off, and
     # max_num_seqs 1).
     assert len(ran) == 2 * (len(SWEEP) + 2)
