@@ -21,7 +21,7 @@ from datetime import date
 from typing import TYPE_CHECKING, Any
 
 from labs.catalog import CPU_KIND
-from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants
+from labs.device_calibration import CONSTANT_BOUNDS, MEASURED_CONSTANTS, DeviceConstants
 from labs.metrics import summarize
 from labs.params import LabParams, align_run_batch, parse_lab_params
 from labs.sim.calibration import coordinate_search, log_error_loss, relative_error
@@ -117,6 +117,7 @@ class Measured:
     point: SweepPoint
     params: LabParams  # as simulated (Runs.simulated_params)
     value: float  # median over the repeats
+    frontend_latency_s: float | None = None  # median over the repeats (`frontend_latency`)
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,34 @@ def run_summary(record: RunRecord) -> dict[str, Any]:
     summary["decode_tokens"] = sum(max(r.output_tokens - 1, 0) for r in done)
     summary["spec_accepted_tokens"] = record.counters.spec_accepted_tokens
     summary["spec_drafts"] = record.counters.spec_drafts
+    summary["engine_first_token_s"] = record.counters.engine_first_token_s
+    summary["engine_requests"] = record.counters.engine_requests
     return summary
+
+
+def frontend_latency(summary: Mapping[str, Any]) -> float | None:
+    """The API server's time per request in a run: the client's mean TTFT less the engine's
+    own mean time from queueing a request to its first token (vLLM's queue-time and
+    prefill-time histograms). What is left is off the engine: the HTTP request and the input
+    processing before the engine core has it, the output processing and the stream after.
+    None where the engine reported no histograms, or counted other requests than the client
+    finished (a run cut short)."""
+    engine_s, count = summary.get("engine_first_token_s"), summary.get("engine_requests")
+    ttft = (summary.get("ttft_s") or {}).get("mean")
+    if engine_s is None or not count or ttft is None or count != summary.get("completed"):
+        return None
+    return max(ttft - engine_s / count, 0.0)
+
+
+def device_frontend_latency(measured: list[Measured]) -> float:
+    """The front end's latency the device's simulator is given (not fitted): the median over
+    the fit points that reported it; 0 where none did, as the published calibration has it."""
+    found = [
+        m.frontend_latency_s
+        for m in measured
+        if m.point.role == "fit" and m.frontend_latency_s is not None
+    ]
+    return statistics.median(found) if found else 0.0
 
 
 def drafted_share(summary: Mapping[str, Any]) -> float | None:
@@ -332,6 +360,13 @@ class Runs:
         engine = replace(params.engine, acceptance=min(alpha, 0.999), draft_share=share)
         return replace(params, engine=engine)
 
+    def frontend_latency(self, params: LabParams) -> float | None:
+        """The median over the repeats of `frontend_latency`; None unless every repeat had it."""
+        found = [frontend_latency(s) for s in self.summaries(params)]
+        if not found or any(x is None for x in found):
+            return None
+        return statistics.median(x for x in found if x is not None)
+
     def spread(self, params: LabParams, metric: str) -> str:
         """ "(0.0041 to 0.0057 over 3 runs; steal 0.0% to 2.1%)": how far the repeats disagree
         on a busy machine, and how much CPU time the hypervisor took in them where the runs
@@ -364,7 +399,8 @@ def measure_sweep(
         params = point_params(base, point)
         value = runs.median(params, point.metric)
         simulated = runs.simulated_params(params)
-        measured.append(Measured(point, simulated, value))
+        latency = runs.frontend_latency(params)
+        measured.append(Measured(point, simulated, value, latency))
         accepted = ""
         if params.engine.spec_tokens:
             # "the engine's" only where every repeat reported its drafts counter: otherwise the
@@ -379,6 +415,15 @@ def measure_sweep(
             f"{point.id} {point.what}: {point.metric} {value:.6g} "
             + runs.spread(params, point.metric)
             + accepted
+            + ("" if latency is None else f"; front end {latency * 1e3:.2f} ms")
+        )
+    found = [m for m in measured if m.point.role == "fit" and m.frontend_latency_s is not None]
+    if found:
+        log(
+            f"the API server's time per request: {device_frontend_latency(measured) * 1e3:.2f}"
+            " ms (client TTFT less the engine's queue and prefill histograms; median over "
+            + ", ".join(m.point.id for m in found)
+            + "), simulated off the engine"
         )
     return measured
 
@@ -478,6 +523,8 @@ def starting_values(measured: list[Measured]) -> dict[str, float]:
         or (cal.decode_step_overhead_s if decode is None else decode),
         "attention_efficiency": cal.attention_efficiency,
         "per_seq_overhead_s": per_seq,
+        # Measured, never searched (searched_bounds leaves it out).
+        "frontend_latency_s": device_frontend_latency(measured),
     }
 
 
@@ -488,9 +535,10 @@ def searched_bounds(measured: list[Measured]) -> dict[str, tuple[float, float]]:
     ceiling traded against attention's efficiency, which the sweep's two fitted prefills cannot
     tell apart (2026-12-02: 0.36 and 0.92, a straight line through P3 and P1 where the runs
     curve, P2 held out +37%)."""
+    searched = {k: v for k, v in CONSTANT_BOUNDS.items() if k not in MEASURED_CONSTANTS}
     if measured[0].params.hardware.name == CPU_KIND:
-        return {k: v for k, v in CONSTANT_BOUNDS.items() if k != "gemm_efficiency"}
-    return dict(CONSTANT_BOUNDS)
+        return {k: v for k, v in searched.items() if k != "gemm_efficiency"}
+    return searched
 
 
 def fit_device(

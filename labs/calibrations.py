@@ -119,7 +119,10 @@ def calibrate_and_store(
     row = DeviceCalibration.objects.create(
         device=device,
         where=where,
-        constants={name: getattr(c, name) for name in CONSTANT_BOUNDS},
+        # An optional constant the fit left unset stays out: the published value applies.
+        constants={
+            name: value for name in CONSTANT_BOUNDS if (value := getattr(c, name)) is not None
+        },
         fit_error=c.fit_error,
         held_out_error=c.held_out_error,
         points=result.points,

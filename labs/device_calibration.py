@@ -41,11 +41,22 @@ CONSTANT_BOUNDS: dict[str, tuple[float, float]] = {
     # CPU time each sequence adds to a step (scheduling, inputs, sampling, outputs): microseconds
     # where a GPU's CPU works ahead of it, a large share of the step on a CPU worker.
     "per_seq_overhead_s": (1e-7, 0.05),
+    # Measured, not fitted (calibrate_device.frontend_latency_s): the API server's time per
+    # request, off the engine, that every TTFT carries and a busy engine does not wait for.
+    "frontend_latency_s": (0.0, 1.0),
 }
 # A calibration stored before these constants were fitted keeps the published values.
 OPTIONAL_CONSTANTS = frozenset(
-    {"gemm_half_tokens", "spec_step_overhead_s", "attention_efficiency", "per_seq_overhead_s"}
+    {
+        "gemm_half_tokens",
+        "spec_step_overhead_s",
+        "attention_efficiency",
+        "per_seq_overhead_s",
+        "frontend_latency_s",
+    }
 )
+# Constants a device's fit takes as measured and never searches.
+MEASURED_CONSTANTS = frozenset({"frontend_latency_s"})
 
 
 def cpu_device_key(cpu_model: str, cores: int) -> str:
@@ -98,6 +109,8 @@ class DeviceConstants:
     spec_step_overhead_s: float | None = None  # None: the published (global) value
     attention_efficiency: float | None = None  # None: the published (global) value
     per_seq_overhead_s: float | None = None  # None: the published (global) value
+    # None: 0, as in the published calibration, whose fitted step overheads hold that time.
+    frontend_latency_s: float | None = None
 
     def label(self) -> str:
         """What every number priced with these constants says about them."""

@@ -201,6 +201,11 @@ class EngineCounters:
     spec_accepted_tokens: int | None = 0
     num_gpu_blocks: int | None = None
     block_size: int | None = None
+    # The engine's own time from queueing each request to its first token (vLLM's queue-time
+    # and prefill-time histograms), summed over the requests it finished in the run, and their
+    # count: a client's TTFT less this is the API server's time (calibrate_device).
+    engine_first_token_s: float | None = None
+    engine_requests: int | None = None
 
 
 @dataclass

@@ -88,6 +88,7 @@ def build_simulator(
             np.random.default_rng(run_seed),
             on_progress=on_progress,
             on_step=on_step,
+            frontend_latency_s=(device.frontend_latency_s or 0.0) if device else 0.0,
         )
     except SimConfigError as error:
         raise ParamError({error.field: str(error)}) from None

@@ -59,9 +59,11 @@ class BreakdownAccumulator:
         table: the run's requests (read before each step's update).
     """
 
-    def __init__(self, table: RequestTable) -> None:
+    def __init__(self, table: RequestTable, frontend_latency_s: float = 0.0) -> None:
         n, p = len(table), len(PARTS)
         self.table = table
+        # Charged to each request's TTFT as overhead: the API server's time, not queueing.
+        self.frontend_latency_s = frontend_latency_s
         self.first_start_s = np.full(n, np.nan)
         # [0] before the first token, [1] after it.
         self.steps = np.zeros((2, n, p))
@@ -140,7 +142,8 @@ class BreakdownAccumulator:
         done = ~(np.isnan(finish) | np.isnan(first) | np.isnan(start))
         # NOTE: whole columns at once, each operation the one a per-request loop would do, so
         # every value is the same float (an (n, 8) row sum adds like a row's own sum).
-        queue = start[done] - arrival[done]
+        frontend = self.frontend_latency_s
+        queue = start[done] - arrival[done] - frontend
         spans = (first[done] - arrival[done] - queue, finish[done] - first[done])
         rows = []
         for k in (0, 1):
@@ -149,6 +152,8 @@ class BreakdownAccumulator:
                 row[:, col[name]] = self.steps[k, :n, j][done]
             row[:, col["prefill_interference"]] = self.interference[k, :n][done]
             row[:, col["preemption"]] = self.preemption[k, :n][done]
+            if k == 0:
+                row[:, col["overhead"]] += frontend
             # Time in the engine when no step scheduled it (budget went to others, or it
             # waited again after a preemption).
             unscheduled = spans[k] - row.sum(axis=1)

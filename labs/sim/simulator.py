@@ -1,8 +1,10 @@
 """The event loop: one engine replica in virtual time.
 
 Two kinds of event drive it: a request is issued (at its intended time, or, in a closed loop,
-when a slot frees up), and a step ends. The engine is busy whenever it has requests; a step's
-tokens all appear at the step's end, and a request issued during a step waits for the next.
+when a slot frees up) and reaches the engine after the front end's latency (0 unless a device's
+own calibration measured it), and a step ends. The engine is busy whenever it has requests; a
+step's tokens all appear at the step's end, and a request arriving during a step waits for the
+next.
 
     t ->  |step 1 ...|step 2 ....|  idle  |step 3 ..|
     issue  r0 r1 r2      r3                r4
@@ -224,6 +226,8 @@ class Simulator:
         step_by_step: schedule every step on its own instead of advancing runs of plain decode
             steps at once (the same record either way; tests compare the two). `on_step` sees
             only the steps taken one at a time.
+        frontend_latency_s: the API server's time per request, off the engine: the engine sees
+            each request this long after its client sent it (`LoopState.next_arrival_s`).
     """
 
     def __init__(
@@ -238,6 +242,7 @@ class Simulator:
         progress_interval_s: float = 0.25,
         max_samples: int = 4096,
         step_by_step: bool = False,
+        frontend_latency_s: float = 0.0,
     ) -> None:
         self.config = config
         self.workload = workload
@@ -250,7 +255,8 @@ class Simulator:
         )
         self._check_fits()
         self.scheduler = Scheduler(config, self.table, rng)
-        self.breakdown = BreakdownAccumulator(self.table)
+        self.frontend_latency_s = frontend_latency_s
+        self.breakdown = BreakdownAccumulator(self.table, frontend_latency_s)
         self.on_step = on_step
         self.on_progress = on_progress
         self.progress_interval_s = progress_interval_s
@@ -305,27 +311,28 @@ class Simulator:
         slots: list[float] | None = None
         if wl.max_concurrency is not None:
             slots = [0.0] * min(wl.max_concurrency, n)
-        loop = LoopState(now=0.0, next_req=0, num_finished=0, slots=slots, last_progress=wall_start)
+        loop = LoopState(
+            now=0.0,
+            next_req=0,
+            num_finished=0,
+            slots=slots,
+            last_progress=wall_start,
+            frontend_latency_s=self.frontend_latency_s,
+        )
         recorder = _SampleRecorder(self.max_samples, sched.pool.num_blocks)
         chunks = _ChunkStore(table.num_output_tokens_target)
         fast = not self.step_by_step
         cost = self.cost_model
         while loop.num_finished < n:
-            while (
-                loop.next_req < n
-                and intended[loop.next_req] <= loop.now
-                and (slots is None or slots)
-            ):
-                slot_s = heapq.heappop(slots) if slots is not None else 0.0
-                sched.add_request(loop.next_req, max(intended[loop.next_req], slot_s))
-                loop.next_req += 1
+            loop.admit_arrivals(sched, intended)
             if not sched.has_unfinished_requests():
-                loop.now = max(loop.now, intended[loop.next_req])  # idle until the next issue
+                due = loop.next_arrival_s(intended)
+                assert due is not None  # nothing in the engine: every slot is free
+                loop.now = max(loop.now, due)  # idle until the next request reaches it
                 continue
             if fast:
                 # An arrival can only come in before a step if there is a slot for it.
-                can_arrive = loop.next_req < n and slots != []
-                next_arrival = intended[loop.next_req] if can_arrive else None
+                next_arrival = loop.next_arrival_s(intended)
                 before = loop.now
                 loop.now = self._skip_decode_steps(loop.now, next_arrival, recorder, chunks)
                 if loop.now != before:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,7 @@ from labs.sim.engine_model import PARTS, parts_total
 from labs.sim.entities import RequestStatus
 
 if TYPE_CHECKING:
+    from labs.sim.scheduler import Scheduler
     from labs.sim.simulator import Simulator, _ChunkStore, _SampleRecorder
 
 # A decode-only stretch at least this long is left to Simulator._skip_decode_steps.
@@ -66,6 +68,29 @@ class LoopState:
     num_finished: int
     slots: list[float] | None  # closed loop: when each free client slot became free
     last_progress: float
+    # The time between a client sending a request and the engine seeing it (the API server's
+    # handling, both ways, counted on the way in): a request's TTFT carries it, a busy engine
+    # does not wait for it. 0 in every published calibration (their step overheads hold it).
+    frontend_latency_s: float = 0.0
+
+    def next_arrival_s(self, intended: Sequence[float] | np.ndarray) -> float | None:
+        """When the next request reaches the engine: its client sends it at its intended time
+        or when a client slot frees, whichever is later, and the engine sees it
+        `frontend_latency_s` on. None while all are sent or every slot is busy."""
+        if self.next_req >= len(intended) or self.slots == []:
+            return None
+        sent = float(intended[self.next_req])
+        if self.slots:
+            sent = max(sent, self.slots[0])
+        return sent + self.frontend_latency_s
+
+    def admit_arrivals(self, sched: Scheduler, intended: Sequence[float] | np.ndarray) -> None:
+        """Hand the scheduler every request that has reached the engine by `now`, each with
+        the time its client sent it (so its TTFT includes the front end's latency)."""
+        while (due := self.next_arrival_s(intended)) is not None and due <= self.now:
+            slot_s = heapq.heappop(self.slots) if self.slots is not None else 0.0
+            sched.add_request(self.next_req, max(float(intended[self.next_req]), slot_s))
+            self.next_req += 1
 
 
 class _Prefill:
@@ -182,14 +207,7 @@ def advance_steady(
     s = 0
     while loop.num_finished < n and s < _MAX_STEPS:
         if clocked:
-            while (
-                loop.next_req < n
-                and intended[loop.next_req] <= loop.now
-                and (loop.slots is None or loop.slots)
-            ):
-                slot_s = heapq.heappop(loop.slots) if loop.slots is not None else 0.0
-                sched.add_request(loop.next_req, max(float(intended[loop.next_req]), slot_s))
-                loop.next_req += 1
+            loop.admit_arrivals(sched, intended)
         left = budget - d
         if left < 0 or not (d or prefills or waiting):
             break

@@ -23,6 +23,7 @@ from labs.calibrate_device import (
     cpu_times,
     drafted_share,
     fit_device,
+    frontend_latency,
     measure_changes,
     measure_sweep,
     point_params,
@@ -93,7 +94,8 @@ def test_the_fit_recovers_a_devices_runs_and_never_sees_the_held_out_ones():
 def test_the_command_calibrates_a_device_from_its_vllm_server_and_stores_it(
     fake_server: Any,  # noqa: F811
 ):
-    server = fake_server({"ttft_ms": 20, "itl_ms": [8], "chunk_tokens": [1]})
+    # 5 ms of each 20 ms TTFT are the API server's: the engine's histograms time the rest.
+    server = fake_server({"ttft_ms": 20, "frontend_ms": 5, "itl_ms": [8], "chunk_tokens": [1]})
     out = io.StringIO()
     call_command(
         "lab",
@@ -131,6 +133,13 @@ def test_the_command_calibrates_a_device_from_its_vllm_server_and_stores_it(
     assert "ngram speculation off -> on" in out.getvalue()
     assert re.search(r"the hypervisor took \d+\.\d% of this machine's CPU time", out.getvalue())
     assert re.search(r"D1 batch-1 decode: .* over 1 runs; steal \d+\.\d% to", out.getvalue())
+    # The front end's time: the client's TTFT less the engine's 15 ms (plus HTTP's own time).
+    found = re.search(r"the API server's time per request: (\d+\.\d+) ms", out.getvalue())
+    assert found is not None, out.getvalue()
+    assert row.constants["frontend_latency_s"] == pytest.approx(float(found[1]) / 1e3, abs=1e-5)
+    # At least the fake's 5 ms (the client's clock starts before the fake's); a busy machine's
+    # late timers and HTTP add to it.
+    assert 0.005 <= row.constants["frontend_latency_s"] < 0.1
 
 
 @pytest.mark.django_db
@@ -394,3 +403,34 @@ def test_a_cpus_gemm_ceiling_is_its_measured_matmul_rate_not_fitted():
     assert starting_values(on_cpu)["gemm_efficiency"] == 1.0
     on_gpu = [Measured(p, point_params(BASE, p), 1.0) for p in SWEEP]
     assert "gemm_efficiency" in searched_bounds(on_gpu)
+
+
+def test_the_front_ends_time_is_the_clients_ttft_less_the_engines_own():
+    summary = {
+        "completed": 4,
+        "ttft_s": {"mean": 0.020},
+        "engine_first_token_s": 4 * 0.016,
+        "engine_requests": 4,
+    }
+    assert frontend_latency(summary) == pytest.approx(0.004)
+    # Not reported, or counted over other requests than the client finished: not measured.
+    assert frontend_latency({**summary, "engine_first_token_s": None}) is None
+    assert frontend_latency({**summary, "engine_requests": 3}) is None
+
+
+def test_the_fit_takes_the_front_ends_time_from_the_fit_points_and_never_moves_it():
+    latencies = iter([0.003, 0.004, 0.005, 0.004, 0.006, 0.005, 0.003, 0.004])
+    measured = [
+        replace(m, frontend_latency_s=0.050 if m.point.role == "held_out" else next(latencies))
+        for m in _measured_with(TRUTH)
+    ]
+    fitted = [m.frontend_latency_s for m in measured if m.point.role == "fit"]
+    result = fit_device("l4", measured, on=date(2026, 12, 2), rounds=1, log=lambda _: None)
+    assert result.constants.frontend_latency_s == pytest.approx(sorted(fitted)[len(fitted) // 2])
+    # The simulator priced with it: a lone request's TTFT carries it on top of the engine's.
+    p3 = next(m for m in measured if m.point.id == "P3")
+    without = replace(result.constants, frontend_latency_s=0.0)
+    ttft = simulate(p3.params, "ttft_s.mean", result.constants)
+    assert ttft - simulate(p3.params, "ttft_s.mean", without) == pytest.approx(
+        result.constants.frontend_latency_s, rel=1e-6
+    )

@@ -26,6 +26,11 @@ SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 CACHE_CONFIG = "vllm:cache_config_info"
+# Histograms, observed as each request finishes (vLLM's v1/metrics/stats.py): queued to
+# scheduled, and scheduled to the first token, in the engine core's clock.
+QUEUE_TIME_SUM = "vllm:request_queue_time_seconds_sum"
+PREFILL_TIME_SUM = "vllm:request_prefill_time_seconds_sum"
+PREFILL_TIME_COUNT = "vllm:request_prefill_time_seconds_count"
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*\"")
@@ -156,14 +161,19 @@ def counters_between(before: Snapshot | None, after: Snapshot | None) -> EngineC
     vLLM, no speculation) is None: not reported, never a measured 0.
     """
 
-    def delta(name: str) -> int | None:
+    def change(name: str) -> float | None:
         end = after.total(name) if after is not None else None
         if end is None:
             return None
         start = before.total(name) if before is not None else None
         start = start if start is not None and start <= end else 0.0
-        return round(end - start)
+        return end - start
 
+    def delta(name: str) -> int | None:
+        value = change(name)
+        return None if value is None else round(value)
+
+    queued, prefill = change(QUEUE_TIME_SUM), change(PREFILL_TIME_SUM)
     num_gpu_blocks, block_size = cache_config(after or before)
     return EngineCounters(
         preemptions=delta(PREEMPTIONS),
@@ -174,6 +184,8 @@ def counters_between(before: Snapshot | None, after: Snapshot | None) -> EngineC
         spec_accepted_tokens=delta(SPEC_ACCEPTED),
         num_gpu_blocks=num_gpu_blocks,
         block_size=block_size,
+        engine_first_token_s=None if queued is None or prefill is None else queued + prefill,
+        engine_requests=delta(PREFILL_TIME_COUNT),
     )
 
 

@@ -89,3 +89,53 @@ def test_a_lab_workload_depends_only_on_its_seed():
     assert first.prompt_tokens.tolist() == again.prompt_tokens.tolist()
     assert first.intended_arrival_s.tolist() == again.intended_arrival_s.tolist()
     assert first.prompt_tokens.tolist() != other.prompt_tokens.tolist()
+
+
+def _ttfts(record) -> list[float]:
+    return [r.first_token_s - r.arrival_s for r in record.requests]
+
+
+def _closed_loop(max_num_seqs: int, frontend_latency_s: float):
+    # Three requests, 1 s a step: a prefill step gives the first token, two decode steps the
+    # rest (3 s a request in the engine); the client keeps all three in flight.
+    work = make_workload([4] * 3, [3] * 3, max_concurrency=3)
+    sim = Simulator(
+        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=16, num_gpu_blocks=64),
+        work,
+        LinearCost(),
+        np.random.default_rng(0),
+        frontend_latency_s=frontend_latency_s,
+    )
+    return sim, sim.run()
+
+
+def test_a_lone_client_waits_out_the_front_ends_latency_at_every_request():
+    work = make_workload([4] * 3, [3] * 3, max_concurrency=1)
+    runs = {
+        latency: Simulator(
+            SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=16, num_gpu_blocks=64),
+            work,
+            LinearCost(),
+            np.random.default_rng(0),
+            frontend_latency_s=latency,
+        ).run()
+        for latency in (0.0, 0.5)
+    }
+    assert _ttfts(runs[0.0]) == [1.0] * 3
+    assert _ttfts(runs[0.5]) == [1.5] * 3
+    assert [r.finish_s - r.arrival_s for r in runs[0.5].requests] == [3.5] * 3
+    # The engine idles through each request's latency: 3 x 3.5 s.
+    assert (runs[0.0].duration_s, runs[0.5].duration_s) == (9.0, 10.5)
+
+
+def test_a_busy_engine_does_not_wait_for_the_front_end():
+    # One sequence at a time: the second and third requests reach the engine while it is busy
+    # with the first, so only the first one's latency adds to the run.
+    (_, plain), (sim, late) = _closed_loop(1, 0.0), _closed_loop(1, 0.5)
+    assert (plain.duration_s, late.duration_s) == (9.0, 9.5)
+    assert _ttfts(plain) == [1.0, 4.0, 7.0]
+    assert _ttfts(late) == [1.5, 4.5, 7.5]
+    # The latency is the front end's overhead in each TTFT, not queueing for the engine.
+    ttft = sim.breakdown.summary(late.requests, "simulated")["ttft_s"]["parts"]
+    assert ttft["queueing"] == pytest.approx((0 + 3 + 6) / 3)
+    assert ttft["overhead"] == pytest.approx(0.5)

@@ -18,7 +18,9 @@ HTTP/1.1 (keep-alive, chunked server-sent events) and mimics what the vllm backe
 - `GET /health`, `GET /version`, `GET /v1/models` (with `root` and `max_model_len`, as vLLM's
   model card has them), and `GET /metrics` in vLLM's Prometheus format, with counters that
   follow what it served (prefix-cache hits at block granularity, speculative drafts from
-  multi-token chunks, preemptions, running and waiting requests, KV usage);
+  multi-token chunks, preemptions, running and waiting requests, KV usage) and the queue-time
+  and prefill-time histograms of finished requests (the engine's part of `ttft_ms`: less
+  `frontend_ms`);
 - `GET /fake/log`: what it really did, per request: when the request arrived (the kernel's
   receive stamp) and, for each chunk, monotonic readings just before and just after writing it,
   with its token count. The tests compare the load generator's numbers with these,
@@ -81,6 +83,9 @@ DEFAULTS: dict[str, Any] = {
     "model": "lab",
     "version": "0.33.0",
     "ttft_ms": 50.0,
+    # The part of ttft_ms that is the API server's, not the engine's: the engine's prefill-time
+    # histogram observes ttft_ms less this, as vLLM's engine core times its own part.
+    "frontend_ms": 0.0,
     "itl_ms": [20.0],
     "chunk_tokens": [1],
     "spec_k": 0,
@@ -172,6 +177,11 @@ class Engine:
         ]
         self.spec_rng = np.random.default_rng(int(spec.get("seed", 0)))
         self.accepted_per_pos = [0] * self.spec_k
+        # vLLM's per-request histograms, observed as a request finishes: [sum, count].
+        self.histograms = {
+            "request_queue_time_seconds": [0.0, 0],
+            "request_prefill_time_seconds": [0.0, 0],
+        }
 
     def spec_step(self) -> int:
         """Drafts accepted in one verification step (vLLM's synthetic rule)."""
@@ -193,6 +203,7 @@ class Engine:
         return time.monotonic() - self.started >= float(self.config["healthy_after_s"])
 
     def submit(self, stream: Stream) -> None:
+        stream.log["queued_s"] = time.monotonic()
         if len(self.running) < int(self.config["max_num_seqs"]):
             self.admit(stream)
         else:
@@ -228,6 +239,18 @@ class Engine:
                 hitting = False
             self.cached_blocks.add(parent)
         return hit
+
+    def observe_finished(self, stream: Stream) -> None:
+        """vLLM's queue-time (queued to scheduled) and prefill-time (scheduled to the first
+        token) histograms take a finished request's engine-side times."""
+        queued = stream.log["admit_s"] - stream.log["queued_s"]
+        engine_ms = float(stream.schedule["ttft_ms"]) - float(self.config["frontend_ms"])
+        for name, value in (
+            ("request_queue_time_seconds", queued),
+            ("request_prefill_time_seconds", max(engine_ms, 0.0) / 1000),
+        ):
+            self.histograms[name][0] += value
+            self.histograms[name][1] += 1
 
     def finish(self, stream: Stream) -> None:
         self.running.pop(stream.xid, None)
@@ -266,6 +289,11 @@ class Engine:
             out.append(f'vllm:time_to_first_token_seconds_bucket{{{labels},le="{le}"}} 0.0')
         out.append(f"vllm:time_to_first_token_seconds_count{{{labels}}} 0.0")
         out.append(f"vllm:time_to_first_token_seconds_sum{{{labels}}} 0.0")
+        for name, (total, count) in self.histograms.items():
+            out.append(f"# TYPE vllm:{name} histogram")
+            out.append(f'vllm:{name}_bucket{{{labels},le="+Inf"}} {float(count)!r}')
+            out.append(f"vllm:{name}_count{{{labels}}} {float(count)!r}")
+            out.append(f"vllm:{name}_sum{{{labels}}} {total!r}")
         out.append("# TYPE vllm:cache_config_info gauge")
         info = (
             f'block_size="{self.config["block_size"]}",cache_dtype="auto",'
@@ -406,6 +434,7 @@ class Stream:
         tail += b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
         self.conn.write(tail)
         self.engine.counters["request_success"] += 1
+        self.engine.observe_finished(self)
         self.engine.finish(self)
         self.conn.response_done()
 

@@ -72,6 +72,23 @@ def test_counters_are_after_minus_before_and_survive_a_restart() -> None:
     assert prom.counters_between(None, None).preemptions is None
 
 
+def test_the_engines_time_to_first_token_is_its_queue_and_prefill_histograms_over_the_run():
+    def page(queued: float, prefill: float, count: int) -> prom.Snapshot:
+        return prom.Snapshot.from_text(
+            f'vllm:request_queue_time_seconds_sum{{engine="0"}} {queued}\n'
+            f'vllm:request_queue_time_seconds_count{{engine="0"}} {count}\n'
+            f'vllm:request_prefill_time_seconds_sum{{engine="0"}} {prefill}\n'
+            f'vllm:request_prefill_time_seconds_count{{engine="0"}} {count}\n'
+        )
+
+    counters = prom.counters_between(page(0.5, 2.0, 10), page(0.75, 2.5, 14))
+    assert counters.engine_first_token_s == pytest.approx(0.25 + 0.5)
+    assert counters.engine_requests == 4
+    # A page without the histograms (another server, or an older vLLM) reports nothing.
+    bare = prom.counters_between(prom.Snapshot.from_text(""), prom.Snapshot.from_text(""))
+    assert (bare.engine_first_token_s, bare.engine_requests) == (None, None)
+
+
 def test_it_reads_the_fake_vllm_page_as_the_fake_counted(fake_server: Any) -> None:
     start = {"num_preemptions": 5, "prefix_cache_queries": 1000, "spec_decode_num_drafts": 3}
     server = fake_server({"counters_start": start, "ttft_ms": 1, "itl_ms": [1], "spec_k": 2})

@@ -32,7 +32,7 @@ import pytest
 from django.urls import reverse
 
 from labs.backends.vllm import cpu
-from labs.backends.vllm.prom import Snapshot
+from labs.backends.vllm.prom import Snapshot, counters_between
 from labs.models import LabRun, RunState, WorkerHeartbeat
 from tests.conftest import make_user
 from tests.worker import WorkerProcess, start_worker
@@ -261,6 +261,12 @@ def test_its_latency_means_match_the_servers_histograms(cpu_worker, learner_clie
     assert server_itl == pytest.approx(server_tpot, rel=0.02)  # one token per step, no drafts
     # The client's ITL is per chunk: a chunk holds one token or, read behind, several.
     assert client_itl >= 0.99 * client_tpot, (client_itl, client_tpot)
+    # The engine's own queue and prefill histograms (what calibrate_device takes the API
+    # server's time from): one sample per request, and their time inside the server's TTFT.
+    engine = counters_between(Snapshot.from_text(""), server)
+    assert engine.engine_requests == n
+    assert engine.engine_first_token_s is not None
+    assert 0 < engine.engine_first_token_s / n < server_ttft, (engine.engine_first_token_s, n)
 
 
 def test_running_sequences_never_exceed_max_num_seqs(cpu_worker, learner_client):
