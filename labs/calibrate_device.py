@@ -68,7 +68,14 @@ class SweepPoint:
 # one-second run sat inside (the median of 5 runs of S1 spread 0.26-0.61 s). The sweep has
 # not changed since; on a third machine (2026-12-03) the simulation of its ngram points did,
 # after three runs there: it drafts at the engine's share of steps (`spec_drafting`), and
-# speculation's fixed CPU time is priced at every step (labs/sim/engine_model.py).
+# speculation's fixed CPU time is priced at every step (labs/sim/engine_model.py). On a fourth
+# machine (2026-12-03), after one run: the API server's time per request is measured from the
+# engine's own histograms (`frontend_latency`) and simulated off the engine, where the fitted
+# mixed-step overhead had held it (9.4 ms) and charged it to the engine even while it was busy.
+# After the second run there, D4 was added (fit), before any run of it: no fit point varied the
+# context at a fixed batch, so a token of KV read and a sequence's own step work traded against
+# each other (D1 and D2 grow both alike), and 128 tokens at batch 1 (speculation's "before" side,
+# a check) came out 7% slow where D1 was 4% slow.
 _DECODE = {"prompt_tokens": 64, "output_tokens": 32, "max_tokens": 64}
 _ONE_DECODING = {**_DECODE, "max_concurrency": 1, "num_prompts": 16}
 _PREFILL = {"output_tokens": 2, "max_tokens": 16, "max_concurrency": 1, "num_prompts": 4}
@@ -81,6 +88,8 @@ SWEEP: tuple[SweepPoint, ...] = (
     SweepPoint("D2", "fit", "4 sequences decoding", {**_DECODE, "max_concurrency": 4,
                "num_prompts": 16}, "tpot_s.mean"),
     SweepPoint("D3", "held_out", "8 sequences decoding", _EIGHT_DECODING, "output_tokens_per_s"),
+    SweepPoint("D4", "fit", "batch-1 decode after a long prompt", {**_ONE_DECODING,
+               "prompt_tokens": 512}, "tpot_s.mean"),
     SweepPoint("P1", "fit", "a long prefill", {**_PREFILL, "prompt_tokens": 1000}, "ttft_s.mean"),
     SweepPoint("P2", "held_out", "a shorter prefill", {**_PREFILL, "prompt_tokens": 512},
                "ttft_s.mean"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import re
+import statistics
 from dataclasses import replace
 from datetime import date
 from typing import Any
@@ -389,8 +390,13 @@ def test_a_machine_that_slows_during_the_sweep_moves_every_point_alike():
     rounds = Runs(slowing, repeats=5)
     rounds.measure(settings)
     interleaved = [rounds.median(p, "e2e_s.mean") for p in settings]
-    assert max(first_then_last) / min(first_then_last) > 1.2
-    assert max(interleaved) / min(interleaved) < 1.05
+
+    def spread(medians: list[float]) -> float:
+        return max(medians) / min(medians) - 1
+
+    assert spread(first_then_last) > 0.2
+    # Rounds leave the medians apart by about one round's slowing, not by all the repeats'.
+    assert spread(interleaved) < spread(first_then_last) / 4
 
 
 def test_a_cpus_gemm_ceiling_is_its_measured_matmul_rate_not_fitted():
@@ -426,7 +432,7 @@ def test_the_fit_takes_the_front_ends_time_from_the_fit_points_and_never_moves_i
     ]
     fitted = [m.frontend_latency_s for m in measured if m.point.role == "fit"]
     result = fit_device("l4", measured, on=date(2026, 12, 2), rounds=1, log=lambda _: None)
-    assert result.constants.frontend_latency_s == pytest.approx(sorted(fitted)[len(fitted) // 2])
+    assert result.constants.frontend_latency_s == pytest.approx(statistics.median(fitted))
     # The simulator priced with it: a lone request's TTFT carries it on top of the engine's.
     p3 = next(m for m in measured if m.point.id == "P3")
     without = replace(result.constants, frontend_latency_s=0.0)
