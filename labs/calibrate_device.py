@@ -88,7 +88,7 @@ SWEEP: tuple[SweepPoint, ...] = (
     SweepPoint("D2", "fit", "4 sequences decoding", {**_DECODE, "max_concurrency": 4,
                "num_prompts": 16}, "tpot_s.mean"),
     SweepPoint("D3", "held_out", "8 sequences decoding", _EIGHT_DECODING, "output_tokens_per_s"),
-    SweepPoint("D4", "fit", "batch-1 decode after a long prompt", {**_ONE_DECODING,
+    SweepPoint("D4", "fit", "batch-1 decode, long prompt", {**_ONE_DECODING,
                "prompt_tokens": 512}, "tpot_s.mean"),
     SweepPoint("P1", "fit", "a long prefill", {**_PREFILL, "prompt_tokens": 1000}, "ttft_s.mean"),
     SweepPoint("P2", "held_out", "a shorter prefill", {**_PREFILL, "prompt_tokens": 512},

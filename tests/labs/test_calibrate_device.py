@@ -72,6 +72,8 @@ def test_the_sweep_fixes_its_roles_and_covers_decode_batching_prefill_and_specul
     assert len({c.get("max_concurrency") for c in changes}) >= 3  # a batch sweep
     assert any(c.get("prompt_tokens", 0) >= 1000 for c in changes)  # a long prefill
     assert any(c.get("spec_method", "none") != "none" for c in changes)
+    # Each name fits the log table's column (labs/cli/calibrate.py).
+    assert max(len(p.what) for p in SWEEP) <= 30
 
 
 def test_the_fit_recovers_a_devices_runs_and_never_sees_the_held_out_ones():
