@@ -35,6 +35,8 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+
 from labs.catalog import KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, Hardware, ModelSpec
 from labs.params import EngineConfig, LabParams, Workload
 
@@ -293,6 +295,31 @@ def wave_prefill_s(
     return seconds
 
 
+def _wave_first_token_s(
+    hardware: Hardware,
+    model: ModelSpec,
+    engine: EngineConfig,
+    batch: int,
+    workload: Workload,
+    cached_tokens: int,
+) -> float:
+    """Mean time to first token of a wave's requests, with the wave's prompts computed in order,
+    `max_num_batched_tokens` at a time: request j (1-based) is done in step ceil(j x u / budget),
+    u its uncached tokens, and never before its lone prefill. O(batch) in numpy; batch is at
+    most max_num_seqs."""
+    alone = prefill_time_s(hardware, model, engine, workload.prompt_tokens, cached_tokens)
+    if batch <= 1:
+        return alone
+    todo = max(workload.prompt_tokens - cached_tokens, 0)
+    budget = engine.max_num_batched_tokens
+    full, rest = divmod(batch * todo, budget)
+    full_step = step_time_s(hardware, model, engine, budget, 0, 0)
+    last_step = step_time_s(hardware, model, engine, rest, 0, 0) if rest else 0.0
+    done_in_step = -(-np.arange(1, batch + 1, dtype=np.int64) * todo // budget)
+    seconds = np.where(done_in_step <= full, done_in_step * full_step, full * full_step + last_step)
+    return float(np.maximum(seconds, alone).mean())
+
+
 def wave_service_s(
     hardware: Hardware,
     model: ModelSpec,
@@ -303,10 +330,15 @@ def wave_service_s(
 ) -> tuple[float, float]:
     """(mean time to first token, time to finish) of a wave of `batch` equal requests admitted
     together: the wave's prefill, then (output - 1) tokens at the mean context
-    prompt + output / 2 (with speculation, at its tokens per step). A request's first token
-    comes, on average, halfway through the wave's prefill (all of it for a batch of one)."""
+    prompt + output / 2 (with speculation, at its tokens per step). Its prompts fill the token
+    budget in turn, so a request's first token comes at the end of the step that computes its
+    last prompt token: prompts that share one step all wait for the whole step.
+
+    No request of a wave gets its first token sooner than it would alone (`prefill_time_s`):
+    the wave's steps carry at least the tokens a lone prefill's do. The wave's steps leave out
+    the KV its chunks read, so that floor is taken explicitly."""
     prefill = wave_prefill_s(hardware, model, engine, batch, workload.prompt_tokens, cached_tokens)
-    first = prefill * (batch + 1) / (2 * batch)
+    first = _wave_first_token_s(hardware, model, engine, batch, workload, cached_tokens)
     context = workload.prompt_tokens + workload.output_tokens // 2
     per_token = token_time_s(hardware, model, engine, batch, context)
     return first, prefill + per_token * (workload.output_tokens - 1)
@@ -630,8 +662,9 @@ def predicted_breakdown(params: LabParams) -> dict[str, object] | None:
         """(own prefill, decode after the first token, TPOT, the load) priced with `e`."""
         load = predict_load(replace(params, engine=e), per_replica, cached)
         tpot = token_time_s(hw, model, e, batch, work.context_tokens)
-        first = load.ttft_s - load.queue_wait_s
-        own = min(first, prefill_time_s(hw, model, e, work.prompt_tokens, cached))
+        # A request's own prefill is the lone one: the load's first token never comes sooner
+        # (wave_service_s), and what it adds is waiting behind the wave's other prompts.
+        own = prefill_time_s(hw, model, e, work.prompt_tokens, cached)
         return own, load.e2e_s - load.ttft_s, tpot, load
 
     full, bare, peak = figures(engine), figures(no_overhead), figures(at_peak)

@@ -16,7 +16,7 @@ import sys
 import tracemalloc
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from labs.catalog import GPUS, MODELS
@@ -494,6 +494,64 @@ def test_a_poisson_rate_above_capacity_builds_a_queue_and_one_below_does_not():
     assert under.queue_wait_s == 0
 
 
+def test_prompts_that_share_one_step_all_get_their_first_token_when_it_ends():
+    from labs.predict import wave_service_s
+
+    params = parse_lab_params({"prompt_tokens": 1, "output_tokens": 2, "max_num_seqs": 8})
+    hw, model, engine = params.hardware, params.model, params.engine
+    first, _ = wave_service_s(hw, model, engine, 5, params.workload)
+    # Not "halfway through the wave": five 1-token prompts are one step, done together.
+    assert first == pytest.approx(step_time_s(hw, model, engine, 5, 0, 0), rel=1e-12)
+    assert first >= prefill_time_s(hw, model, engine, 1)
+
+
+def _wave_first_tokens_step_by_step(hw, model, engine, batch, prompt_tokens):
+    """Each request's first token in a wave, filling the token budget one step at a time."""
+    budget, clock, firsts = engine.max_num_batched_tokens, 0.0, []
+    left = [prompt_tokens] * batch
+    while any(left):
+        room, done_now = budget, []
+        for i, tokens in enumerate(left):
+            take = min(tokens, room)
+            left[i] -= take
+            room -= take
+            if take and not left[i]:
+                done_now.append(i)
+            if not room:
+                break
+        clock += step_time_s(hw, model, engine, budget - room, 0, 0)
+        firsts += [clock] * len(done_now)
+    return firsts
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    batch=st.integers(2, 40),
+    prompt_tokens=st.integers(1, 3000),
+    budget=st.sampled_from([64, 512, 2048, 8192]),
+    overhead_ms=st.sampled_from([0.0, 2.0]),
+)
+def test_a_waves_mean_first_token_is_each_prompts_last_step_in_turn(
+    batch, prompt_tokens, budget, overhead_ms
+):
+    from labs.predict import wave_service_s
+
+    params = parse_lab_params(
+        {
+            "prompt_tokens": prompt_tokens,
+            "max_num_seqs": 64,
+            "max_num_batched_tokens": budget,
+            "step_overhead_ms": overhead_ms,
+        }
+    )
+    hw, model, engine = params.hardware, params.model, params.engine
+    first, _ = wave_service_s(hw, model, engine, batch, params.workload)
+    firsts = _wave_first_tokens_step_by_step(hw, model, engine, batch, prompt_tokens)
+    alone = prefill_time_s(hw, model, engine, prompt_tokens)
+    expected = sum(max(t, alone) for t in firsts) / batch
+    assert first == pytest.approx(expected, rel=1e-9)
+
+
 def test_a_kv_pool_smaller_than_the_batch_caps_it_and_the_rest_queue():
     roomy = predict(_batching_lab(max_num_seqs=64, concurrency=64))
     tight = predict(_batching_lab(max_num_seqs=64, concurrency=64, kv_capacity_tokens=8 * 640))
@@ -582,6 +640,20 @@ def test_one_prediction_at_the_most_prompts_allowed_traces_under_1_mb():
     step_overhead_s=st.sampled_from([0.0, 0.002]),
     compute_efficiency=st.sampled_from([1.0, 0.6]),
     rate=st.sampled_from([None, None, 0.5, 20.0, 500.0]),
+)
+# A wave of 1-token prompts at a rate only the step overhead puts above capacity: the wave's
+# mean first token once came before a lone prefill's, and the overhead part went negative.
+@example(
+    max_num_seqs=8,
+    concurrency=5,
+    num_prompts=5,
+    prompt_tokens=1,
+    output_tokens=2,
+    spec_tokens=0,
+    draft_cost=0.0,
+    step_overhead_s=0.002,
+    compute_efficiency=1.0,
+    rate=500.0,
 )
 def test_the_predicted_parts_add_up_to_the_figures_the_pages_show(
     max_num_seqs,
