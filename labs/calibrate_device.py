@@ -76,6 +76,12 @@ class SweepPoint:
 # context at a fixed batch, so a token of KV read and a sequence's own step work traded against
 # each other (D1 and D2 grow both alike), and 128 tokens at batch 1 (speculation's "before" side,
 # a check) came out 7% slow where D1 was 4% slow.
+# On a fifth machine (a 2-core EPYC VM), after three runs whose held-out D3 (8 decoding) was
+# 15-29% fast, D5 was added (fit), before any run of it: no fit point decoded more than 4
+# sequences, and vLLM's offline engine there took 1.19 times as long a step for 8 sequences as
+# for 4, but 1.03 times for 4 as for 1; the fitted step stayed flat to 8. The same day the
+# front end's time became a line over the streams in flight (`device_frontend_line`): D5 is
+# the one fit point at 8.
 _DECODE = {"prompt_tokens": 64, "output_tokens": 32, "max_tokens": 64}
 _ONE_DECODING = {**_DECODE, "max_concurrency": 1, "num_prompts": 16}
 _PREFILL = {"output_tokens": 2, "max_tokens": 16, "max_concurrency": 1, "num_prompts": 4}
@@ -90,6 +96,8 @@ SWEEP: tuple[SweepPoint, ...] = (
     SweepPoint("D3", "held_out", "8 sequences decoding", _EIGHT_DECODING, "output_tokens_per_s"),
     SweepPoint("D4", "fit", "batch-1 decode, long prompt", {**_ONE_DECODING,
                "prompt_tokens": 512}, "tpot_s.mean"),
+    SweepPoint("D5", "fit", "8 decoding, longer answers", {**_LONG,
+               "max_concurrency": 8, "num_prompts": 16}, "tpot_s.mean"),
     SweepPoint("P1", "fit", "a long prefill", {**_PREFILL, "prompt_tokens": 1000}, "ttft_s.mean"),
     SweepPoint("P2", "held_out", "a shorter prefill", {**_PREFILL, "prompt_tokens": 512},
                "ttft_s.mean"),
@@ -193,15 +201,38 @@ def frontend_latency(summary: Mapping[str, Any]) -> float | None:
     return max(ttft - engine_s / count, 0.0)
 
 
-def device_frontend_latency(measured: list[Measured]) -> float:
-    """The front end's latency the device's simulator is given (not fitted): the median over
-    the fit points that reported it; 0 where none did, as the published calibration has it."""
+def other_streams(params: LabParams) -> int:
+    """The requests a sweep point's client keeps in flight beside each one (all the sweep's
+    points are closed loops with at least as many requests as streams)."""
+    return max((params.workload.max_concurrency or 1) - 1, 0)
+
+
+def device_frontend_line(measured: list[Measured]) -> tuple[float, float]:
+    """The front end's time the device's simulator is given (not fitted to any throughput or
+    latency): (seconds for a request alone, seconds each other stream in flight adds), the
+    least-squares line through the fit points' own figures (`frontend_latency`) against the
+    streams beside each request (`other_streams`). One Python process relays every stream, so
+    its time grows with them: on a 2-core EPYC worker 3.7-4.8 ms alone, 8.9-11.6 ms at 4 in
+    flight, 15.7-17.5 ms at 8 (2026-12-03), where the median of the fit points had priced
+    every request at 4 ms. Flat (the median, slope 0) where the fit points have one load only
+    or the line would fall; (0, 0) where none reported it, as the published calibration has
+    it."""
     found = [
-        m.frontend_latency_s
+        (other_streams(m.params), m.frontend_latency_s)
         for m in measured
         if m.point.role == "fit" and m.frontend_latency_s is not None
     ]
-    return statistics.median(found) if found else 0.0
+    if not found:
+        return 0.0, 0.0
+    flat = statistics.median(y for _, y in found), 0.0
+    xs = [x for x, _ in found]
+    if min(xs) == max(xs):
+        return flat
+    slope, intercept = statistics.linear_regression(xs, [y for _, y in found])
+    if slope <= 0:
+        return flat
+    # Alone a request still takes some time; a line through noisy figures may cross 0 first.
+    return max(intercept, 0.0), slope
 
 
 def drafted_share(summary: Mapping[str, Any]) -> float | None:
@@ -428,9 +459,11 @@ def measure_sweep(
         )
     found = [m for m in measured if m.point.role == "fit" and m.frontend_latency_s is not None]
     if found:
+        alone, per_stream = device_frontend_line(measured)
         log(
-            f"the API server's time per request: {device_frontend_latency(measured) * 1e3:.2f}"
-            " ms (client TTFT less the engine's queue and prefill histograms; median over "
+            f"the API server's time per request: {alone * 1e3:.2f} ms alone, plus"
+            f" {per_stream * 1e3:.2f} ms for each other stream in flight (client TTFT less the"
+            " engine's queue and prefill histograms; a line through "
             + ", ".join(m.point.id for m in found)
             + "), simulated off the engine"
         )
@@ -519,6 +552,7 @@ def starting_values(measured: list[Measured]) -> dict[str, float]:
     # A GPU's CPU prepares most of a sequence's step while the GPU runs (3.5 us published); a
     # CPU worker's engine does it on the device itself, in Python: start at 100 us.
     per_seq = 1e-4 if hardware.name == CPU_KIND else cal.per_seq_overhead_s
+    frontend = device_frontend_line(measured)
     return {
         "bandwidth_efficiency": gpu.bandwidth_efficiency,
         "kv_bandwidth_efficiency": gpu.kv_bandwidth_efficiency,
@@ -532,8 +566,9 @@ def starting_values(measured: list[Measured]) -> dict[str, float]:
         or (cal.decode_step_overhead_s if decode is None else decode),
         "attention_efficiency": cal.attention_efficiency,
         "per_seq_overhead_s": per_seq,
-        # Measured, never searched (searched_bounds leaves it out).
-        "frontend_latency_s": device_frontend_latency(measured),
+        # Measured, never searched (searched_bounds leaves them out).
+        "frontend_latency_s": frontend[0],
+        "frontend_per_stream_s": frontend[1],
     }
 
 

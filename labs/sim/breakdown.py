@@ -63,7 +63,9 @@ class BreakdownAccumulator:
         n, p = len(table), len(PARTS)
         self.table = table
         # Charged to each request's TTFT as overhead: the API server's time, not queueing.
-        self.frontend_latency_s = frontend_latency_s
+        # `frontend_latency_s` for every request unless the event loop writes its own
+        # (LoopState.frontend_s, which grows with the requests in flight).
+        self.frontend_s = np.full(n, float(frontend_latency_s))
         self.first_start_s = np.full(n, np.nan)
         # [0] before the first token, [1] after it.
         self.steps = np.zeros((2, n, p))
@@ -142,7 +144,7 @@ class BreakdownAccumulator:
         done = ~(np.isnan(finish) | np.isnan(first) | np.isnan(start))
         # NOTE: whole columns at once, each operation the one a per-request loop would do, so
         # every value is the same float (an (n, 8) row sum adds like a row's own sum).
-        frontend = self.frontend_latency_s
+        frontend = self.frontend_s[:n][done]
         queue = start[done] - arrival[done] - frontend
         spans = (first[done] - arrival[done] - queue, finish[done] - first[done])
         rows = []

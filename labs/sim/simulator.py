@@ -228,6 +228,7 @@ class Simulator:
             only the steps taken one at a time.
         frontend_latency_s: the API server's time per request, off the engine: the engine sees
             each request this long after its client sent it (`LoopState.next_arrival_s`).
+        frontend_per_stream_s: what each other request in the engine adds to that time.
     """
 
     def __init__(
@@ -243,6 +244,7 @@ class Simulator:
         max_samples: int = 4096,
         step_by_step: bool = False,
         frontend_latency_s: float = 0.0,
+        frontend_per_stream_s: float = 0.0,
     ) -> None:
         self.config = config
         self.workload = workload
@@ -256,6 +258,7 @@ class Simulator:
         self._check_fits()
         self.scheduler = Scheduler(config, self.table, rng)
         self.frontend_latency_s = frontend_latency_s
+        self.frontend_per_stream_s = frontend_per_stream_s
         self.breakdown = BreakdownAccumulator(self.table, frontend_latency_s)
         self.on_step = on_step
         self.on_progress = on_progress
@@ -318,6 +321,8 @@ class Simulator:
             slots=slots,
             last_progress=wall_start,
             frontend_latency_s=self.frontend_latency_s,
+            frontend_per_stream_s=self.frontend_per_stream_s,
+            frontend_s=self.breakdown.frontend_s,
         )
         recorder = _SampleRecorder(self.max_samples, sched.pool.num_blocks)
         chunks = _ChunkStore(table.num_output_tokens_target)

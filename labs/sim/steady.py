@@ -72,22 +72,35 @@ class LoopState:
     # handling, both ways, counted on the way in): a request's TTFT carries it, a busy engine
     # does not wait for it. 0 in every published calibration (their step overheads hold it).
     frontend_latency_s: float = 0.0
+    # What each other request in the engine adds to that time: one API server process relays
+    # every stream, so a request beside 7 others waits on it longer than one alone.
+    frontend_per_stream_s: float = 0.0
+    # Each request's front-end time, written as it reaches the engine (the breakdown's).
+    frontend_s: np.ndarray | None = None
+
+    def frontend_time_s(self) -> float:
+        """The front end's time for the next request: `frontend_latency_s`, plus
+        `frontend_per_stream_s` for each request handed to the engine and not finished."""
+        others = self.next_req - self.num_finished
+        return self.frontend_latency_s + self.frontend_per_stream_s * others
 
     def next_arrival_s(self, intended: Sequence[float] | np.ndarray) -> float | None:
         """When the next request reaches the engine: its client sends it at its intended time
         or when a client slot frees, whichever is later, and the engine sees it
-        `frontend_latency_s` on. None while all are sent or every slot is busy."""
+        `frontend_time_s` on. None while all are sent or every slot is busy."""
         if self.next_req >= len(intended) or self.slots == []:
             return None
         sent = float(intended[self.next_req])
         if self.slots:
             sent = max(sent, self.slots[0])
-        return sent + self.frontend_latency_s
+        return sent + self.frontend_time_s()
 
     def admit_arrivals(self, sched: Scheduler, intended: Sequence[float] | np.ndarray) -> None:
         """Hand the scheduler every request that has reached the engine by `now`, each with
         the time its client sent it (so its TTFT includes the front end's latency)."""
         while (due := self.next_arrival_s(intended)) is not None and due <= self.now:
+            if self.frontend_s is not None:
+                self.frontend_s[self.next_req] = self.frontend_time_s()
             slot_s = heapq.heappop(self.slots) if self.slots is not None else 0.0
             sched.add_request(self.next_req, max(float(intended[self.next_req]), slot_s))
             self.next_req += 1

@@ -22,11 +22,13 @@ from labs.calibrate_device import (
     Runs,
     check_changes,
     cpu_times,
+    device_frontend_line,
     drafted_share,
     fit_device,
     frontend_latency,
     measure_changes,
     measure_sweep,
+    other_streams,
     point_params,
     run_summary,
     settings_params,
@@ -137,12 +139,16 @@ def test_the_command_calibrates_a_device_from_its_vllm_server_and_stores_it(
     assert re.search(r"the hypervisor took \d+\.\d% of this machine's CPU time", out.getvalue())
     assert re.search(r"D1 batch-1 decode: .* over 1 runs; steal \d+\.\d% to", out.getvalue())
     # The front end's time: the client's TTFT less the engine's 15 ms (plus HTTP's own time).
-    found = re.search(r"the API server's time per request: (\d+\.\d+) ms", out.getvalue())
+    found = re.search(
+        r"the API server's time per request: (\d+\.\d+) ms alone, plus (\d+\.\d+) ms for each",
+        out.getvalue(),
+    )
     assert found is not None, out.getvalue()
     assert row.constants["frontend_latency_s"] == pytest.approx(float(found[1]) / 1e3, abs=1e-5)
-    # At least the fake's 5 ms (the client's clock starts before the fake's); a busy machine's
-    # late timers and HTTP add to it.
-    assert 0.005 <= row.constants["frontend_latency_s"] < 0.1
+    assert row.constants["frontend_per_stream_s"] == pytest.approx(float(found[2]) / 1e3, abs=1e-5)
+    # About the fake's 5 ms (the client's clock starts before the fake's; a busy machine's late
+    # timers and HTTP add to it, and a line through noisy figures may start a little below).
+    assert 0.004 <= row.constants["frontend_latency_s"] < 0.1
 
 
 @pytest.mark.django_db
@@ -426,19 +432,46 @@ def test_the_front_ends_time_is_the_clients_ttft_less_the_engines_own():
     assert frontend_latency({**summary, "engine_requests": 3}) is None
 
 
-def test_the_fit_takes_the_front_ends_time_from_the_fit_points_and_never_moves_it():
-    latencies = iter([0.003, 0.004, 0.005, 0.004, 0.006, 0.005, 0.003, 0.004])
+def test_the_fit_takes_the_front_ends_time_as_a_line_over_the_streams_and_never_moves_it():
+    # 4 ms for a request alone and 2 ms for each other stream in flight, with noise that sums
+    # to 0 at each load (so the least-squares line is exactly the one the runs were made with);
+    # the held-out points' figures are far off it and must not move it.
+    noise = {"D1": 5e-4, "D4": -5e-4, "P1": 2e-4, "P3": -2e-4, "D2": 3e-4, "S2": -3e-4, "D5": 0}
     measured = [
-        replace(m, frontend_latency_s=0.050 if m.point.role == "held_out" else next(latencies))
+        replace(
+            m,
+            frontend_latency_s=0.050
+            if m.point.role == "held_out"
+            else 0.004 + 0.002 * other_streams(m.params) + noise[m.point.id],
+        )
         for m in _measured_with(TRUTH)
     ]
-    fitted = [m.frontend_latency_s for m in measured if m.point.role == "fit"]
+    assert {other_streams(m.params) for m in measured if m.point.role == "fit"} == {0, 3, 7}
     result = fit_device("l4", measured, on=date(2026, 12, 2), rounds=1, log=lambda _: None)
-    assert result.constants.frontend_latency_s == pytest.approx(statistics.median(fitted))
-    # The simulator priced with it: a lone request's TTFT carries it on top of the engine's.
+    assert result.constants.frontend_latency_s == pytest.approx(0.004)
+    assert result.constants.frontend_per_stream_s == pytest.approx(0.002)
+    # The simulator priced with it: a lone request's TTFT carries the time alone on top of the
+    # engine's; at 8 in flight each request waits on the other streams too.
     p3 = next(m for m in measured if m.point.id == "P3")
-    without = replace(result.constants, frontend_latency_s=0.0)
+    flat = replace(result.constants, frontend_latency_s=0.0, frontend_per_stream_s=0.0)
     ttft = simulate(p3.params, "ttft_s.mean", result.constants)
-    assert ttft - simulate(p3.params, "ttft_s.mean", without) == pytest.approx(
-        result.constants.frontend_latency_s, rel=1e-6
+    assert ttft - simulate(p3.params, "ttft_s.mean", flat) == pytest.approx(0.004, rel=1e-6)
+    d3 = next(m for m in measured if m.point.id == "D3")
+    alone = replace(result.constants, frontend_per_stream_s=0.0)
+    assert simulate(d3.params, "output_tokens_per_s", result.constants) < simulate(
+        d3.params, "output_tokens_per_s", alone
     )
+
+
+def test_the_front_ends_line_falls_back_to_the_median_where_it_cannot_be_drawn():
+    measured = _measured_with(TRUTH)
+    fit = [m for m in measured if m.point.role == "fit"]
+    assert device_frontend_line(measured) == (0.0, 0.0)  # no point reported it
+    # One load only: the median, flat.
+    lone = [m for m in fit if other_streams(m.params) == 0]
+    lone = [replace(m, frontend_latency_s=0.001 * (i + 1)) for i, m in enumerate(lone)]
+    assert device_frontend_line(lone) == (pytest.approx(0.0025), 0.0)
+    # Falling with the streams (noise): the median, flat, not a line down through 0.
+    falling = [replace(m, frontend_latency_s=0.010 - 0.001 * other_streams(m.params)) for m in fit]
+    figures = [m.frontend_latency_s for m in falling]
+    assert device_frontend_line(falling) == (pytest.approx(statistics.median(figures)), 0.0)

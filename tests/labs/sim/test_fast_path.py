@@ -71,12 +71,16 @@ def workloads(draw):
         cost = build_cost_model(params.hardware, params.model, params.engine)
     # The API server's time before the engine sees a request: a slot's next request then
     # arrives while the engine steps, between any two steps of a fast run.
-    frontend = draw(st.sampled_from([0.0, 0.0, 0.004, 0.03]))
+    # It grows with the requests in the engine, so arrivals also depend on when they finish.
+    frontend = (
+        draw(st.sampled_from([0.0, 0.0, 0.004, 0.03])),
+        draw(st.sampled_from([0.0, 0.0, 0.001, 0.02])),
+    )
     return workload, config, cost, draw(st.integers(0, 2**16)), frontend
 
 
 def run_both(
-    workload, config, cost, seed: int, frontend_latency_s: float = 0.0
+    workload, config, cost, seed: int, frontend: tuple[float, float] = (0.0, 0.0)
 ) -> tuple[Simulator, RunRecord, Simulator, RunRecord]:
     sims = [
         Simulator(
@@ -86,7 +90,8 @@ def run_both(
             np.random.default_rng(seed),
             step_by_step=step_by_step,
             max_samples=64,
-            frontend_latency_s=frontend_latency_s,
+            frontend_latency_s=frontend[0],
+            frontend_per_stream_s=frontend[1],
         )
         for step_by_step in (False, True)
     ]

@@ -128,6 +128,33 @@ def test_a_lone_client_waits_out_the_front_ends_latency_at_every_request():
     assert (runs[0.0].duration_s, runs[0.5].duration_s) == (9.0, 10.5)
 
 
+def test_the_front_ends_time_grows_with_the_requests_already_in_the_engine():
+    # Three requests sent at once, 1 s a step, room for all three: the front end takes 0.5 s
+    # for a request alone and 0.25 s more for each request handed to the engine before it and
+    # not finished, so the engine sees them at 0.5, 0.75 and 1.0 s.
+    work = make_workload([4] * 3, [3] * 3, max_concurrency=3)
+    sim = Simulator(
+        SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=16, num_gpu_blocks=64),
+        work,
+        LinearCost(),
+        np.random.default_rng(0),
+        frontend_latency_s=0.5,
+        frontend_per_stream_s=0.25,
+    )
+    record = sim.run()
+    # The first is prefilled alone (0.5-1.5 s); the other two arrived while it ran and are
+    # prefilled together in the next step (1.5-2.5 s), two decode steps after each first token.
+    assert _ttfts(record) == [1.5, 2.5, 2.5]
+    assert [r.finish_s for r in record.requests] == [3.5, 4.5, 4.5]
+    ttft = sim.breakdown.summary(record.requests, "simulated")["ttft_s"]["parts"]
+    assert ttft["overhead"] == pytest.approx((0.5 + 0.75 + 1.0) / 3)
+    assert ttft["queueing"] == pytest.approx((0 + (1.5 - 0.75) + (1.5 - 1.0)) / 3)
+    # A flat front end hands all three over at 0.5 s and prefills them in one step.
+    (_, flat) = _closed_loop(3, 0.5)
+    assert _ttfts(flat) == [1.5] * 3
+    assert flat.duration_s == 3.5
+
+
 def test_a_busy_engine_does_not_wait_for_the_front_end():
     # One sequence at a time: the second and third requests reach the engine while it is busy
     # with the first, so only the first one's latency adds to the run.
