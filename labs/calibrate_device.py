@@ -76,12 +76,12 @@ class SweepPoint:
 # context at a fixed batch, so a token of KV read and a sequence's own step work traded against
 # each other (D1 and D2 grow both alike), and 128 tokens at batch 1 (speculation's "before" side,
 # a check) came out 7% slow where D1 was 4% slow.
-# On a fifth machine (a 2-core EPYC VM), after three runs whose held-out D3 (8 decoding) was
-# 15-29% fast, D5 was added (fit), before any run of it: no fit point decoded more than 4
-# sequences, and vLLM's offline engine there took 1.19 times as long a step for 8 sequences as
-# for 4, but 1.03 times for 4 as for 1; the fitted step stayed flat to 8. The same day the
-# front end's time became a line over the streams in flight (`device_frontend_line`): D5 is
-# the one fit point at 8.
+# After three runs on a fifth machine (a 2-core EPYC VM) whose held-out D3 (8 decoding) was
+# 15-29% fast, D5 was added (fit) on a sixth, before any run of it: no fit point decoded more
+# than 4 sequences, and vLLM's offline engine on the fifth took 1.19 times as long a step for 8
+# sequences as for 4, but 1.03 times for 4 as for 1; the fitted step stayed flat to 8. The same
+# day the front end's time became a line over the streams in flight (`device_frontend_line`):
+# D5 is the one fit point at 8.
 _DECODE = {"prompt_tokens": 64, "output_tokens": 32, "max_tokens": 64}
 _ONE_DECODING = {**_DECODE, "max_concurrency": 1, "num_prompts": 16}
 _PREFILL = {"output_tokens": 2, "max_tokens": 16, "max_concurrency": 1, "num_prompts": 4}

@@ -41,9 +41,9 @@ CONSTANT_BOUNDS: dict[str, tuple[float, float]] = {
     # CPU time each sequence adds to a step (scheduling, inputs, sampling, outputs): microseconds
     # where a GPU's CPU works ahead of it, a large share of the step on a CPU worker.
     "per_seq_overhead_s": (1e-7, 0.05),
-    # Measured, not fitted (calibrate_device.frontend_line): the API server's time per request,
-    # off the engine, that every TTFT carries and a busy engine does not wait for, with the
-    # request alone ...
+    # Measured, not fitted (calibrate_device.device_frontend_line): the API server's time per
+    # request, off the engine, that every TTFT carries and a busy engine does not wait for, with
+    # the request alone ...
     "frontend_latency_s": (0.0, 1.0),
     # ... and what each other stream in flight adds to it: one Python process relays every
     # stream (a CPU worker's API server took 4 ms alone, 10 ms beside 3 others, 17 ms beside 7).
