@@ -29,6 +29,7 @@ from labs.calibrate_device import (
     measure_changes,
     measure_sweep,
     other_streams,
+    paired_ratio,
     point_params,
     run_summary,
     settings_params,
@@ -36,6 +37,7 @@ from labs.calibrate_device import (
     simulate_point,
     steal_share,
     step_acceptance,
+    sweep_settings,
 )
 from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants
 from labs.metrics import summarize
@@ -380,6 +382,38 @@ def test_the_settings_are_measured_in_rounds_grouped_by_server():
     assert runs.values(d1, "e2e_s.mean") == [1.0, 1.0, 1.0]
     runs.measure([d1, s1])
     assert len(ran) == 21  # nothing measured twice
+
+
+def test_each_changes_two_sides_run_one_after_the_other_in_every_round():
+    ran: list[str] = []
+
+    def run(params: Any) -> dict[str, Any]:
+        ran.append(Runs._key(params))
+        return {"e2e_s": {"mean": 1.0}}
+
+    base = {**BASE, "max_num_seqs": 8}
+    settings = sweep_settings(base)
+    assert len({Runs._key(p) for p in settings}) == len(settings)  # each once
+    Runs(run, repeats=4).measure(settings)
+    rounds = [ran[i : i + len(settings)] for i in range(0, len(ran), len(settings))]
+    assert len(rounds) == 4
+    for change in CHANGES:
+        before = Runs._key(settings_params(base, change.before))
+        after = Runs._key(settings_params(base, change.after))
+        for order in rounds:
+            assert abs(order.index(before) - order.index(after)) == 1, change.what
+
+
+def test_a_change_is_the_median_of_its_rounds_ratios():
+    # A machine twice as slow in rounds 2 and 3 (both sides alike): the rounds' ratios agree,
+    # where the ratio of the medians mixes a fast round's side with a slow round's.
+    assert paired_ratio([1.0, 2.0, 2.0, 1.0, 1.0], [0.5, 1.0, 1.0, 0.5, 0.5]) == 0.5
+    assert paired_ratio([1.0, 2.0, 2.0], [0.5, 1.0, 1.0]) == 0.5
+    before, after = [1.0, 2.0, 2.0, 1.0, 1.5], [0.5, 1.0, 0.55, 0.5, 0.75]
+    assert statistics.median(after) / statistics.median(before) != 0.5
+    assert paired_ratio(before, after) == 0.5
+    with pytest.raises(ValueError):
+        paired_ratio([1.0, 2.0], [1.0])
 
 
 def test_a_machine_that_slows_during_the_sweep_moves_every_point_alike():
