@@ -4,10 +4,12 @@ python (scripts/vllm-cpu.sh), never inside the web app or the Celery worker:
     python cpu_tools.py make-model SPEC_JSON OUT_DIR   a Llama model with random weights and a
                                                       byte-level BPE tokenizer, from a seed
     python cpu_tools.py probe THREADS                 this CPU's memory bandwidth (a STREAM-like
-                                                      triad, numpy) and bf16 matmul FLOP/s (torch)
+                                                      triad, numpy) and bf16 matmul FLOP/s (the
+                                                      linear kernel vLLM picks for this CPU)
 
 Both print one JSON object on stdout. Standard library + numpy + torch + transformers +
-tokenizers only: no project imports (this file is run by path, outside the project's venv).
+tokenizers + vLLM's own modules only: no project imports (this file is run by path, outside the
+project's venv).
 """
 
 from __future__ import annotations
@@ -85,8 +87,9 @@ def make_model(spec: dict, out: Path) -> dict:
 
 def probe(threads: int) -> dict:
     """Memory bandwidth: the triad a = b + s*c over arrays far larger than any cache, counted as
-    three arrays moved (STREAM's convention), best of several. Matmul: square bf16 products on
-    `threads` threads (the engine's share of the cores), 2*n^3 FLOPs each, best of several."""
+    three arrays moved (STREAM's convention), best of several. Matmul: a square bf16 linear layer
+    as the engine builds it (engine_linear) on `threads` threads (the engine's share of the
+    cores), 2*n^3 FLOPs each, best of several."""
     import numpy as np
     import torch
 
@@ -104,19 +107,37 @@ def probe(threads: int) -> dict:
     torch.set_num_threads(max(1, threads))
     size = 1024
     x = torch.randn(size, size, dtype=torch.bfloat16)
-    y = torch.randn(size, size, dtype=torch.bfloat16)
-    x @ y  # warm-up (kernel choice)
+    product = engine_linear(torch, size)
     best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        x @ y
-        best = min(best, time.perf_counter() - t)
+    with torch.inference_mode():
+        product(x)  # warm-up (kernel choice)
+        for _ in range(5):
+            t = time.perf_counter()
+            product(x)
+            best = min(best, time.perf_counter() - t)
     return {
         "bandwidth_bytes_per_s": bandwidth,
         "matmul_flops_per_s": 2 * size**3 / best,
         "matmul_dtype": "bf16",
         "matmul_threads": max(1, threads),
     }
+
+
+def engine_linear(torch, size: int):
+    """A bf16 size x size linear layer, as a function of its input, run as vLLM's CPU build runs it.
+
+    vLLM picks the kernel per CPU (dispatch_cpu_unquantized_gemm: oneDNN where it can build a
+    bf16 matmul, else torch's linear), and the kernels differ by 10x: on an AVX2-only CPU
+    (no AVX-512 BF16) oneDNN refuses bf16 and a plain `x @ y` took 0.95 GFLOP/s where the
+    engine's fallback ran at 10. So the probe times the layer vLLM itself would build."""
+    layer = torch.nn.Linear(size, size, bias=False, dtype=torch.bfloat16)
+    try:
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    except ImportError:  # not vLLM's python: torch's linear, vLLM's fallback
+        return lambda x: torch.nn.functional.linear(x, layer.weight)
+    with torch.no_grad():
+        dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+    return lambda x: layer.cpu_linear(x, layer.weight, None)
 
 
 def main(argv: list[str]) -> int:

@@ -206,6 +206,42 @@ def hist_mean(snapshot: Snapshot, name: str) -> float:
 _runs: dict[str, LabRun] = {}
 
 
+# Run by vLLM's python: cpu_tools' probe product with vLLM's dispatch recorded, against torch.
+_PROBE_PRODUCT = """
+import sys, torch
+import vllm.model_executor.layers.utils as vllm_utils
+sys.path.insert(0, sys.argv[1])
+import cpu_tools
+layers = []
+dispatch = vllm_utils.dispatch_cpu_unquantized_gemm
+def recorded(layer, remove_weight):
+    layers.append(layer)
+    return dispatch(layer, remove_weight)
+vllm_utils.dispatch_cpu_unquantized_gemm = recorded
+product = cpu_tools.engine_linear(torch, 64)
+x = torch.randn(3, 64, dtype=torch.bfloat16)
+with torch.inference_mode():
+    (layer,) = layers
+    expected = torch.nn.functional.linear(x, layer.weight).float()
+    same = torch.allclose(product(x).float(), expected, atol=0.05)
+print(tuple(layer.weight.shape), layer.weight.dtype, same)
+"""
+
+
+def test_the_probe_times_the_linear_kernel_vllm_builds_for_this_cpu():
+    """The worker's matmul figure prices every CPU prediction, so the probe must time the kernel
+    the engine runs: vLLM picks it per CPU, and on an AVX2-only CPU a plain bf16 `x @ y` was 10x
+    slower than the fallback vLLM uses there (0.95 against 10 GFLOP/s)."""
+    out = subprocess.run(
+        [cpu.vllm_python(), "-c", _PROBE_PRODUCT, str(cpu.TOOLS.parent)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "(64, 64) torch.bfloat16 True"
+
+
 def test_a_batching_run_counts_the_tokens_the_server_counted(cpu_worker, learner_client):
     run = run_to_end(learner_client, BATCHING, cpu_worker)
     _runs["batching"] = run
