@@ -81,7 +81,9 @@ class SweepPoint:
 # than 4 sequences, and vLLM's offline engine on the fifth took 1.19 times as long a step for 8
 # sequences as for 4, but 1.03 times for 4 as for 1; the fitted step stayed flat to 8. The same
 # day the front end's time became a line over the streams in flight (`device_frontend_line`):
-# D5 is the one fit point at 8.
+# D5 is the one fit point at 8. The sweep has not changed since. On a tenth machine (a 2-core
+# EPYC VM, 2026-12-06), after one run whose D3 was 15% fast, the simulation of a CPU worker did:
+# a request handed to a busy engine takes the front end's time for it from it (`frontend_cpu`).
 _DECODE = {"prompt_tokens": 64, "output_tokens": 32, "max_tokens": 64}
 _ONE_DECODING = {**_DECODE, "max_concurrency": 1, "num_prompts": 16}
 _PREFILL = {"output_tokens": 2, "max_tokens": 16, "max_concurrency": 1, "num_prompts": 4}
@@ -233,6 +235,22 @@ def device_frontend_line(measured: list[Measured]) -> tuple[float, float]:
         return flat
     # Alone a request still takes some time; a line through noisy figures may cross 0 first.
     return max(intercept, 0.0), slope
+
+
+def frontend_cpu(measured: list[Measured]) -> float:
+    """The front end's CPU time per request that a busy engine loses (the simulator's
+    `frontend_cpu_s`), measured, never fitted: on a CPU worker, what each other stream in flight
+    adds to a request's front-end time (`device_frontend_line`'s slope), which is the one API
+    server process busy with that stream's request. vLLM's CPU backend gives the model's thread
+    one core and leaves the API server, the client and the engine's scheduler to share the
+    other, so that work, done while the engine steps others, is taken from the engine. On a
+    2-core EPYC worker (2026-12-06) without it, 8 clients' mean TTFT (D5, a fit point) came out
+    14-29% short, with the time alone (3.4-3.6 ms) 12-23% long, and with the slope (1.9 ms)
+    within 7%; /proc put the API server's CPU at about 6 ms a request and 0.12 ms a token. 0 on
+    a GPU worker, whose API server has host cores of its own."""
+    if measured[0].params.hardware.name != CPU_KIND:
+        return 0.0
+    return device_frontend_line(measured)[1]
 
 
 def drafted_share(summary: Mapping[str, Any]) -> float | None:
@@ -476,6 +494,12 @@ def measure_sweep(
             " engine's queue and prefill histograms; a line through "
             + ", ".join(m.point.id for m in found)
             + "), simulated off the engine"
+            + (
+                f"; a CPU worker's busy engine loses {per_stream * 1e3:.2f} ms of a core to each"
+                " request handed to it"
+                if frontend_cpu(measured)
+                else ""
+            )
         )
     return measured
 
@@ -590,6 +614,7 @@ def starting_values(measured: list[Measured]) -> dict[str, float]:
         # Measured, never searched (searched_bounds leaves them out).
         "frontend_latency_s": frontend[0],
         "frontend_per_stream_s": frontend[1],
+        "frontend_cpu_s": frontend_cpu(measured),
     }
 
 

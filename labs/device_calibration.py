@@ -48,6 +48,11 @@ CONSTANT_BOUNDS: dict[str, tuple[float, float]] = {
     # ... and what each other stream in flight adds to it: one Python process relays every
     # stream (a CPU worker's API server took 4 ms alone, 10 ms beside 3 others, 17 ms beside 7).
     "frontend_per_stream_s": (0.0, 1.0),
+    # ... and the front end's CPU time per request that a busy engine loses: a CPU worker's API
+    # server and client run on the core its scheduler uses (vLLM's CPU backend keeps one core
+    # for all three), so a request handed to an engine running others lengthens its next step.
+    # On a CPU worker what each other stream adds to the front end's time; 0 on a GPU worker.
+    "frontend_cpu_s": (0.0, 1.0),
 }
 # A calibration stored before these constants were fitted keeps the published values.
 OPTIONAL_CONSTANTS = frozenset(
@@ -58,10 +63,11 @@ OPTIONAL_CONSTANTS = frozenset(
         "per_seq_overhead_s",
         "frontend_latency_s",
         "frontend_per_stream_s",
+        "frontend_cpu_s",
     }
 )
 # Constants a device's fit takes as measured and never searches.
-MEASURED_CONSTANTS = frozenset({"frontend_latency_s", "frontend_per_stream_s"})
+MEASURED_CONSTANTS = frozenset({"frontend_latency_s", "frontend_per_stream_s", "frontend_cpu_s"})
 
 
 def cpu_device_key(cpu_model: str, cores: int) -> str:
@@ -117,6 +123,7 @@ class DeviceConstants:
     # None: 0, as in the published calibration, whose fitted step overheads hold that time.
     frontend_latency_s: float | None = None
     frontend_per_stream_s: float | None = None  # None: 0, a flat front end
+    frontend_cpu_s: float | None = None  # None: 0, a front end on cores of its own
 
     def label(self) -> str:
         """What every number priced with these constants says about them."""

@@ -90,6 +90,7 @@ def build_simulator(
             on_step=on_step,
             frontend_latency_s=(device.frontend_latency_s or 0.0) if device else 0.0,
             frontend_per_stream_s=(device.frontend_per_stream_s or 0.0) if device else 0.0,
+            frontend_cpu_s=(device.frontend_cpu_s or 0.0) if device else 0.0,
         )
     except SimConfigError as error:
         raise ParamError({error.field: str(error)}) from None

@@ -35,7 +35,7 @@ from labs.backends.base import Chunks, EngineSample, RequestRecord, RunRecord
 from labs.predict import blocks_for_tokens
 from labs.sim.breakdown import BreakdownAccumulator
 from labs.sim.cost_model import CostModel, PartsCostModel, step_parts_s
-from labs.sim.engine_model import PARTS
+from labs.sim.engine_model import OVERHEAD, PARTS
 from labs.sim.entities import RequestTable, SimRequest
 from labs.sim.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepResult
 from labs.sim.steady import LoopState, advance_steady
@@ -229,6 +229,11 @@ class Simulator:
         frontend_latency_s: the API server's time per request, off the engine: the engine sees
             each request this long after its client sent it (`LoopState.next_arrival_s`).
         frontend_per_stream_s: what each other request in the engine adds to that time.
+        frontend_cpu_s: the front end's CPU time per request that a busy engine loses: where
+            the API server and the client share the cores of the engine's scheduler (a CPU
+            worker), a request handed to an engine that is running others lengthens its next
+            step by this much; a lone request's front end runs while the engine idles, and
+            costs it nothing. 0 where the front end has cores of its own (a GPU worker).
     """
 
     def __init__(
@@ -245,6 +250,7 @@ class Simulator:
         step_by_step: bool = False,
         frontend_latency_s: float = 0.0,
         frontend_per_stream_s: float = 0.0,
+        frontend_cpu_s: float = 0.0,
     ) -> None:
         self.config = config
         self.workload = workload
@@ -259,6 +265,7 @@ class Simulator:
         self.scheduler = Scheduler(config, self.table, rng)
         self.frontend_latency_s = frontend_latency_s
         self.frontend_per_stream_s = frontend_per_stream_s
+        self.frontend_cpu_s = frontend_cpu_s
         self.breakdown = BreakdownAccumulator(self.table, frontend_latency_s)
         self.on_step = on_step
         self.on_progress = on_progress
@@ -323,6 +330,7 @@ class Simulator:
             frontend_latency_s=self.frontend_latency_s,
             frontend_per_stream_s=self.frontend_per_stream_s,
             frontend_s=self.breakdown.frontend_s,
+            frontend_cpu_s=self.frontend_cpu_s,
         )
         recorder = _SampleRecorder(self.max_samples, sched.pool.num_blocks)
         chunks = _ChunkStore(table.num_output_tokens_target)
@@ -335,7 +343,8 @@ class Simulator:
                 assert due is not None  # nothing in the engine: every slot is free
                 loop.now = max(loop.now, due)  # idle until the next request reaches it
                 continue
-            if fast:
+            # A step that owes the front end's CPU time is taken on its own, which charges it.
+            if fast and not loop.contention_due_s:
                 # An arrival can only come in before a step if there is a slot for it.
                 next_arrival = loop.next_arrival_s(intended)
                 before = loop.now
@@ -353,6 +362,8 @@ class Simulator:
             recorder.add(loop.now, sched.num_running, sched.num_waiting, blocks_used)
             start = loop.now
             parts, prefill_share = step_parts_s(cost, out)
+            if loop.contention_due_s:
+                parts[OVERHEAD] += loop.take_contention_s()
             self.breakdown.add_step(out, parts, prefill_share, start)
             loop.now += float(parts.sum())
             now = loop.now

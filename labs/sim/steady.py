@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from labs.sim.engine_model import PARTS, parts_total
+from labs.sim.engine_model import OVERHEAD, PARTS, parts_total
 from labs.sim.entities import RequestStatus
 
 if TYPE_CHECKING:
@@ -77,6 +77,10 @@ class LoopState:
     frontend_per_stream_s: float = 0.0
     # Each request's front-end time, written as it reaches the engine (the breakdown's).
     frontend_s: np.ndarray | None = None
+    # The front end's CPU time per request that a busy engine loses (`Simulator`'s
+    # frontend_cpu_s), and what the requests handed to it since its last step have cost it.
+    frontend_cpu_s: float = 0.0
+    contention_due_s: float = 0.0
 
     def frontend_time_s(self) -> float:
         """The front end's time for the next request: `frontend_latency_s`, plus
@@ -97,13 +101,26 @@ class LoopState:
 
     def admit_arrivals(self, sched: Scheduler, intended: Sequence[float] | np.ndarray) -> None:
         """Hand the scheduler every request that has reached the engine by `now`, each with
-        the time its client sent it (so its TTFT includes the front end's latency)."""
+        the time its client sent it (so its TTFT includes the front end's latency). One handed
+        to an engine that holds others owes that engine the front end's CPU time: the API server
+        and the client handled it, while the engine stepped the others, on the core the engine's
+        scheduler shares (`contention_due_s`; counted from the loop, not from the scheduler,
+        whose queues steady steps update late). One reaching an idle engine costs it nothing."""
         while (due := self.next_arrival_s(intended)) is not None and due <= self.now:
             if self.frontend_s is not None:
                 self.frontend_s[self.next_req] = self.frontend_time_s()
+            if self.frontend_cpu_s and self.next_req > self.num_finished:
+                self.contention_due_s += self.frontend_cpu_s
             slot_s = heapq.heappop(self.slots) if self.slots is not None else 0.0
             sched.add_request(self.next_req, max(float(intended[self.next_req]), slot_s))
             self.next_req += 1
+
+    def take_contention_s(self) -> float:
+        """What the requests handed to a busy engine since its last step cost it
+        (`admit_arrivals`): its next step is this much longer (the step's overhead part), the
+        step that admits them. Reset to 0."""
+        due, self.contention_due_s = self.contention_due_s, 0.0
+        return due
 
 
 class _Prefill:
@@ -300,6 +317,11 @@ def advance_steady(
         share = 0.0
         if num_prefill and num_decode:
             share = cost.composition_share_s(step_s, num_decode, num_alone, kv_alone)
+        if loop.contention_due_s:
+            # As the single step adds it: to the overhead part, after the prefill share.
+            due = loop.take_contention_s()
+            parts = (*parts[:OVERHEAD], parts[OVERHEAD] + due, *parts[OVERHEAD + 1 :])
+            step_s = parts_total(parts)
         parts_log.append((*parts, share))
         seconds_log.append(step_s)
         if clocked:

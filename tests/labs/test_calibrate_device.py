@@ -25,6 +25,7 @@ from labs.calibrate_device import (
     device_frontend_line,
     drafted_share,
     fit_device,
+    frontend_cpu,
     frontend_latency,
     measure_changes,
     measure_sweep,
@@ -495,6 +496,34 @@ def test_the_fit_takes_the_front_ends_time_as_a_line_over_the_streams_and_never_
     assert simulate(d3.params, "output_tokens_per_s", result.constants) < simulate(
         d3.params, "output_tokens_per_s", alone
     )
+
+
+def test_a_cpu_workers_busy_engine_loses_the_front_ends_time_per_stream_and_a_gpus_does_not():
+    from labs.calibrate_device import searched_bounds, starting_values
+
+    cpu = {**BASE, "model": "lab-llama-20m", "gpu": "cpu", "hbm_gb": 23, "bandwidth_tbs": 0.034,
+           "tflops": 0.2, "block_size": 128, "kv_capacity_tokens": 8192}  # fmt: skip
+
+    def reported(base: dict[str, Any]) -> list[Measured]:
+        # 4 ms alone, 2 ms more per other stream, as a CPU worker's front end reports it.
+        points = [Measured(p, point_params(base, p), 1.0) for p in SWEEP]
+        return [
+            replace(m, frontend_latency_s=0.004 + 0.002 * other_streams(m.params)) for m in points
+        ]
+
+    on_cpu, on_gpu = reported(cpu), reported(BASE)
+    # What each other stream adds: the one API server process busy with that stream's request.
+    assert frontend_cpu(on_cpu) == pytest.approx(0.002)
+    assert starting_values(on_cpu)["frontend_cpu_s"] == pytest.approx(0.002)
+    assert frontend_cpu(on_gpu) == starting_values(on_gpu)["frontend_cpu_s"] == 0.0
+    assert "frontend_cpu_s" not in searched_bounds(on_cpu)  # measured, never fitted
+    # Priced with it, 8 clients (D3) lose throughput to it; one client's prefill (P3) does not.
+    device = replace(TRUTH, frontend_latency_s=0.004, frontend_per_stream_s=0.002)
+    busy = replace(device, frontend_cpu_s=0.002)
+    d3, p3 = (next(m for m in on_cpu if m.point.id == i) for i in ("D3", "P3"))
+    tokens = simulate(d3.params, "output_tokens_per_s", busy)
+    assert tokens < 0.98 * simulate(d3.params, "output_tokens_per_s", device)
+    assert simulate(p3.params, "ttft_s.mean", busy) == simulate(p3.params, "ttft_s.mean", device)
 
 
 def test_the_front_ends_line_falls_back_to_the_median_where_it_cannot_be_drawn():

@@ -254,3 +254,31 @@ def test_a_devices_per_sequence_overhead_prices_each_sequence_of_its_steps():
     assert overhead(mine, 8) - overhead(mine, 1) == pytest.approx(7 * 0.0005)
     assert overhead(before, 8) - overhead(before, 1) == pytest.approx(7 * cal.per_seq_overhead_s)
     assert "per_seq_overhead_s" not in check_constants(SLOW)
+
+
+def test_a_devices_front_end_cpu_time_slows_its_busy_engine_and_an_older_row_has_none():
+    from labs.backends.sim import build_simulator
+
+    def row(**constants) -> DeviceConstants:
+        stored = DeviceCalibration(
+            device="h100-sxm",
+            constants={**SLOW, "frontend_latency_s": 0.01, **constants},
+            fit_error=0.03,
+            held_out_error=0.06,
+            fitted_at=timezone.make_aware(timezone.datetime(2026, 12, 6, 1, 0)),
+        )
+        return stored.to_constants()
+
+    older, mine = row(), row(frontend_cpu_s=0.01)
+    assert older.frontend_cpu_s is None
+    assert check_constants({**SLOW, "frontend_cpu_s": 0.01})["frontend_cpu_s"] == 0.01
+
+    def duration(concurrency: int, device: DeviceConstants) -> float:
+        runs = {"num_prompts": 6, "concurrency": concurrency, "max_concurrency": concurrency}
+        params = parse_lab_params({**SMALL, **runs})
+        return build_simulator(params, device=device).run().duration_s
+
+    # Two clients: each request after the first reaches an engine stepping the other's.
+    assert duration(2, mine) > duration(2, older) + 0.01
+    # One client: every request reaches an idle engine.
+    assert duration(1, mine) == duration(1, older)

@@ -72,15 +72,17 @@ def workloads(draw):
     # The API server's time before the engine sees a request: a slot's next request then
     # arrives while the engine steps, between any two steps of a fast run.
     # It grows with the requests in the engine, so arrivals also depend on when they finish.
+    # A CPU worker's front end also takes its CPU time from a busy engine's next step.
     frontend = (
         draw(st.sampled_from([0.0, 0.0, 0.004, 0.03])),
         draw(st.sampled_from([0.0, 0.0, 0.001, 0.02])),
+        draw(st.sampled_from([0.0, 0.0, 0.003, 0.05])),
     )
     return workload, config, cost, draw(st.integers(0, 2**16)), frontend
 
 
 def run_both(
-    workload, config, cost, seed: int, frontend: tuple[float, float] = (0.0, 0.0)
+    workload, config, cost, seed: int, frontend: tuple[float, float, float] = (0.0, 0.0, 0.0)
 ) -> tuple[Simulator, RunRecord, Simulator, RunRecord]:
     sims = [
         Simulator(
@@ -92,6 +94,7 @@ def run_both(
             max_samples=64,
             frontend_latency_s=frontend[0],
             frontend_per_stream_s=frontend[1],
+            frontend_cpu_s=frontend[2],
         )
         for step_by_step in (False, True)
     ]

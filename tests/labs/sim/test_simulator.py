@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from labs.params import parse_lab_params
+from labs.sim.breakdown import BREAKDOWN_PARTS
 from labs.sim.scheduler import SchedulerConfig
 from labs.sim.simulator import Simulator
 from labs.sim.workload import WorkloadSpec, generate_workload, lab_workload
@@ -153,6 +154,43 @@ def test_the_front_ends_time_grows_with_the_requests_already_in_the_engine():
     (_, flat) = _closed_loop(3, 0.5)
     assert _ttfts(flat) == [1.5] * 3
     assert flat.duration_s == 3.5
+
+
+def test_a_busy_engine_loses_the_front_ends_cpu_time_and_an_idle_one_does_not():
+    # One sequence at a time, 1 s a step, 3 s a request, all three sent at 0 to a front end
+    # that takes 0.5 s alone and 0.25 s more per request in the engine: the first reaches an
+    # idle engine at 0.5 s; the second and third reach it at 0.75 and 1.0 s, while it
+    # prefills the first (0.5-1.5 s), and each takes 0.25 s of CPU from its next step.
+    def run(max_concurrency: int, frontend_cpu_s: float):
+        work = make_workload([4] * 3, [3] * 3, max_concurrency=max_concurrency)
+        sim = Simulator(
+            SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=16, num_gpu_blocks=64),
+            work,
+            LinearCost(),
+            np.random.default_rng(0),
+            frontend_latency_s=0.5,
+            frontend_per_stream_s=0.25,
+            frontend_cpu_s=frontend_cpu_s,
+        )
+        return sim, sim.run()
+
+    plain_sim, plain = run(3, 0.0)
+    sim, busy = run(3, 0.25)
+    assert [r.finish_s for r in plain.requests] == [3.5, 6.5, 9.5]
+    # The step that admits them (the first one's first decode, 1.5-3.0 s) pays for both.
+    assert [r.finish_s for r in busy.requests] == pytest.approx([4.0, 7.0, 10.0])
+    e2e = (
+        sim.breakdown.per_request(busy.requests)[0]
+        - plain_sim.breakdown.per_request(plain.requests)[0]
+    )
+    col = {name: i for i, name in enumerate(BREAKDOWN_PARTS)}
+    # The first one's overhead (its step), the others' queueing (they wait for it).
+    expected = np.zeros_like(e2e)
+    expected[0, col["overhead"]] = 0.5
+    expected[1:, col["queueing"]] = 0.5
+    np.testing.assert_allclose(e2e, expected, atol=1e-9)
+    # One client: every request reaches an idle engine, whose steps lose nothing.
+    assert run(1, 0.25)[1].duration_s == run(1, 0.0)[1].duration_s == 3 * 3.5
 
 
 def test_a_busy_engine_does_not_wait_for_the_front_end():
