@@ -117,8 +117,8 @@ class LoopState:
 
     def take_contention_s(self) -> float:
         """What the requests handed to a busy engine since its last step cost it
-        (`admit_arrivals`): its next step is this much longer (the step's overhead part), the
-        step that admits them. Reset to 0."""
+        (`admit_arrivals`): its next step, which admits them where there is room, is this much
+        longer (the step's overhead part). Reset to 0."""
         due, self.contention_due_s = self.contention_due_s, 0.0
         return due
 

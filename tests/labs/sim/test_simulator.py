@@ -177,7 +177,8 @@ def test_a_busy_engine_loses_the_front_ends_cpu_time_and_an_idle_one_does_not():
     plain_sim, plain = run(3, 0.0)
     sim, busy = run(3, 0.25)
     assert [r.finish_s for r in plain.requests] == [3.5, 6.5, 9.5]
-    # The step that admits them (the first one's first decode, 1.5-3.0 s) pays for both.
+    # The engine's next step after they are handed to it (the first one's first decode, 1.5-3.0
+    # s; they wait for room) pays for both.
     assert [r.finish_s for r in busy.requests] == pytest.approx([4.0, 7.0, 10.0])
     e2e = (
         sim.breakdown.per_request(busy.requests)[0]
