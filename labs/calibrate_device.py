@@ -83,7 +83,8 @@ class SweepPoint:
 # day the front end's time became a line over the streams in flight (`device_frontend_line`):
 # D5 is the one fit point at 8. The sweep has not changed since. On a tenth machine (a 2-core
 # EPYC VM, 2026-12-06), after one run whose D3 was 15% fast, the simulation of a CPU worker did:
-# a request handed to a busy engine takes the front end's time for it from it (`frontend_cpu`).
+# a request handed to a busy engine takes the front end's time for it from it (`frontend_cpu`),
+# whose figure was chosen after three runs, by D5's TTFT (docs/engine-model.md).
 _DECODE = {"prompt_tokens": 64, "output_tokens": 32, "max_tokens": 64}
 _ONE_DECODING = {**_DECODE, "max_concurrency": 1, "num_prompts": 16}
 _PREFILL = {"output_tokens": 2, "max_tokens": 16, "max_concurrency": 1, "num_prompts": 4}
