@@ -246,9 +246,9 @@ def frontend_cpu(measured: list[Measured]) -> float:
     one core and leaves the API server, the client and the engine's scheduler to share the
     other, so that work, done while the engine steps others, is taken from the engine. On a
     2-core EPYC worker (2026-12-06) without it, 8 clients' mean TTFT (D5, a fit point) came out
-    14-29% short, with the time alone (3.4-3.6 ms) 12-23% long, and with the slope (1.9 ms)
-    within 7%; /proc put the API server's CPU at about 6 ms a request and 0.12 ms a token. 0 on
-    a GPU worker, whose API server has host cores of its own."""
+    13-29% short over five runs, with the time alone (3.4-3.6 ms) 12-25% long over two, and
+    with the slope (1.6-1.9 ms) -6% to +9%; /proc put the API server's CPU at about 6 ms a
+    request and 0.12 ms a token. 0 on a GPU worker, whose API server has host cores of its own."""
     if measured[0].params.hardware.name != CPU_KIND:
         return 0.0
     return device_frontend_line(measured)[1]
@@ -489,6 +489,7 @@ def measure_sweep(
     found = [m for m in measured if m.point.role == "fit" and m.frontend_latency_s is not None]
     if found:
         alone, per_stream = device_frontend_line(measured)
+        lost = frontend_cpu(measured)  # the figure the simulator is given, not a copy of it
         log(
             f"the API server's time per request: {alone * 1e3:.2f} ms alone, plus"
             f" {per_stream * 1e3:.2f} ms for each other stream in flight (client TTFT less the"
@@ -496,9 +497,9 @@ def measure_sweep(
             + ", ".join(m.point.id for m in found)
             + "), simulated off the engine"
             + (
-                f"; a CPU worker's busy engine loses {per_stream * 1e3:.2f} ms of a core to each"
+                f"; a CPU worker's busy engine loses {lost * 1e3:.2f} ms of a core to each"
                 " request handed to it"
-                if frontend_cpu(measured)
+                if lost
                 else ""
             )
         )

@@ -96,16 +96,19 @@ def _ttfts(record) -> list[float]:
     return [r.first_token_s - r.arrival_s for r in record.requests]
 
 
-def _closed_loop(max_num_seqs: int, frontend_latency_s: float):
+def _closed_loop(
+    max_num_seqs: int, frontend_latency_s: float, max_concurrency: int = 3, **frontend: float
+):
     # Three requests, 1 s a step: a prefill step gives the first token, two decode steps the
-    # rest (3 s a request in the engine); the client keeps all three in flight.
-    work = make_workload([4] * 3, [3] * 3, max_concurrency=3)
+    # rest (3 s a request in the engine); the client keeps all three in flight (by default).
+    work = make_workload([4] * 3, [3] * 3, max_concurrency=max_concurrency)
     sim = Simulator(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=16, num_gpu_blocks=64),
         work,
         LinearCost(),
         np.random.default_rng(0),
         frontend_latency_s=frontend_latency_s,
+        **frontend,
     )
     return sim, sim.run()
 
@@ -133,16 +136,7 @@ def test_the_front_ends_time_grows_with_the_requests_already_in_the_engine():
     # Three requests sent at once, 1 s a step, room for all three: the front end takes 0.5 s
     # for a request alone and 0.25 s more for each request handed to the engine before it and
     # not finished, so the engine sees them at 0.5, 0.75 and 1.0 s.
-    work = make_workload([4] * 3, [3] * 3, max_concurrency=3)
-    sim = Simulator(
-        SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=16, num_gpu_blocks=64),
-        work,
-        LinearCost(),
-        np.random.default_rng(0),
-        frontend_latency_s=0.5,
-        frontend_per_stream_s=0.25,
-    )
-    record = sim.run()
+    sim, record = _closed_loop(3, 0.5, frontend_per_stream_s=0.25)
     # The first is prefilled alone (0.5-1.5 s); the other two arrived while it ran and are
     # prefilled together in the next step (1.5-2.5 s), two decode steps after each first token.
     assert _ttfts(record) == [1.5, 2.5, 2.5]
@@ -162,17 +156,9 @@ def test_a_busy_engine_loses_the_front_ends_cpu_time_and_an_idle_one_does_not():
     # idle engine at 0.5 s; the second and third reach it at 0.75 and 1.0 s, while it
     # prefills the first (0.5-1.5 s), and each takes 0.25 s of CPU from its next step.
     def run(max_concurrency: int, frontend_cpu_s: float):
-        work = make_workload([4] * 3, [3] * 3, max_concurrency=max_concurrency)
-        sim = Simulator(
-            SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=16, num_gpu_blocks=64),
-            work,
-            LinearCost(),
-            np.random.default_rng(0),
-            frontend_latency_s=0.5,
-            frontend_per_stream_s=0.25,
-            frontend_cpu_s=frontend_cpu_s,
+        return _closed_loop(
+            1, 0.5, max_concurrency, frontend_per_stream_s=0.25, frontend_cpu_s=frontend_cpu_s
         )
-        return sim, sim.run()
 
     plain_sim, plain = run(3, 0.0)
     sim, busy = run(3, 0.25)
