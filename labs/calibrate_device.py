@@ -41,50 +41,22 @@ class SweepPoint:
 
 
 # Small on purpose: the CPU vLLM worker must finish it in minutes. Prompt and output lengths are
-# fixed (range ratio 0) so every repeat asks the same. The decode fit points D1 and D2 are
-# measured by TPOT, the step time they stand for. History (all 2026-12-02): D1, D2, S1 and the
-# speculation change were tpot_s.mean in run 1, where TPOT sometimes read 0 (whole outputs in one
-# chunk), and were moved to e2e_s.mean; the cause was found at run 7: the vLLM server ran in a
-# session of its own, and Linux's per-session (autogroup) scheduling left the client and API
-# server unscheduled for up to 0.85 s (labs/backends/vllm/server.py), which merged the chunks.
-# With that fixed, e2e fit points (runs 4-7) left the per-sequence cost unpinned (fitted at 49 to
-# 165 us across runs of the same sweep, held-out D3 +3% to +21%), so D1 and D2 went back to TPOT
-# (run 8 on); S1, S2 and the change stay e2e. P3 and S2 were added (both fit) after run 1, before
-# any run of them: its 3 fit points could not pin 6 constants, and no fit point had drafts.
-# Roles unchanged since; the engine model was changed after run 1 (see git log).
-# 2026-12-03, on another machine (a 2-core AMD EPYC VM whose speed wandered by a third over
-# minutes), before any run of these settings: the points are measured in interleaved rounds
-# (Runs.measure), the batch-1 points send 8 requests instead of 3 (one batch-1 request's TPOT
-# ranged 2.7-4.5 ms within a run), and P1's prompt is 1,000 tokens, not 1,024, so that with its
-# output it fits the 1,024-token context the other points' server has and shares it. The same
-# day, after the first interleaved run (whose S1 and S2 had 32-token answers) and before any
-# run of these: the ngram points and the speculation change answer 128 tokens. ngram drafts only
-# after a 5-token run of the context repeats (vLLM's default prompt_lookup_min), which the
-# random-weight model's greedy answers do once they fall into their loops; in 32 tokens few had,
-# so the engine accepted little (per-draft alpha 0.22-0.29) and speculation's measured change
-# (-12% in one run, +12% in the next) was smaller than its noise. After the second interleaved
-# run (roles unchanged): every point sends twice the requests per run, since one batch-1
-# request's TPOT wandered 2.7-5.4 ms over a minute on one server, in spells of seconds that a
-# one-second run sat inside (the median of 5 runs of S1 spread 0.26-0.61 s). The sweep has
-# not changed since; on a third machine (2026-12-03) the simulation of its ngram points did,
-# after three runs there: it drafts at the engine's share of steps (`spec_drafting`), and
-# speculation's fixed CPU time is priced at every step (labs/sim/engine_model.py). On a fourth
-# machine (2026-12-03), after one run: the API server's time per request is measured from the
-# engine's own histograms (`frontend_latency`) and simulated off the engine, where the fitted
-# mixed-step overhead had held it (9.4 ms) and charged it to the engine even while it was busy.
-# After the second run there, D4 was added (fit), before any run of it: no fit point varied the
-# context at a fixed batch, so a token of KV read and a sequence's own step work traded against
-# each other (D1 and D2 grow both alike), and 128 tokens at batch 1 (speculation's "before" side,
-# a check) came out 7% slow where D1 was 4% slow.
-# After three runs on a fifth machine (a 2-core EPYC VM) whose held-out D3 (8 decoding) was
-# 15-29% fast, D5 was added (fit) on a sixth, before any run of it: no fit point decoded more
-# than 4 sequences, and vLLM's offline engine on the fifth took 1.19 times as long a step for 8
-# sequences as for 4, but 1.03 times for 4 as for 1; the fitted step stayed flat to 8. The same
-# day the front end's time became a line over the streams in flight (`device_frontend_line`):
-# D5 is the one fit point at 8. The sweep has not changed since. On a tenth machine (a 2-core
-# EPYC VM, 2026-12-06), after one run whose D3 was 15% fast, the simulation of a CPU worker did:
-# a request handed to a busy engine takes the front end's time for it from it (`frontend_cpu`),
-# whose figure was chosen after three runs, by D5's TTFT (docs/engine-model.md).
+# fixed (range ratio 0) so every repeat asks the same. Roles are fixed here, before anything is
+# measured; a held-out error means something only if no choice was made after seeing it.
+# - D1, D2, D4, D5 (fit) are measured by TPOT, the step time they stand for: D1 and D2 vary the
+#   batch at a short context, D4 the context at batch 1 (without it a token of KV read and a
+#   sequence's own step work trade against each other), D5 the batch at 8 sequences, so the
+#   fitted step does not stay flat where the engine's grows.
+# - P1 and P3 (fit) are prefills of two lengths. P1's 1,000-token prompt and its output fit the
+#   1,024-token context of the decode points' server, so they share it.
+# - S2 (fit) gives the fit a point with drafts. S1 and the speculation change are measured by
+#   E2E and, like S2, answer 128 tokens: vLLM's ngram proposer drafts only after a 5-token match,
+#   which the random-weight model's greedy answers reach once they fall into loops; shorter
+#   answers draft too little for the change to stand out of the noise.
+# - Held out: D3 (8 decoding, short answers), P2 (a prefill between the fitted two) and S1 (one
+#   sequence drafting).
+# Each point sends at least twice as many requests as it keeps in flight: on a shared VM one
+# request's TPOT wanders over seconds, and a longer run averages that out.
 _DECODE = {"prompt_tokens": 64, "output_tokens": 32, "max_tokens": 64}
 _ONE_DECODING = {**_DECODE, "max_concurrency": 1, "num_prompts": 16}
 _PREFILL = {"output_tokens": 2, "max_tokens": 16, "max_concurrency": 1, "num_prompts": 4}
@@ -163,9 +135,8 @@ def settings_params(base: Mapping[str, Any], changes: Mapping[str, Any]) -> LabP
     values = {**base, **changes, "sim_profile": "realistic"}
     values.update(input_range_ratio=0, output_range_ratio=0, request_rate=None)
     # Every repeat draws the same token ids (the workload's seed), and a shorter prompt is the
-    # start of a longer one: with the prefix cache on, a point's 2nd and 3rd repeats (and P2
-    # after P1) found most of their prompt cached, while the simulator, each run fresh, computed
-    # it (added after the 2026-12-02 runs, whose P1/P2 medians were cached ones).
+    # start of a longer one: with the prefix cache on, a point's later repeats (and P2 after P1)
+    # would find most of their prompt cached, while the simulator, each run fresh, computes it.
     values["prefix_caching"] = False
     return parse_lab_params(align_run_batch(values))
 
@@ -215,11 +186,10 @@ def device_frontend_line(measured: list[Measured]) -> tuple[float, float]:
     latency): (seconds for a request alone, seconds each other stream in flight adds), the
     least-squares line through the fit points' own figures (`frontend_latency`) against the
     streams beside each request (`other_streams`). One Python process relays every stream, so
-    its time grows with them: on a 2-core EPYC worker 3.7-4.8 ms alone, 8.9-11.6 ms at 4 in
-    flight, 15.7-17.5 ms at 8 (2026-12-03), where the median of the fit points had priced
-    every request at 4 ms. Flat (the median, slope 0) where the fit points have one load only
-    or the line would fall; (0, 0) where none reported it, as the published calibration has
-    it."""
+    its time grows with them (on a 2-core CPU worker it is several times longer at 8 in flight
+    than alone, which one figure for every request would miss). Flat (the median, slope 0)
+    where the fit points have one load only or the line would fall; (0, 0) where none reported
+    it, as the published calibration has it."""
     found = [
         (other_streams(m.params), m.frontend_latency_s)
         for m in measured
@@ -244,11 +214,11 @@ def frontend_cpu(measured: list[Measured]) -> float:
     adds to a request's front-end time (`device_frontend_line`'s slope), which is the one API
     server process busy with that stream's request. vLLM's CPU backend gives the model's thread
     one core and leaves the API server, the client and the engine's scheduler to share the
-    other, so that work, done while the engine steps others, is taken from the engine. On a
-    2-core EPYC worker (2026-12-06) without it, 8 clients' mean TTFT (D5, a fit point) came out
-    13-29% short over five runs, with the time alone (3.4-3.6 ms) 12-25% long over two, and
-    with the slope (1.6-1.9 ms) -6% to +9%; /proc put the API server's CPU at about 6 ms a
-    request and 0.12 ms a token. 0 on a GPU worker, whose API server has host cores of its own."""
+    other, so that work, done while the engine steps others, is taken from the engine. The
+    slope, not the time alone: of the two readings of the line it is the one with which the
+    simulated mean TTFT of 8 clients (D5) matches the engine's; the time alone overprices it,
+    and leaving the term out underprices it. 0 on a GPU worker, whose API server has host cores
+    of its own."""
     if measured[0].params.hardware.name != CPU_KIND:
         return 0.0
     return device_frontend_line(measured)[1]
@@ -335,8 +305,8 @@ class Runs:
     """Runs each distinct setting `repeats` times, once: a setting asked for again (a change's
     side that is also a sweep point) gets the summaries already measured. `warmups` runs of
     each setting go first and are not kept: the first requests a vLLM server answers pay
-    one-time costs (on the CPU worker the ngram proposer's compilation: S1's first run had a
-    1.09 s mean TTFT against D1's 0.03 s, 2026-12-02).
+    one-time costs (on the CPU worker the ngram proposer's compilation, which makes a first
+    drafting run's TTFT many times that of the runs after it).
 
     `measure` runs many settings in interleaved rounds (the sweep does); a setting never
     measured so far runs its repeats back to back when its values are asked for."""
@@ -350,18 +320,17 @@ class Runs:
     def measure(self, settings: list[LabParams]) -> None:
         """Measure each of `settings` not measured yet, in `repeats` rounds that visit every
         one of them once, so that a machine whose speed wanders over minutes moves the repeats
-        of every setting alike instead of all the repeats of a few: on a shared 2-core VM, 8
-        sequences decoding ran at 1,180-1,420 tok/s in one minute's five back-to-back repeats
-        and at 1,655-1,843 tok/s four minutes later (2026-12-03), which put the held-out point
-        measured in the slow minute 30% off and the batch change 74% (on the ratio).
+        of every setting alike instead of all the repeats of a few (back to back, on a shared
+        VM, a point measured in a slow minute can come out a third off, and a change whose two
+        sides fell in different minutes more).
 
         Settings with the same engine settings (one vLLM server) run next to each other, and
         every other round runs the whole order backwards: the server a round ends on starts
         the next, and a setting early in one round is late in the next. Wherever the engine
         settings change (the backend restarts its server), `warmups` unkept runs of every
         setting of the new server go first: a server's first run of each shape pays one-time
-        costs (kept, 4 sequences drafting ran 0.18-0.22 s on a new server each round against
-        0.12-0.13 s warmed, 2026-12-03)."""
+        costs (kept, they would make a drafting point half again as slow or more on every new
+        server)."""
         groups: dict[str, list[LabParams]] = {}
         seen = set(self._done)
         for params in settings:
@@ -444,9 +413,8 @@ def sweep_settings(base: Mapping[str, Any]) -> list[LabParams]:
     change's two sides run one right after the other in every round (`Runs.measure` keeps a
     server's settings together and reverses every other round): the drafting server's
     settings ending with speculation on, then the plain server's from speculation off to 8
-    sequences at once, then max_num_seqs 1's own server. On a 2-core EPYC VM the batch change's
-    sides ran minutes apart and its ratio of medians read x5.25 in one run and x5.79 in the
-    next (2026-12-04), with 1 sequence at a time 145-207 tok/s within a run."""
+    sequences at once, then max_num_seqs 1's own server. Sides run minutes apart would see
+    different speeds on a machine whose speed wanders, and the change with them (`paired_ratio`)."""
     points = [point_params(base, point) for point in SWEEP]
     (fewer, more), (off, on) = (
         (settings_params(base, c.before), settings_params(base, c.after)) for c in CHANGES
@@ -625,8 +593,8 @@ def searched_bounds(measured: list[Measured]) -> dict[str, tuple[float, float]]:
     ceiling. A CPU worker's FLOP/s figure is its own bf16 matmul rate, measured on the engine's
     threads (cpu_tools.py probe), so a large GEMM reaches it by definition (1); fitted, the
     ceiling traded against attention's efficiency, which the sweep's two fitted prefills cannot
-    tell apart (2026-12-02: 0.36 and 0.92, a straight line through P3 and P1 where the runs
-    curve, P2 held out +37%)."""
+    tell apart: the fit would draw a straight line through P3 and P1 where the engine's
+    prefill time curves, and put the held-out P2 between them far off."""
     searched = {k: v for k, v in CONSTANT_BOUNDS.items() if k not in MEASURED_CONSTANTS}
     if measured[0].params.hardware.name == CPU_KIND:
         return {k: v for k, v in searched.items() if k != "gemm_efficiency"}
@@ -639,8 +607,8 @@ def fit_device(
     *,
     on: date,
     where: str = "this worker",
-    # A CPU worker's sweep (2026-12-02, run 5): loss 0.0116 after 3 rounds, 0.0016 after 6;
-    # run 4, fitted with 3, had held-out D3 21% off, run 5 3%. The sweep's runs take the minutes.
+    # Six rounds: on a CPU worker's sweep three leave the loss several times higher, and the
+    # held-out error with it. The sweep's runs take the minutes.
     rounds: int = 6,
     log: Callable[[str], None] = print,
 ) -> DeviceFit:
