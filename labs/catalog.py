@@ -2,8 +2,7 @@
 
 GPU figures are per GPU and *dense* (without 2:4 sparsity): NVIDIA data sheets print the sparse
 FLOP/s, which is twice the dense figure. Memory is in bytes with GB = 10^9, as the data sheets
-print it. Every entry names its source; the figures and sources are collected in
-shared/perf-notes.md, section 1.
+print it. Every entry names its source (a data sheet or a model card) in its `source` field.
 
 Model figures are the facts of each model's Hugging Face config.json (layers, hidden size, heads,
 KV heads, head dim, vocabulary, max_position_embeddings) plus the parameter count on its model

@@ -1,6 +1,6 @@
 """Run record in, serving metrics out: the same code for every backend.
 
-Definitions are those of `vllm bench serve` (shared/vllm-notes.md, section 3):
+Definitions are those of vLLM's own benchmark client, `vllm bench serve`:
 
 - TTFT = first chunk - issue time. E2E = last chunk (finish) - issue time. For vLLM the issue
   time is the request's first byte on the socket (arrival_s), so TTFT is stamped at the socket;

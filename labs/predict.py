@@ -1,6 +1,6 @@
 """Closed-form serving predictions: the numbers every lab shows as "predicted".
 
-The formulas are those of DESIGN.md ("What predicted means"):
+"Predicted" means these formulas, the deck's own arithmetic at the hardware's peak figures:
 
 - KV bytes per token = 2 (K and V) x layers x KV heads x head dim x bytes per element.
 - Blocks per sequence = ceil(tokens / block_size); the last block wastes the rest. A contiguous

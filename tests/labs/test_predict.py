@@ -1,8 +1,8 @@
 """labs.predict against the seeds' worked answers, hand arithmetic and invariants.
 
-Expected values come from shared/seeds/000_36de575bee6c4e63.txt and 003_069e362ba7a89ee1.txt
-(quoted beside each test) or from arithmetic written out in the test, never from the predictor.
-Where a seed rounds, the test rounds the same way.
+Expected values come from the seed files tests/quiz/fixtures/000_36de575bee6c4e63.txt and
+003_069e362ba7a89ee1.txt (quoted beside each test) or from arithmetic written out in the test,
+never from the predictor. Where a seed rounds, the test rounds the same way.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The deck in content/: loads into an empty database and covers every seed question.
 
-The seed files live outside the repository (shared/seeds/); each card names the seed question it
-covers in `source:` ("<seed file>#<question>"), and the expected question ids below are the
-seeds' own counts (shared/seeds/README.md).
+The seed files are in tests/quiz/fixtures/; each card names the seed question it covers in
+`source:` ("<seed file>#<question>"), and the expected question ids below are written out from
+the seed files, not derived by the parser.
 """
 
 from __future__ import annotations

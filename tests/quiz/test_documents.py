@@ -1,7 +1,8 @@
 """Study documents become inactive draft cards: the three seed files are the fixtures.
 
-Expected counts come from the seeds' README (shared/seeds/README.md), not from the parser: 7 worked
-answers each with a follow-up; 49 questions; 1 multiple-choice question and 6 related questions.
+Expected counts are written out from the seed files (tests/quiz/fixtures/), not taken from the
+parser: 7 worked answers each with a follow-up; 49 questions; 1 multiple-choice question and 6
+related questions.
 """
 
 from __future__ import annotations

@@ -18,9 +18,10 @@ from labs.backends.vllm.server import MODELS_DIR
 from labs.params import align_run_batch
 from labs.presets import LABS, lab_initial, load_presets
 
-# Every flag the backend may pass, with where vLLM 0.33 defines it. Sources: shared/vllm-notes.md
-# section 1 (table and the example server), or, for the few the notes do not list, the vLLM
-# source file named. Value-less flags map to None.
+# Every flag the backend may pass, with where vLLM 0.33 defines it. "notes §1" is vLLM 0.33's
+# `vllm serve` reference (its engine-arguments table and example server command); the file in
+# brackets is the vLLM source file (under vllm/) that defines the flag. Value-less flags map to
+# None.
 VLLM_033_FLAGS: dict[str, str] = {
     "--served-model-name": "notes §1 example server",
     "--load-format": "notes §1 table: --load-format dummy (config/load.py)",
