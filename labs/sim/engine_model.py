@@ -307,8 +307,8 @@ def linear_s(hardware: Hardware, gemm_s: float, weight_read_s: float) -> float:
     """The linear layers' time from their math and their weight reads. A GPU keeps thousands of
     warps in flight, so reads hide under math or math under reads: the slower sets the time. A
     CPU worker's engine runs one thread per core, whose loads and multiply-adds share one
-    instruction stream: they add up (a one-row LM head of lab-llama-20m took 2.3 ms, eight rows
-    3.2 ms, on this machine's core, where the roofline says equal)."""
+    instruction stream: they add up (on one core, eight rows of lab-llama-20m's LM head take
+    markedly longer than one, where the roofline says equal)."""
     if hardware.name == CPU_KIND:
         return gemm_s + weight_read_s
     return max(gemm_s, weight_read_s)
@@ -554,8 +554,8 @@ class EngineModel:
             # Drafting costs the engine's CPU beyond any draft model: the ngram proposer
             # searches the sequences' tokens after every step (c = 0 leaves it out), whether or
             # not it finds a draft, and the rejection sampler checks the drafts. On a CPU worker
-            # that CPU is the device. (A calibration on one, 2026-12-03, refitted from the same
-            # runs: priced only in steps with drafts, batch-1 ngram came out 12-19% fast.)
+            # that CPU is the device. Priced only in steps with drafts, it would make batch-1
+            # ngram fast, since vLLM's proposer searches after every step.
             draft_s = draft_s + self.cal.spec_step_overhead_s
         parts[:, SPECULATION] = np.maximum(full_ideal - base_ideal, 0) + draft_s
         if self.profile == "ideal":

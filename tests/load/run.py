@@ -36,7 +36,7 @@ REDIS = os.environ.get("LOAD_REDIS_URL", "redis://127.0.0.1:6379/6")
 # LOAD_STEPS= (empty) measures the CPU per request only, without locust (a quick check).
 STEPS = [int(n) for n in os.environ.get("LOAD_STEPS", "10,50,200").split(",") if n.strip()]
 STEP_S = int(os.environ.get("LOAD_STEP_S", "60"))
-# Learners arrive at this many per second (the audit's ramp was 2 log-ins/s); the statistics
+# Learners arrive at this many per second (2 log-ins/s by default); the statistics
 # restart once every one has logged in (within LOGIN_WAIT_S), so the table is the steady state.
 SPAWN_RATE = float(os.environ.get("LOAD_SPAWN_RATE", "2"))
 LOGIN_WAIT_S = int(os.environ.get("LOAD_LOGIN_WAIT_S", "600"))

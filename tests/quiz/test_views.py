@@ -323,11 +323,10 @@ def test_it_uses_the_same_few_queries_for_10_or_200_cards(alice, bob, settings):
     selectors.card_cache_clear()
     assert small == large, (small, large)
     show_n, reveal_n, grade_n = large
-    # Measured: 7 to show (a new card creates its state row), 8 to reveal, 12 to grade and
-    # show the next one (were 18, 18 and 24 before the queue became one query, 10, 10 and 16
-    # before the settings came with the user, 9, 9 and 15 before the showing came with its state
-    # in one query); sessions, auth and transactions included. The queue is one query, computed
-    # once per request; no next card is picked while one is on screen.
+    # 7 to show (a new card creates its state row), 8 to reveal, 12 to grade and show the next
+    # one; sessions, auth and transactions included. The queue is one query, computed once per
+    # request, the settings come with the user and the showing with its state; no next card is
+    # picked while one is on screen.
     assert show_n <= 7 and reveal_n <= 8 and grade_n <= 12, large
 
 

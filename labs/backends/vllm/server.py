@@ -630,10 +630,9 @@ class ServerManager:
                 # Its own process group, so stopping it ends its engine processes too, but the
                 # starter's session: a CPU worker's engine spins (sched_yield) on the cores the
                 # load generator needs, and Linux's autogroup scheduler, which groups tasks by
-                # session, then left the load generator runnable but unscheduled for up to 0.85 s
-                # (2026-12-02, tests/benchmarks/bench_cpu_vllm_repeats.py: 8 in flight on 2 cores
-                # ran at 412-1,222 tok/s from one run to the next in a session of its own,
-                # 1,091-1,287 in the starter's).
+                # session, would leave a load generator in another session runnable but
+                # unscheduled for most of a second, so repeats of one run would differ severalfold
+                # (tests/benchmarks/bench_cpu_vllm_repeats.py compares the two).
                 process_group=0,
             )
         started = time.monotonic()

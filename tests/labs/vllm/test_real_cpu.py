@@ -42,8 +42,8 @@ pytestmark = [pytest.mark.vllm_real, pytest.mark.timeout(1800)]
 HERE = Path(__file__).resolve().parent
 MODEL = "lab-llama-20m"
 RUN_WAIT_S = 900.0
-# The calibration sweep: 5 rounds over three servers, about 11 server starts in all (9-10 min on
-# a 2-core AMD EPYC VM with nothing else running, 2026-12-03).
+# The calibration sweep: 5 rounds over three servers, about 11 server starts in all (about ten
+# minutes on a quiet 2-core machine); the limit leaves room for a busy one.
 CALIBRATION_WAIT_S = 1400.0
 # Small enough for a 2-core machine; more requests than max_num_seqs, so some must wait.
 BATCHING = {
