@@ -30,7 +30,7 @@ pytestmark = [
     pytest.mark.worker,
     pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
 ]
-PORT = 6396  # helper 6's own; the machine's shared Redis on 6379 is never touched
+PORT = 6396  # a Redis of its own; the machine's shared Redis on 6379 is never touched
 
 
 @dataclass

@@ -91,7 +91,8 @@ def test_lab_page_run_page_cli_and_card_show_the_same_prediction(
         shown = format_value(cli[key], unit)
         assert on_lab_page[key].removesuffix(" seqs") == shown, key
         assert on_run_page[row] == shown, key
-    # Not the median the run page used to compare (a figure the lab page never showed).
+    # The median differs from the mean, so the rows above would catch a run page showing the
+    # median (a figure the lab page never shows).
     assert cli["loaded_ttft_p50_s"] != pytest.approx(cli["loaded_ttft_s"], rel=0.05)
 
     card = personal.card_from_run(user=alice, run=run)
