@@ -4,7 +4,8 @@ The predictor (labs/predict.py) prices a step at the roofline: max(compute, memo
 FLOP/s and bandwidth. Real kernels fall short of that, a step has CPU and launch costs, and a
 tensor-parallel replica talks between GPUs. This module adds those terms, each a named function
 with its constants in labs/sim/calibration.yaml (every constant cites the public vLLM runs it was
-fitted to; docs/engine-model.md has the formulas and the error table):
+fitted to; docs/engine-model.md explains them, and `python -m labs.sim.calibration --report`
+prints each run's error):
 
     step = linear layers      max(2 x (layer params x tokens / gemm_efficiency(tokens)
                                        + LM head x sampled / gemm_efficiency(sampled)) / FLOP/s,

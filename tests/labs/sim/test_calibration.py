@@ -2,7 +2,7 @@
 
 Virtual time only, so the numbers are the same on any machine: fitted runs within 10%, held-out
 runs (which no fit saw) within 20%. Excluded runs are printed with their reason, not asserted.
-Run with -s to see the table (the same table is in docs/engine-model.md).
+Run with -s to see the table (`python -m labs.sim.calibration --report` prints it by GPU kind).
 """
 
 from __future__ import annotations
