@@ -26,6 +26,7 @@ from labs.metrics import summarize
 from labs.params import LabParams, align_run_batch, parse_lab_params
 from labs.sim.calibration import coordinate_search, log_error_loss, relative_error
 from labs.sim.engine_model import load_calibration
+from labs.sim.lab import build_simulator
 
 if TYPE_CHECKING:
     from labs.backends.base import RunRecord
@@ -537,8 +538,6 @@ def check_changes(measured: list[MeasuredChange], device: DeviceConstants) -> li
 
 def simulate(params: LabParams, metric: str, device: DeviceConstants) -> float:
     """What the simulator, priced with `device`'s constants, gives for `metric`."""
-    from labs.backends.sim import build_simulator  # it imports labs.sim's simulator
-
     return metric_value(summarize(build_simulator(params, device=device).run()), metric)
 
 

@@ -18,24 +18,24 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from labs.backends import check_can_start, device_label, get_backend
+from labs.backends import this_device as backend_device
 from labs.backends.base import Device, Placement
-from labs.backends.vllm.gpus import GpuInventory
 from labs.catalog import CPU_KIND, GPUS, LAB_MODEL_SHAPES, MODELS
 from labs.device_calibration import (
     CONSTANT_BOUNDS,
     DeviceConstants,
     announced_cpu_key,
-    cpu_device_key,
 )
 from labs.models import CalibrationJob, DeviceCalibration, RunState, WorkerHeartbeat
 from labs.params import LabParams, ParamError, parse_lab_params
 from labs.services import QueueUnavailable
-from labs.tasks import calibrate_device_task
 from labs.workers import announced_cpu_figures, placement_queue, served_queues, start_command
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,6 @@ def calibrate_and_store(
     """Run SWEEP (and the lessons' changes) on the vLLM backend with `base` settings, fit the
     device's constants, store them as `device`'s newest DeviceCalibration, and check the changes
     with them. `base_url`: a vLLM server already running; else the backend starts its own."""
-    from labs.backends import get_backend
     from labs.calibrate_device import (
         Runs,
         check_changes,
@@ -134,11 +133,7 @@ def this_device(params: LabParams) -> str:
     """The device these settings calibrate on this machine: the GPU kind; for gpu cpu this
     machine's CPU as its CPU worker announces itself (model and cores), the key its runs look
     their calibration up by (labs.selectors.device_key)."""
-    if params.hardware.name != CPU_KIND:
-        return params.hardware.name
-    from labs.backends.vllm import cpu
-
-    return cpu_device_key(cpu.cpu_inventory().name or "", cpu.cores())
+    return backend_device("vllm", params)
 
 
 # -- what the online vLLM workers can calibrate ------------------------------------------------
@@ -166,7 +161,6 @@ class CalibrationTarget:
 
 def gpu_calibration_model(device: Device) -> str | None:
     """The model a GPU kind is calibrated with, or None if no catalog model's sweep starts."""
-    from labs.backends import check_can_start
     from labs.calibrate_device import SWEEP, point_params
 
     # The smallest published model whose every sweep point starts on one GPU of this kind
@@ -209,22 +203,23 @@ def _target(gpus: Mapping[str, Any]) -> CalibrationTarget:
             why = "it announced no measured bandwidth and matmul FLOP/s to price its runs with"
             return CalibrationTarget(key, label, (), queue, why_not=why)
         return CalibrationTarget(key, label, (), queue, {**CPU_BASE, **figures})
-    inventory = GpuInventory(
-        count=device.count,
-        name=str(gpus.get("name") or device.kind),
-        kind=gpus.get("kind"),
-        memory_bytes=device.memory_bytes,
+    label = device_label(
+        "vllm",
+        {
+            **gpus,
+            "count": device.count,
+            "name": str(gpus.get("name") or device.kind),
+            "memory_bytes": device.memory_bytes,
+        },
     )
     if device.kind not in GPUS:
         why = "its GPU is not in the catalog, so nothing predicts or simulates it"
-        return CalibrationTarget("", inventory.label(), (), queue, why_not=why)
+        return CalibrationTarget("", label, (), queue, why_not=why)
     model = gpu_calibration_model(device)
     if model is None:
         why = "no catalog model's sweep fits on one of its GPUs"
-        return CalibrationTarget(device.kind, inventory.label(), (), queue, why_not=why)
-    return CalibrationTarget(
-        device.kind, inventory.label(), (), queue, {"model": model, "gpu": device.kind}
-    )
+        return CalibrationTarget(device.kind, label, (), queue, why_not=why)
+    return CalibrationTarget(device.kind, label, (), queue, {"model": model, "gpu": device.kind})
 
 
 def calibration_targets(now: datetime | None = None) -> list[CalibrationTarget]:
@@ -418,6 +413,33 @@ def calibration_reap_stale(*, now: datetime | None = None) -> int:
             f"none that consumes its queue ({job.queue}) is online.",
         )
     return reaped
+
+
+# -- the Celery task (labs.tasks lists it for the workers) --------------------------------------
+
+
+class _CalibrationTask(Task):
+    def on_failure(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        # As for a run: what escapes the service (a lost database connection) fails the job.
+        job_id = args[0] if args else kwargs.get("job_id")
+        if job_id is not None:
+            calibration_fail(job_id=int(job_id), error=f"{type(exc).__name__}: {exc}")
+
+
+@shared_task(
+    name="labs.calibrate_device",
+    base=_CalibrationTask,
+    bind=True,
+    ignore_result=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def calibrate_device_task(self: Task, job_id: int) -> str:
+    """Calibrate a device on the vLLM worker that has it (the staff's devices page); sent to
+    that device's queue by `calibration_request`."""
+    return calibration_execute(job_id=int(job_id), hostname=self.request.hostname or "")
 
 
 # -- the page ----------------------------------------------------------------------------------

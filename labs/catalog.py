@@ -308,7 +308,7 @@ MODELS: dict[str, ModelSpec] = {
 
 # -- small models for a real engine on a CPU ---------------------------------------------------
 # Llama-architecture models that `manage.py lab make-model NAME` builds with random weights and a
-# byte-level BPE tokenizer (labs/backends/vllm/cpu_tools.py), from the seed below. The vocabulary
+# byte-level BPE tokenizer (the vllm backend's cpu_tools.py), from the seed below. The vocabulary
 # covers every token id the load generator draws (up to 32,000).
 
 

@@ -150,7 +150,7 @@ class WorkerHeartbeat(models.Model):
     queue = models.CharField(max_length=60)
     where = models.CharField(max_length=200, help_text="how its results are labelled")
     gpu_name = models.CharField(max_length=200, blank=True)
-    # A GPU worker's inventory (labs/backends/vllm/gpus.py): count, name, kind (None outside
+    # A GPU worker's inventory (labs.backends.worker_inventory): count, name, kind (None outside
     # the catalog), memory_bytes of each, vllm version. Empty for the simulator.
     gpus = models.JSONField(default=dict, blank=True)
     versions = models.JSONField(default=dict)

@@ -14,8 +14,8 @@ from django.shortcuts import get_object_or_404
 from django.urls import NoReverseMatch, reverse
 
 from labs import results
+from labs.backends import device_label
 from labs.backends.base import Phase
-from labs.backends.vllm.gpus import GpuInventory
 from labs.catalog import CPU_KIND
 from labs.device_calibration import DeviceConstants, announced_cpu_key
 from labs.models import DeviceCalibration, LabRun, RunState, Sweep, WorkerHeartbeat
@@ -113,14 +113,8 @@ def _gpu_labels(workers: list[WorkerHeartbeat]) -> tuple[str, ...]:
         g = w.gpus or {}
         if not g.get("name"):
             continue
-        inventory = GpuInventory(
-            count=int(g.get("count") or 0),
-            name=str(g["name"]),
-            kind=g.get("kind"),
-            memory_bytes=g.get("memory_bytes"),
-        )
         version = f", vLLM {g['vllm']}" if g.get("vllm") else ""
-        labels.append(f"{inventory.label()}{version}")
+        labels.append(f"{device_label(w.backend, g)}{version}")
     return tuple(labels)
 
 

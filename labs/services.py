@@ -15,9 +15,9 @@ import zlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from celery import group
+from celery import Task, group, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -29,7 +29,6 @@ from labs.backends.base import Phase, ProgressCallback
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.params import FIELDS_BY_NAME, LabParams, ParamError, follow_unshown, parse_lab_params
 from labs.sizing import RunTooLarge
-from labs.tasks import run_execute_task
 from labs.workers import start_command
 
 logger = logging.getLogger(__name__)
@@ -534,10 +533,9 @@ class _Outcome:
 
 
 def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
-    from labs.backends import get_backend
-    from labs.backends.sim import run_breakdown
-    from labs.backends.vllm.served import served_instead
+    from labs.backends import get_backend, served_instead
     from labs.metrics import summarize
+    from labs.sim.lab import run_breakdown
 
     params = parse_lab_params(run.params)
     from labs.selectors import lab_calibration
@@ -552,7 +550,7 @@ def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     record = backend.run(params, _progress_reporter(run.pk, beat))
     summary = summarize(record)
     # What the numbers are expected to be for is the model the server served.
-    instead = served_instead(params, getattr(record, "meta", {}) or {})
+    instead = served_instead(run.backend, params, getattr(record, "meta", {}) or {})
     expected_for = params if instead is None else instead.params
     breakdown = run_breakdown(expected_for, record, summary, device) if expected_for else None
     summary["breakdown"] = _json_safe({"b": breakdown})["b"]
@@ -796,3 +794,37 @@ def _runs_its_workers_take(backend: str, queue: str) -> QuerySet[LabRun]:
 
 def _fail_all(runs: QuerySet[LabRun], now: datetime, error: str) -> int:
     return runs.update(state=RunState.FAILED, finished_at=now, error=error)
+
+
+# -- the Celery tasks (labs.tasks lists them for the workers) ----------------------------------
+# Thin: they carry a run id, the functions above do the work and the database holds the state.
+# The queue and time limits are chosen when the run is enqueued (`_enqueue`).
+
+
+class _LabRunTask(Task):
+    def on_failure(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        # The service records its own failures; this catches what escapes it (a lost database
+        # connection at claim time, say) so the run does not sit in "running" until reaped.
+        run_id = args[0] if args else kwargs.get("run_id")
+        if run_id is not None:
+            run_fail(run_id=int(run_id), error=f"{type(exc).__name__}: {exc}")
+
+
+@shared_task(
+    name="labs.run_execute",
+    base=_LabRunTask,
+    bind=True,
+    ignore_result=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def run_execute_task(self: Task, run_id: int) -> str:
+    return run_execute(run_id=int(run_id), hostname=self.request.hostname or "")
+
+
+@shared_task(name="labs.reap_stale", ignore_result=True)
+def reap_stale_task() -> int:
+    """For a deployment that prefers celery beat; workers already reap from their heartbeat."""
+    return run_reap_stale()

@@ -19,9 +19,8 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
 from labs import calibrations, definitions, results, selectors, services
-from labs.backends.vllm.cpu import CPU_LAB_SETTINGS
-from labs.backends.vllm.fit import requirement
-from labs.backends.vllm.start import check_can_start
+from labs.backends import check_can_start, device_lab_settings, requirement
+from labs.catalog import CPU_KIND
 from labs.forms import LabParamsForm, SweepForm
 from labs.params import FIELDS_BY_NAME, ParamError
 from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
@@ -110,7 +109,7 @@ def _cpu_worker_offer(lab: Lab) -> dict[str, object] | None:
     return {
         "name": gpus.get("name") or "CPU",
         "cores": gpus.get("cores"),
-        "url": f"{url}?{urlencode(CPU_LAB_SETTINGS)}",
+        "url": f"{url}?{urlencode(device_lab_settings('vllm', CPU_KIND))}",
     }
 
 
@@ -122,12 +121,12 @@ def _preset_gpu_note(preset: Any, form: SweepForm, offer: dict[str, int]) -> str
     params = form.params
     if params.hardware.name in offer:
         try:
-            check_can_start(params, devices_online("vllm"))
+            check_can_start("vllm", params, devices_online("vllm"))
             return ""
         except ParamError:
             pass
     return (
-        f"On vLLM this preset {requirement(params)}; no online GPU worker has that, "
+        f"On vLLM this preset {requirement('vllm', params)}; no online GPU worker has that, "
         "so it runs on the simulator here."
     )
 

@@ -1,10 +1,10 @@
 """Workers announce themselves: one `WorkerHeartbeat` row per (hostname, backend), written when
 the worker is ready and then every LABS_WORKER_HEARTBEAT_S by a daemon thread in the worker's
-main process (solo and prefork pools alike). The same thread runs the stale-run reaper, so any
+main process (solo and prefork pools alike; labs/worker_signals.py). The same thread runs the stale-run reaper, so any
 live worker fails the runs a killed one left behind; no celery beat is needed.
 
 A worker serves the backends whose queues it consumes (settings.LABS_BACKEND_QUEUES). A GPU
-worker is started on `labs.gpu`; at setup it reads its devices (labs/backends/vllm/gpus.py) and
+worker is started on `labs.gpu`; at setup it reads its devices (labs.backends.worker_inventory) and
 also consumes one queue per device count it can serve, `labs.gpu.<kind>.x<n>` for every power
 of two n up to its count: a run that needs tp GPUs of a kind is sent to `...x<tp>`, so only a
 worker with at least that many takes it (an 8-GPU worker takes tp 1, 2, 4 and 8; a 1-GPU worker
@@ -18,21 +18,23 @@ from __future__ import annotations
 import logging
 import os
 import platform
-import threading
+import re
 from collections.abc import Iterable
 from importlib import metadata
 from typing import Any
 
-from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from django.conf import settings
-from django.db import connections
 from django.utils import timezone
 
+from labs.backends import get_backend
 from labs.backends.base import Device, Placement
-from labs.backends.vllm.gpus import GPU_QUEUE, gpu_queue, queue_suffix
 from labs.catalog import CPU_KIND, GB, TB, TFLOPS, Hardware, cpu_hardware
 
 logger = logging.getLogger(__name__)
+
+# The vLLM backend's queue (settings.LABS_BACKEND_QUEUES): a worker on it also consumes the
+# queues of its device kind, `labs.gpu.<kind>.x<n>`.
+GPU_QUEUE = "labs.gpu"
 
 _state: dict[str, Any] = {}
 
@@ -79,8 +81,6 @@ def describe_backend(backend: str) -> dict[str, Any]:
     if backend != "sim":
         info["where"] = backend
         try:
-            from labs.backends import get_backend
-
             describe = getattr(get_backend(backend), "describe", None)
             if callable(describe):
                 extra = dict(describe())
@@ -125,6 +125,18 @@ def announce(hostname: str, backends: Iterable[str]) -> None:
             create_defaults={**fields, "started_at": now},
         )
         announced.add(backend)
+
+
+def queue_suffix(kind: str | None, name: str) -> str:
+    """`h100-sxm`, or for a GPU outside the catalog a slug of its name (`nvidia-rtx-4090`)."""
+    if kind is not None:
+        return kind
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
+
+
+def gpu_queue(suffix: str) -> str:
+    """The queue of one device kind's workers: `labs.gpu.h100-sxm`."""
+    return f"{GPU_QUEUE}.{suffix}"
 
 
 def _announced_queue(backend: str, gpus: dict[str, Any]) -> str:
@@ -220,83 +232,3 @@ def devices_online(backend: str, now: object = None) -> list[Device]:
     rows = WorkerHeartbeat.objects.online(now).filter(backend=backend)
     devices = (Device.from_announced(g) for g in rows.values_list("gpus", flat=True))
     return [d for d in devices if d is not None]
-
-
-@celeryd_after_setup.connect
-def _add_gpu_kind_queue(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    """A worker on `labs.gpu` also consumes `labs.gpu.<its GPU kind>.x<n>` for each count n it
-    can serve, where runs that need n GPUs of that kind are sent (labs.services routes them)."""
-    if instance is None:
-        return
-    queues = instance.app.amqp.queues
-    if GPU_QUEUE not in set(queues.consume_from or ()):
-        return
-    from labs.backends.vllm.backend import gpu_inventory
-
-    inventory = gpu_inventory()
-    if inventory is None:
-        logger.warning("labs: no GPU found (nvidia-smi); this worker gets no GPU-kind queue")
-        return
-    names = queues_for_count(inventory.queue, inventory.count)
-    for name in names:
-        queues.select_add(name)
-    logger.info("labs: %s consumes %s", inventory.label(), ", ".join(names))
-
-
-def beat_once(hostname: str, backends: list[str]) -> None:
-    from labs.services import run_reap_stale
-
-    announce(hostname, backends)
-    run_reap_stale()
-
-
-def _heartbeat_loop(hostname: str, backends: list[str], stop: threading.Event) -> None:
-    interval = settings.LABS_WORKER_HEARTBEAT_S
-    while not stop.wait(interval):
-        try:
-            beat_once(hostname, backends)
-        except Exception:
-            # A database blip must not kill the thread: the next beat tries again.
-            logger.exception("worker heartbeat failed")
-            connections.close_all()
-    connections.close_all()
-
-
-@worker_ready.connect
-def _on_worker_ready(sender: Any = None, **_: Any) -> None:
-    hostname = str(getattr(sender, "hostname", "") or platform.node())
-    queues = sender.app.amqp.queues.consume_from if sender is not None else {}
-    backends = backends_for_queues(queues)
-    try:
-        beat_once(hostname, backends)
-    except Exception:
-        logger.exception("first worker heartbeat failed")
-    finally:
-        # This runs on the worker's main thread; do not keep a connection open across forks.
-        connections.close_all()
-    stop = threading.Event()
-    thread = threading.Thread(
-        target=_heartbeat_loop, args=(hostname, backends, stop), name="labs-heartbeat", daemon=True
-    )
-    thread.start()
-    _state.update(hostname=hostname, backends=backends, stop=stop, thread=thread)
-    logger.info("labs: %s announced backends %s", hostname, ", ".join(backends) or "(none)")
-
-
-@worker_shutdown.connect
-def _on_worker_shutdown(**_: Any) -> None:
-    stop: threading.Event | None = _state.get("stop")
-    if stop is None:
-        return
-    stop.set()
-    thread: threading.Thread = _state["thread"]
-    thread.join(timeout=5)
-    from labs.models import WorkerHeartbeat
-
-    try:
-        # Offline at once, rather than after LABS_WORKER_ONLINE_S.
-        WorkerHeartbeat.objects.filter(hostname=_state["hostname"]).delete()
-    except Exception:
-        logger.exception("could not remove heartbeat rows")
-    finally:
-        connections.close_all()

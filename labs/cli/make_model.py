@@ -14,8 +14,8 @@ import argparse
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from labs.backends import make_model
 from labs.backends.base import BackendError
-from labs.backends.vllm.cpu import make_model
 from labs.catalog import LAB_MODEL_SHAPES
 
 HELP = "build a small real-engine model of the catalog (random weights, offline tokenizer)"
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(options: Mapping[str, Any], stdout: TextIO) -> None:
     """Build the model. Raises ParamError for an unknown name, BackendError if the build fails."""
     try:
-        result = make_model(str(options["name"]), force=bool(options.get("force")))
+        result = make_model("vllm", str(options["name"]), force=bool(options.get("force")))
     except RuntimeError as exc:
         raise BackendError(str(exc)) from None
     what = "built" if result["built"] else "already built"

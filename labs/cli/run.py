@@ -15,18 +15,33 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Mapping
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from labs.backends import BACKENDS, get_backend
-from labs.backends.sim import run_breakdown
-from labs.backends.vllm.served import ServedModel
 from labs.cli import add_param_options, params_from_args, stored_calibration
 from labs.metrics import SLO_KEYS, summarize
 from labs.params import LabParams, ParamError, align_run_batch
 from labs.predict import lab_prediction
 from labs.results import load_label
+from labs.sim.lab import run_breakdown
 
 HELP = "run a workload on a backend (sim: simulated on CPU) and print measured vs predicted"
+
+
+class ServedModel(Protocol):
+    """What a backend measuring a running server (`--base-url`) reads of the model it serves."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def root(self) -> str | None: ...
+
+    @property
+    def catalog_slug(self) -> str | None: ...
+
+    def why_no_prediction(self) -> str | None: ...
+
 
 # Options each backend takes besides the lab parameters (the vllm backend adds --base-url).
 BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {"sim": (), "vllm": ("base_url",)}

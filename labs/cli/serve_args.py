@@ -16,7 +16,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from labs.backends.vllm.server import DEFAULT_PORT, build_plan
+from labs.backends import server_argv, server_port
 from labs.cli import add_param_options, params_from_args
 
 HELP = "print the vllm serve arguments the vllm backend would use for the options (runs nothing)"
@@ -24,9 +24,8 @@ HELP = "print the vllm serve arguments the vllm backend would use for the option
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_param_options(parser)
-    parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"port to show (default {DEFAULT_PORT})"
-    )
+    port = server_port("vllm")
+    parser.add_argument("--port", type=int, default=port, help=f"port to show (default {port})")
     parser.add_argument(
         "--model-path",
         default=None,
@@ -39,7 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(options: Mapping[str, Any], stdout: TextIO) -> None:
     """Print the argument list. Raises ParamError for bad options."""
     params = params_from_args(options)
-    plan = build_plan(params, model_path=options.get("model_path"))
-    executable = os.environ.get("VLLM_EXECUTABLE") or "vllm"
-    argv = plan.argv(executable, port=int(options.get("port") or DEFAULT_PORT))
+    argv = server_argv(
+        "vllm",
+        params,
+        model_path=options.get("model_path"),
+        executable=os.environ.get("VLLM_EXECUTABLE") or "vllm",
+        port=int(options.get("port") or 0) or None,
+    )
     stdout.write((json.dumps(argv) if options.get("json") else shlex.join(argv)) + "\n")

@@ -13,4 +13,5 @@ Pure Python and numpy; never imports Django (tests/labs/sim/test_purity.py check
     calibration.py the published vLLM runs of calibration.yaml, replayed (and the fit)
     simulator.py   the event loop; returns a RunRecord (labs/backends/base.py)
     steady.py      busy steps taken with a few scalars instead of arrays over the batch
+    lab.py         a Simulator built from lab parameters, and a finished run's time breakdown
 """

@@ -32,6 +32,7 @@ from labs.sim.engine_model import (
     load_calibration,
     parse_calibration,
 )
+from labs.sim.lab import build_simulator
 
 # How close each kind of measurement must come (tests/labs/sim/test_calibration.py).
 TOLERANCE = {"fit": 0.10, "held_out": 0.20}
@@ -98,9 +99,6 @@ def _metric(summary: Mapping[str, Any], path: str) -> float:
 
 
 def _run(settings: Mapping[str, Any], metric: str, cal: Calibration) -> float:
-    # Imported here: labs.backends.sim imports this package's simulator.
-    from labs.backends.sim import build_simulator
-
     params = parse_lab_params({**settings, "sim_profile": "realistic"})
     sim = build_simulator(params)
     sim.cost_model = EngineModel(params.hardware, params.model, params.engine, calibration=cal)

@@ -28,8 +28,9 @@ import subprocess
 import sys
 import time
 
-from labs.backends.sim import SimBackend, build_simulator
+from labs.backends.sim import SimBackend
 from labs.params import parse_lab_params
+from labs.sim.lab import build_simulator
 
 PROFILE = os.environ.get("SIM_BENCH_PROFILE", "realistic")
 BENCH_CASE = {

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from labs.backends.sim import build_simulator
 from labs.calibrate_device import (
     CHANGES,
     SWEEP,
@@ -44,6 +43,7 @@ from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants
 from labs.metrics import summarize
 from labs.models import DeviceCalibration
 from labs.selectors import device_calibration
+from labs.sim.lab import build_simulator
 from tests.labs.vllm.conftest import fake_server  # noqa: F401 (the fixture)
 
 BASE = {"model": "qwen2.5-0.5b", "gpu": "l4"}

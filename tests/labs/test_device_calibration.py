@@ -150,8 +150,9 @@ def test_a_cpu_device_is_keyed_by_its_model_and_core_count():
 
 
 def test_a_real_runs_expected_parts_are_priced_with_its_devices_calibration():
-    from labs.backends.sim import SimBackend, run_breakdown
+    from labs.backends.sim import SimBackend
     from labs.metrics import summarize
+    from labs.sim.lab import run_breakdown
 
     params = _params("h100-sxm")
     record = replace(SimBackend().run(params), simulated=False)  # stands in for a vLLM run
@@ -257,7 +258,7 @@ def test_a_devices_per_sequence_overhead_prices_each_sequence_of_its_steps():
 
 
 def test_a_devices_front_end_cpu_time_slows_its_busy_engine_and_an_older_row_has_none():
-    from labs.backends.sim import build_simulator
+    from labs.sim.lab import build_simulator
 
     def row(**constants) -> DeviceConstants:
         stored = DeviceCalibration(

@@ -12,13 +12,13 @@ import re
 import numpy as np
 import pytest
 
-from labs.backends.sim import build_simulator, run_breakdown
 from labs.catalog import GPUS
 from labs.explain import OCCUPANCY, OUTPUT_LENGTH, explain_time
 from labs.metrics import summarize
 from labs.params import ParamError, align_run_batch, parse_lab_params
 from labs.predict import lab_prediction
 from labs.results import compare, format_value, headline
+from labs.sim.lab import build_simulator, run_breakdown
 
 # 2,000 by default; LABS_EXPLAIN_RUNS=20000 for a longer pass.
 NUM_RUNS = int(os.environ.get("LABS_EXPLAIN_RUNS", "2000"))
@@ -187,7 +187,7 @@ def test_a_difference_no_part_accounts_for_says_not_explained_with_its_size():
 
 def test_a_vllm_runs_unexplained_part_is_named_as_not_explained_by_the_engine_model():
     """A real run's breakdown is the engine model's expected parts plus what the GPU measured
-    beyond them (labs.backends.sim.run_breakdown): that rest is named as such."""
+    beyond them (labs.sim.lab.run_breakdown): that rest is named as such."""
     summary = {
         "breakdown": {
             "source": "expected",

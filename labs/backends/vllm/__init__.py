@@ -1,5 +1,80 @@
-"""The `vllm` lab backend: real vLLM on a GPU worker (see backend.py), measured over HTTP."""
+"""The `vllm` lab backend: real vLLM on a GPU worker (see backend.py), measured over HTTP.
 
-from labs.backends.vllm.backend import VLLMBackend
+What the registry (labs/backends/__init__.py) asks of it is answered here, from its modules:
+start.py decides what can start where, gpus.py and cpu.py say what a worker has, server.py
+builds the `vllm serve` command and served.py reads what a running server serves.
+"""
 
-__all__ = ["VLLMBackend"]
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from labs.backends.vllm import cpu
+from labs.backends.vllm.backend import VLLMBackend, gpu_inventory
+from labs.backends.vllm.gpus import GpuInventory
+from labs.backends.vllm.served import served_instead
+from labs.backends.vllm.server import DEFAULT_PORT, build_plan
+from labs.backends.vllm.start import check_can_start, requirement
+from labs.catalog import CPU_KIND
+from labs.device_calibration import cpu_device_key
+from labs.params import LabParams
+
+__all__ = [
+    "BACKEND",
+    "VLLMBackend",
+    "check_can_start",
+    "device_lab_settings",
+    "device_label",
+    "make_model",
+    "requirement",
+    "served_instead",
+    "server_argv",
+    "server_port",
+    "this_device",
+    "worker_inventory",
+]
+
+BACKEND = VLLMBackend
+make_model = cpu.make_model
+
+
+def device_lab_settings(kind: str) -> dict[str, str]:
+    return dict(cpu.CPU_LAB_SETTINGS) if kind == CPU_KIND else {}
+
+
+def worker_inventory() -> dict[str, Any] | None:
+    inventory = gpu_inventory()
+    return None if inventory is None else inventory.as_dict()
+
+
+def device_label(announced: Mapping[str, Any]) -> str:
+    return GpuInventory(
+        count=int(announced.get("count") or 0),
+        name=str(announced.get("name") or ""),
+        kind=announced.get("kind"),
+        memory_bytes=announced.get("memory_bytes"),
+    ).label()
+
+
+def this_device(params: LabParams) -> str:
+    """The GPU kind; for gpu cpu this machine's CPU as its CPU worker announces itself (model
+    and cores), the key its runs look their calibration up by (labs.selectors.device_key)."""
+    if params.hardware.name != CPU_KIND:
+        return params.hardware.name
+    return cpu_device_key(cpu.cpu_inventory().name or "", cpu.cores())
+
+
+def server_argv(
+    params: LabParams,
+    *,
+    model_path: str | None = None,
+    executable: str | None = None,
+    port: int | None = None,
+) -> list[str]:
+    plan = build_plan(params, model_path=model_path)
+    return plan.argv(executable or "vllm", port=port or DEFAULT_PORT)
+
+
+def server_port() -> int:
+    return DEFAULT_PORT

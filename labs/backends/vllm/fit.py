@@ -22,8 +22,8 @@ import json
 from dataclasses import dataclass
 
 from labs.backends.vllm.server import MODELS_DIR, _max_model_len
-from labs.catalog import GB, GPUS, KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, ModelSpec
-from labs.params import LabParams, ParamError
+from labs.catalog import GB, KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, ModelSpec
+from labs.params import LabParams
 from labs.predict import blocks_for_tokens
 
 MAX_TP = 8  # the largest single-node worker the checks suggest
@@ -33,7 +33,7 @@ MAX_TP = 8  # the largest single-node worker the checks suggest
 CUDA_CONTEXT_BYTES = 512 * 1024**2
 
 
-def _gb(n: float) -> str:
+def in_gb(n: float) -> str:
     return f"{n / GB:,.1f} GB"
 
 
@@ -175,11 +175,11 @@ def memory_problem(
         return None
     engine, gpu = params.engine, params.hardware.name
     if need.fixed_pool:
-        kv_what = f"{engine.kv_capacity_tokens:,}-token KV pool {_gb(need.kv)}"
+        kv_what = f"{engine.kv_capacity_tokens:,}-token KV pool {in_gb(need.kv)}"
     else:
-        kv_what = f"KV for one {_max_model_len(params):,}-token request {_gb(need.kv)}"
-    draft = f" + draft model {_gb(need.draft)}" if need.draft else ""
-    holds = f"one {gpu} holds {_gb(need.have)}" + (
+        kv_what = f"KV for one {_max_model_len(params):,}-token request {in_gb(need.kv)}"
+    draft = f" + draft model {in_gb(need.draft)}" if need.draft else ""
+    holds = f"one {gpu} holds {in_gb(need.have)}" + (
         "" if need.fixed_pool else f" at gpu_memory_utilization {engine.gpu_memory_utilization:g}"
     )
     advice = []
@@ -195,27 +195,7 @@ def memory_problem(
         advice.append(f"no tp up to {most_gpus} fits on {gpu}")
     return (
         f"tp {engine.tp} is too few {gpu} GPUs for this lab on vLLM: per GPU, weights "
-        f"{_gb(need.weights)} ({engine.weight_dtype}){draft} + {kv_what} + activation reserve "
-        f"{_gb(need.reserve)} + CUDA context {_gb(need.context)} = {_gb(need.total)}, but "
+        f"{in_gb(need.weights)} ({engine.weight_dtype}){draft} + {kv_what} + activation reserve "
+        f"{in_gb(need.reserve)} + CUDA context {in_gb(need.context)} = {in_gb(need.total)}, but "
         f"{holds}; {' or '.join(advice)}"
     )
-
-
-def requirement(params: LabParams) -> str:
-    """What a lab needs to run on vLLM, in a sentence: `4× h100-sxm` and why more would not
-    help, or why it cannot run on vLLM at all."""
-    from labs.backends.vllm.start import check_can_start
-
-    if params.hardware.name not in GPUS:
-        return "cannot run on vLLM: a custom GPU exists only in the simulator"
-    try:
-        check_can_start(params, [])
-    except ParamError as exc:
-        memory = memory_problem(params)
-        if memory and set(exc.errors) == {"tp"}:
-            return "cannot start as set: " + memory
-        return "cannot run on vLLM: " + "; ".join(exc.errors.values())
-    need = memory_need(params)
-    tp, gpu = params.engine.tp, params.hardware.name
-    gpus = f"{tp}\u00d7 {gpu}" if tp > 1 else f"a {gpu}"
-    return f"needs a vLLM worker with {gpus} (at least {_gb(need.total)} of {_gb(need.have)} each)"

@@ -19,7 +19,6 @@ import subprocess
 from dataclasses import asdict, dataclass
 from typing import Any
 
-GPU_QUEUE = "labs.gpu"
 _MIB = 1024 * 1024
 # nvidia-smi names to catalog kinds, first match wins. A100s carry their memory in the name on
 # SXM4 ("A100-SXM4-80GB") but not always on PCIe ("A100-PCIE-40GB", "A100 80GB PCIe"); the
@@ -47,17 +46,6 @@ def kind_for(name: str, memory_bytes: int | None = None) -> str | None:
     return None
 
 
-def queue_suffix(kind: str | None, name: str) -> str:
-    """`h100-sxm`, or for a GPU outside the catalog a slug of its name (`nvidia-rtx-4090`)."""
-    if kind is not None:
-        return kind
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
-
-
-def gpu_queue(suffix: str) -> str:
-    return f"{GPU_QUEUE}.{suffix}"
-
-
 @dataclass(frozen=True)
 class GpuInventory:
     """This worker's visible GPUs. `kind` is None when the catalog does not know `name`."""
@@ -66,10 +54,6 @@ class GpuInventory:
     name: str
     kind: str | None
     memory_bytes: int | None  # of each GPU, as nvidia-smi reports it
-
-    @property
-    def queue(self) -> str:
-        return gpu_queue(queue_suffix(self.kind, self.name))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -29,7 +29,14 @@ from collections.abc import Callable, Sequence
 
 from labs.backends.base import Device, Placement
 from labs.backends.vllm.cpu import cpu_refusals
-from labs.backends.vllm.fit import CUDA_CONTEXT_BYTES, MAX_TP, gpu_memory, memory_problem
+from labs.backends.vllm.fit import (
+    CUDA_CONTEXT_BYTES,
+    MAX_TP,
+    gpu_memory,
+    in_gb,
+    memory_need,
+    memory_problem,
+)
 from labs.backends.vllm.server import (
     BLOCK_SIZE_MULTIPLE,
     MODELS_DIR,
@@ -205,3 +212,23 @@ def check_can_start(params: LabParams, devices: Sequence[Device]) -> Placement:
     if errors:
         raise ParamError(errors)
     return Placement(kind, tp)
+
+
+def requirement(params: LabParams) -> str:
+    """What a lab needs to run on vLLM, in a sentence: `4× h100-sxm` and why more would not
+    help, or why it cannot run on vLLM at all."""
+    if params.hardware.name not in GPUS:
+        return "cannot run on vLLM: a custom GPU exists only in the simulator"
+    try:
+        check_can_start(params, [])
+    except ParamError as exc:
+        memory = memory_problem(params)
+        if memory and set(exc.errors) == {"tp"}:
+            return "cannot start as set: " + memory
+        return "cannot run on vLLM: " + "; ".join(exc.errors.values())
+    need = memory_need(params)
+    tp, gpu = params.engine.tp, params.hardware.name
+    gpus = f"{tp}\u00d7 {gpu}" if tp > 1 else f"a {gpu}"
+    return (
+        f"needs a vLLM worker with {gpus} (at least {in_gb(need.total)} of {in_gb(need.have)} each)"
+    )

@@ -7,11 +7,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from labs.backends.sim import SimBackend, build_simulator
+from labs.backends.sim import SimBackend
 from labs.metrics import summarize
 from labs.params import parse_lab_params
 from labs.predict import predict
 from labs.sim.breakdown import BREAKDOWN_PARTS
+from labs.sim.lab import build_simulator
 
 MODELS = [
     {"model": "llama-3-8b"},
@@ -172,7 +173,7 @@ def test_the_fast_path_entry_charges_decode_steps_to_their_requests():
 
 
 def test_a_real_gpu_run_gets_the_expected_parts_and_an_honest_unexplained_remainder():
-    from labs.backends.sim import run_breakdown
+    from labs.sim.lab import run_breakdown
     from tests.labs.factories import gpu_record_slower_than_the_model
 
     params = parse_lab_params(

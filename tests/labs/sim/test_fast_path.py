@@ -172,7 +172,7 @@ def test_it_prices_the_lab_model_the_same_to_the_bit():
     params = parse_lab_params(
         {"num_prompts": 150, "prompt_tokens": 300, "output_tokens": 90, "request_rate": 40}
     )
-    from labs.backends.sim import build_simulator
+    from labs.sim.lab import build_simulator
 
     records = []
     for step_by_step in (False, True):
@@ -245,7 +245,7 @@ def test_steady_steps_feed_the_breakdown_as_single_steps_do(profile):
             "sim_profile": profile,
         }
     )
-    from labs.backends.sim import build_simulator
+    from labs.sim.lab import build_simulator
 
     sims, records = [], []
     for step_by_step in (False, True):

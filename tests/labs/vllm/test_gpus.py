@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from labs.backends.vllm.gpus import kind_for, parse_smi, queue_suffix
+from labs.backends.vllm.gpus import GpuInventory, kind_for, parse_smi
 from labs.catalog import GPUS
+from labs.workers import gpu_queue, queue_suffix
 
 GIB = 1024**3
 
@@ -42,10 +43,15 @@ def test_the_inventory_is_the_visible_gpus_and_unknown_names_keep_theirs():
     every = parse_smi(table)
     assert (every.count, every.kind, every.memory_bytes) == (3, "h100-sxm", 81559 * 1024**2)
     visible = parse_smi(table, "2")
-    assert (visible.count, visible.kind, visible.queue) == (1, "l4", "labs.gpu.l4")
+    assert (visible.count, visible.kind, _queue(visible)) == (1, "l4", "labs.gpu.l4")
     odd = parse_smi("0, NVIDIA GeForce RTX 4090, 24564\n")
     assert odd.kind is None and odd.name == "NVIDIA GeForce RTX 4090"
-    assert odd.queue == "labs.gpu.nvidia-geforce-rtx-4090"
+    assert _queue(odd) == "labs.gpu.nvidia-geforce-rtx-4090"
     assert "not in the catalog" in odd.label()
     assert parse_smi("") is None and parse_smi(table, "7") is None
     assert queue_suffix("h100-sxm", "whatever") == "h100-sxm"
+
+
+def _queue(inventory: GpuInventory) -> str:
+    """The queue of the inventory's device kind, as labs.workers names it."""
+    return gpu_queue(queue_suffix(inventory.kind, inventory.name))

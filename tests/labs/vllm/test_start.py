@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 
 from labs.backends.base import Device, Placement
-from labs.backends.vllm.fit import memory_problem, requirement, vllm_weight_bytes
+from labs.backends.vllm.fit import memory_problem, vllm_weight_bytes
 from labs.backends.vllm.server import _max_model_len, build_plan
 from labs.backends.vllm.start import (
     DEVICE_RULES,
     check_can_start,
     max_gpu_memory_utilization,
     register_device_rules,
+    requirement,
 )
 from labs.catalog import GB, GPUS, MODELS
 from labs.params import ParamError, align_run_batch, parse_lab_params
