@@ -12,6 +12,7 @@ Pure Python and numpy; never imports Django (tests/labs/sim/test_purity.py check
     breakdown.py   where each request's time went, charged step by step
     calibration.py the published vLLM runs of calibration.yaml, replayed (and the fit)
     simulator.py   the event loop; returns a RunRecord (labs/backends/base.py)
+    recording.py   what a run records as it goes: engine samples, each request's chunks
     steady.py      busy steps taken with a few scalars instead of arrays over the batch
     lab.py         a Simulator built from lab parameters, and a finished run's time breakdown
 """

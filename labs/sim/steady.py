@@ -36,18 +36,39 @@ from __future__ import annotations
 import heapq
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from labs.sim.engine_model import OVERHEAD, PARTS, parts_total
 from labs.sim.entities import RequestStatus
+from labs.sim.recording import ChunkStore, SampleRecorder
 
 if TYPE_CHECKING:
-    from labs.sim.scheduler import Scheduler
-    from labs.sim.simulator import Simulator, _ChunkStore, _SampleRecorder
+    from labs.sim.breakdown import BreakdownAccumulator
+    from labs.sim.cost_model import CostModel
+    from labs.sim.entities import RequestTable
+    from labs.sim.scheduler import Scheduler, SchedulerConfig
+    from labs.sim.workload import GeneratedWorkload
+
+
+class Simulator(Protocol):
+    """What steady steps read and advance of the simulator that takes them
+    (labs.sim.simulator.Simulator): its settings, scheduler, requests and workload, its cost
+    model and breakdown, its progress callback and its step count."""
+
+    config: SchedulerConfig
+    scheduler: Scheduler
+    table: RequestTable
+    workload: GeneratedWorkload
+    cost_model: CostModel
+    breakdown: BreakdownAccumulator
+    on_progress: Callable[[float], None] | None
+    progress_interval_s: float
+    num_steps: int
+
 
 # A decode-only stretch at least this long is left to Simulator._skip_decode_steps.
 _SKIP_AT_LEAST = 8
@@ -155,7 +176,7 @@ def steady_applies(sim: Simulator) -> bool:
 
 
 def advance_steady(
-    sim: Simulator, loop: LoopState, recorder: _SampleRecorder, chunks: _ChunkStore
+    sim: Simulator, loop: LoopState, recorder: SampleRecorder, chunks: ChunkStore
 ) -> int:
     """Take steady steps from `loop.now` for as long as they stay steady.
 
