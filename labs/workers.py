@@ -1,7 +1,8 @@
 """Workers announce themselves: one `WorkerHeartbeat` row per (hostname, backend), written when
 the worker is ready and then every LABS_WORKER_HEARTBEAT_S by a daemon thread in the worker's
-main process (solo and prefork pools alike; labs/worker_signals.py). The same thread runs the stale-run reaper, so any
-live worker fails the runs a killed one left behind; no celery beat is needed.
+main process (solo and prefork pools alike; labs/worker_signals.py). The same thread runs the
+stale-run reaper, so any live worker fails the runs a killed one left behind; no celery beat is
+needed.
 
 A worker serves the backends whose queues it consumes (settings.LABS_BACKEND_QUEUES). A GPU
 worker is started on `labs.gpu`; at setup it reads its devices (labs.backends.worker_inventory) and
