@@ -11,9 +11,8 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, Max, Min
 from django.shortcuts import get_object_or_404
-from django.urls import NoReverseMatch, reverse
 
-from labs import results
+from labs import hooks, results
 from labs.backends import device_label
 from labs.backends.base import Phase
 from labs.catalog import CPU_KIND
@@ -200,30 +199,7 @@ def cards_for_lab(lab_slug: str) -> list[dict[str, Any]]:
     slugs = [p.slug for p in load_presets().values() if p.lab == lab_slug]
     if not slugs:
         return []
-    try:
-        from quiz.models import Card
-    except ImportError:  # the quiz app is optional for the labs
-        return []
-    cards = Card.objects.filter(lab_preset__in=slugs, is_active=True).order_by("slug")
-    return [
-        {
-            "slug": c.slug,
-            "title": c.title,
-            "prompt": c.prompt,
-            "url": _card_url(c.slug),
-            "preset": c.lab_preset,
-        }
-        for c in cards[:12]
-    ]
-
-
-def _card_url(slug: str) -> str | None:
-    for name in ("quiz:card-detail", "quiz:card"):
-        try:
-            return reverse(name, args=[slug])
-        except NoReverseMatch:
-            continue
-    return None
+    return hooks.cards_using(slugs)
 
 
 # -- charts --------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from labs import hooks
 from labs.backends.base import Phase, ProgressCallback
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.params import FIELDS_BY_NAME, LabParams, ParamError, follow_unshown, parse_lab_params
@@ -148,12 +149,9 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
 def _is_established(owner: object) -> bool:
     """A learner who has answered LABS_ESTABLISHED_AFTER_REVIEWS quiz cards (or is staff): new
     accounts, which cost an attacker nothing, get a smaller allowance until then."""
-    from quiz.models import ReviewLog
-
     if getattr(owner, "is_staff", False):
         return True
-    needed = settings.LABS_ESTABLISHED_AFTER_REVIEWS
-    return ReviewLog.objects.filter(user_id=owner.pk).values("pk")[:needed].count() >= needed  # type: ignore[attr-defined]
+    return hooks.reviews_at_least(owner.pk, settings.LABS_ESTABLISHED_AFTER_REVIEWS)  # type: ignore[attr-defined]
 
 
 def _check_learner_quota(owner: object, new_runs: int) -> None:

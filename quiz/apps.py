@@ -8,10 +8,13 @@ class QuizConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_delete, post_save
 
+        from labs import api as labs_api
         from quiz import models
-        from quiz.selectors import card_cache_clear
+        from quiz.selectors import card_cache_clear, cards_using_presets, reviews_at_least
 
         # An edit in the admin shows at once in this process (see quiz.selectors.card_for_quiz).
         for model in (models.Card, models.ChoiceOption, models.CardTag, models.CardRelation):
             for signal in (post_save, post_delete):
                 signal.connect(card_cache_clear, sender=model, dispatch_uid=f"card-cache-{model}")
+        # What labs asks of the quiz without importing it (labs/hooks.py).
+        labs_api.answer_for_labs(reviews_at_least=reviews_at_least, cards_using=cards_using_presets)

@@ -13,7 +13,9 @@ uses them).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+from celery import Task, shared_task
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -43,8 +45,6 @@ def fit_latest(*, user: AbstractBaseUser) -> ParameterFit | None:
 def fit_start(*, user: AbstractBaseUser) -> ParameterFit:
     """Queue a fit of the learner's parameters. Raises ValidationError (nothing queued) below
     optimizer.MIN_REVIEWS usable reviews or while a fit is already queued or running."""
-    from quiz.tasks import fit_parameters_task
-
     usable = optimizer.count_long_term(_reviews(user.pk))
     if usable < optimizer.MIN_REVIEWS:
         raise ValidationError(
@@ -142,3 +142,20 @@ def parameters_revert(*, user: AbstractBaseUser) -> LearnerSettings:
     settings.save(update_fields=["previous_parameters", "fsrs_parameters", "parameters_changed_at"])
     user.quiz_settings = settings
     return settings
+
+
+# -- the Celery task (quiz.tasks lists it for the workers) ---------------------------------------
+
+
+class _FitTask(Task):
+    def on_failure(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        # A fit that died unexpectedly says so instead of running forever.
+        if args:
+            fit_fail(fit_id=int(args[0]), error=f"{type(exc).__name__}: {exc}")
+
+
+@shared_task(name="quiz.fit_parameters", base=_FitTask, ignore_result=True, queue="default")
+def fit_parameters_task(fit_id: int) -> None:
+    fit_run(fit_id=int(fit_id))

@@ -22,21 +22,16 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
+from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
-from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from config import rows
-from labs import ratios, results
-from labs.models import LabRun, RunState, Sweep
-from labs.params import ParamError, parse_lab_params
-from labs.presets import LABS, Lab
-from labs.sim.engine_model import short_where_label
+from labs import api as labs_api
+from labs.api import Lab, LabRun, ParamError, Sweep
 from quiz.models import PERSONAL_DECK, Card, Deck, PersonalCardRequest
 
 logger = logging.getLogger(__name__)
@@ -68,7 +63,7 @@ class Figure:
 
 
 def figure_for(key: str, predicted_key: str | None = None) -> Figure:
-    metric = next((m for m in results.METRICS if m.measured == key), None)
+    metric = labs_api.metric(key)
     label = metric.label if metric else key
     unit = metric.unit if metric else ""
     if unit == "s":
@@ -135,17 +130,13 @@ def _round_up(value: float) -> float:
     return round(math.ceil(value / step - 1e-9) * step, 12)
 
 
-def _lab(run: LabRun) -> Lab:
-    return LABS.get(run.lab) or LABS["sandbox"]
-
-
 def _neighbour_from_lab(lab: Lab, field: str, params: Mapping[str, Any]) -> Any:
     """The next larger value of the lab's sweep list (the next smaller at the top)."""
     current = params.get(field)
     candidates = []
     for item in lab.sweep_values.split(","):
         try:
-            value = parse_lab_params({**params, field: item.strip()}).as_dict()[field]
+            value = labs_api.checked_params({**params, field: item.strip()})[field]
         except ParamError:
             continue  # a value this run's other settings cannot take
         if isinstance(value, int | float) and value != current:
@@ -157,19 +148,15 @@ def _neighbour_from_lab(lab: Lab, field: str, params: Mapping[str, Any]) -> Any:
 
 
 def _simulate(params: Mapping[str, Any], key: str, seeds: list[int]) -> list[float]:
-    from labs.backends import get_backend
-    from labs.metrics import summarize
-
     # The lab worker's memory bound: refused by the O(1) estimate before anything is built, and
     # the address space capped while it runs (labs/sizing.py).
-    backend = get_backend("sim", max_run_mb=settings.LABS_SIM_MAX_RUN_MB)
     values = []
     for seed in seeds:
         try:
-            record = backend.run(parse_lab_params({**params, "seed": seed}), lambda _: None)
+            summary = labs_api.simulate({**params, "seed": seed})
         except ParamError as exc:  # RunTooLarge among them
             raise CardRefused(f"The neighbouring setting cannot be simulated: {exc}") from None
-        value = results.dig(summarize(record), key)
+        value = labs_api.dig(summary, key)
         if not isinstance(value, int | float):
             raise CardRefused(f"The simulator measured no {key} at that setting.")
         values.append(float(value))
@@ -191,18 +178,14 @@ def _check_bounded(params: Mapping[str, Any]) -> None:
 def _check_fits_worker(params: Mapping[str, Any]) -> None:
     """The lab submit's O(1) memory estimate (labs/sizing.py), in the web before anything is
     queued; the worker checks the neighbouring setting itself again."""
-    from labs.sizing import sim_precheck
-
     try:
-        sim_precheck(parse_lab_params(params), max_run_mb=settings.LABS_SIM_MAX_RUN_MB)
+        labs_api.simulation_fits(params)
     except ParamError as exc:
         raise CardRefused(f"This run is too large to re-simulate for a card: {exc}") from None
 
 
 def _predicted(params: Mapping[str, Any]) -> dict[str, Any]:
-    from labs.selectors import device_prediction
-
-    return device_prediction(parse_lab_params(params))
+    return labs_api.prediction(params)
 
 
 @dataclass(frozen=True)
@@ -220,18 +203,18 @@ def _sweep_answer(run: LabRun, key: str) -> tuple[Any, _Answer | None]:
         raise CardRefused("A sweep of one value has no neighbouring setting to ask about.")
     index = run.sweep_index + 1 if run.sweep_index + 1 < len(sweep.values) else run.sweep_index - 1
     value = sweep.values[index]
-    point = sweep.runs.filter(sweep_index=index, state=RunState.DONE).first()
-    measured = results.dig(point.result, key) if point else None
+    point = labs_api.finished_points(sweep).get(index)
+    measured = labs_api.dig(point.result, key) if point else None
     if not isinstance(measured, int | float):
         return value, None
-    where = short_where_label(point.where)
+    where = labs_api.short_where_label(point.where)
     return value, _Answer(float(measured), f"your sweep's run #{point.pk} ({where})", None)
 
 
 def _answer(run: LabRun, field: str, neighbour: Any, key: str, known: _Answer | None) -> _Answer:
     params = {**run.params, field: neighbour}
     try:
-        parse_lab_params(params)
+        labs_api.checked_params(params)
     except ParamError as exc:
         raise CardRefused(
             f"{field} {neighbour} cannot run with this run's settings: {exc}"
@@ -353,7 +336,7 @@ def _content(
         f"{_fmt(value, decimals)} count: at least {MIN_RELATIVE_TOLERANCE:.0%}, and wide enough "
         f"for {' and '.join(reasons)}."
     )
-    where = short_where_label(run.where) or run.backend
+    where = labs_api.short_where_label(run.where) or run.backend
     prompt = (
         f"Your run: {_hardware(params)}, {field} {current}; workload: {_workload(params)}. "
         f"It measured {label} = {_fmt(mine, decimals)} {unit} ({where}). "
@@ -390,10 +373,10 @@ def card_from_run(*, user: AbstractBaseUser, run: LabRun) -> Card:
             existing.save(update_fields=["is_active", "updated_at"])
         return existing
 
-    lab = _lab(run)
+    lab = labs_api.lab_of(run)
     key, predicted_key = lab.sweep_metrics[0]
     figure = figure_for(key, predicted_key)
-    measured = results.dig(run.result, key)
+    measured = labs_api.dig(run.result, key)
     if not isinstance(measured, int | float):
         raise CardRefused(f"This run measured no {figure.label}.")
     if run.sweep is not None:
@@ -443,18 +426,15 @@ CARD_REQUEST_STALE = dt.timedelta(seconds=CARD_SOFT_TIME_LIMIT_S + 180)
 def _check_makeable(user: AbstractBaseUser, run: LabRun) -> None:
     if run.owner_id != user.pk:
         raise CardRefused("Only the learner who ran it can make a card from a run.")
-    if run.state != RunState.DONE or not run.result:
+    if not labs_api.finished(run) or not run.result:
         raise CardRefused("Only a finished run can become a card.")
 
 
 def _enqueue(request_id: int) -> None:
-    from labs.services import backend_queue
-    from quiz.tasks import card_make_task
-
     try:
         card_make_task.apply_async(
             args=[request_id],
-            queue=backend_queue("sim"),
+            queue=labs_api.sim_queue(),
             soft_time_limit=CARD_SOFT_TIME_LIMIT_S,
             time_limit=CARD_SOFT_TIME_LIMIT_S + 30,
         )
@@ -497,8 +477,6 @@ def card_request(*, user: AbstractBaseUser, run: LabRun) -> PersonalCardRequest:
         CardRefused: not the learner's finished run, too large to re-simulate, no lab worker
             online, or another card of this learner is still being made (one at a time).
     """
-    from labs.models import WorkerHeartbeat
-
     _check_makeable(user, run)
     existing = Card.objects.filter(slug=_slug(user, run), owner=user).first()
     if existing is not None:
@@ -515,7 +493,7 @@ def card_request(*, user: AbstractBaseUser, run: LabRun) -> PersonalCardRequest:
     if run.sweep is None:  # a sweep may answer with the learner's own point, unsimulated
         _check_bounded(run.params)
         _check_fits_worker(run.params)
-    if not WorkerHeartbeat.objects.online().filter(backend="sim").exists():
+    if not labs_api.sim_worker_online():
         raise CardRefused(
             "No lab worker is online right now, so the card was not queued. Try again in a "
             "minute; the site's staff have been told how to start one."
@@ -573,6 +551,27 @@ def card_request_fail(*, request_id: int, error: str) -> None:
     _finish(request_id, error=error)
 
 
+class _CardTask(Task):
+    def on_failure(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        # The service records refusals and limits; this catches what escapes it, so the
+        # learner's lock is released and the page says it failed.
+        request_id = args[0] if args else kwargs.get("request_id")
+        if request_id is not None:
+            card_request_fail(
+                request_id=int(request_id),
+                error=f"The card could not be made ({type(exc).__name__}); make it again.",
+            )
+
+
+@shared_task(name="quiz.card_make", base=_CardTask, ignore_result=True, acks_late=True)
+def card_make_task(request_id: int) -> str:
+    """Make the card on the lab worker; sent there by `card_request` (`_enqueue` chooses the
+    queue and the time limits)."""
+    return card_request_execute(request_id=int(request_id))
+
+
 def card_request_get(*, user: AbstractBaseUser, pk: int) -> PersonalCardRequest:
     """Raises PersonalCardRequest.DoesNotExist for a request that is not this learner's."""
     _release_stale(user)
@@ -581,7 +580,7 @@ def card_request_get(*, user: AbstractBaseUser, pk: int) -> PersonalCardRequest:
 
 def sweep_card_run(sweep: Sweep) -> LabRun:
     """The sweep point a card asks from: the first finished one whose neighbour finished too."""
-    done = {r.sweep_index: r for r in sweep.runs.filter(state=RunState.DONE)}
+    done = labs_api.finished_points(sweep)
     for index in sorted(done):
         if index + 1 in done:
             return done[index]
@@ -596,119 +595,17 @@ def card_retire(*, user: AbstractBaseUser, slug: str) -> bool:
 # -- your numbers on the deck's cards ------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class YourNumber:
-    """The learner's own measurement for a card whose lab preset they ran."""
-
-    run: LabRun
-    label: str
-    value: str  # formatted, with its unit
-    where: str
-    gpu: str
-    # A ratio card: the run it divides by, or (not run yet) the link that runs it.
-    baseline: LabRun | None = None
-    baseline_url: str = ""
-    baseline_label: str = ""
-    card_quantity: bool = True  # False: the run's headline figure, not the card's quantity
-
-
-@cache
-def _latest_done_run_sql(alias: str) -> str:
-    # By hand: every reveal of most deck cards asks, and the ORM's statement cost more CPU to
-    # build than the database spent answering it (config/rows.py).
-    return (
-        f"SELECT {rows.select_list(LabRun, 'r', alias)} FROM {LabRun._meta.db_table} r"  # noqa: S608 - names from the model; values are bound parameters
-        " WHERE r.owner_id = %s AND r.preset = %s AND r.state = %s"
-        " ORDER BY r.finished_at DESC, r.id DESC LIMIT 1"
-    )
-
-
-def latest_done_run(*, user_id: int, preset: str) -> LabRun | None:
-    """The learner's newest finished run of a lab preset."""
-    alias = "default"
-    with connections[alias].cursor() as cursor:
-        cursor.execute(_latest_done_run_sql(alias), [user_id, preset, RunState.DONE.value])
-        row = cursor.fetchone()
-    return None if row is None else rows.from_row(LabRun, row, alias)
-
-
-def your_number(*, user_id: int | None, card: Card) -> YourNumber | None:
+def your_number(*, user_id: int | None, card: Card) -> labs_api.YourNumber | None:
     """The newest finished run of the card's preset by this learner, and the figure it measured
     that matches the card's check (else the lab's headline metric). One query."""
     if not card.lab_preset or user_id is None:
         return None
-    run = latest_done_run(user_id=user_id, preset=card.lab_preset)
-    if run is None or not run.result:
-        return None
     check = card.check_spec or {}
-    ratio = ratios.RATIO_CHECKS.get(str(check.get("key")))
-    if ratio is not None:
-        return _your_ratio(ratio, run)
-    figure = _card_figure(str(check.get("key") or ""))
-    key, label, unit = figure or _headline_figure(run)
-    value = results.dig(run.result, key)
-    if not isinstance(value, int | float):
-        return None
-    return YourNumber(
-        run=run,
-        label=label,
-        value=results.format_value(value, unit),
-        where=run.where or run.backend,
-        gpu=str(run.params.get("gpu") or ""),
-        # A numeric card whose quantity no run measures (KiB per token, GPUs needed): the run's
-        # headline figure, said not to be the card's number.
-        card_quantity=figure is not None or card.kind != Card.Kind.NUMERIC,
-    )
-
-
-# Card quantities a run measures under another name: predictor key -> (summary key, label, unit).
-_MEASURED_AS: dict[str, tuple[str, str, str]] = {
-    "decode_step_s": ("tpot_s.p50", "one decode step: TPOT, median", "s"),
-    "spec_tokens_per_step": ("spec_acceptance_length", "tokens per target pass", "tokens"),
-    # The KV pool caps the batch: with more requests in flight than fit, the peak is the limit.
-    "max_concurrent_seqs": ("max_running_seqs", "sequences running at once, peak", "sequences"),
-}
-
-
-def _card_figure(predicted_key: str) -> tuple[str, str, str] | None:
-    """The measured figure that is the card's checked quantity, if a run measures it."""
-    if predicted_key in _MEASURED_AS:
-        return _MEASURED_AS[predicted_key]
-    metric = next(
-        (m for m in results.METRICS if predicted_key and m.predicted == predicted_key), None
-    )
-    return (metric.measured, metric.label, metric.unit) if metric else None
-
-
-def _measured_figure(key: str) -> tuple[str, str, str]:
-    metric = next((m for m in results.METRICS if m.measured == key), None)
-    return (key, metric.label, metric.unit) if metric else (key, key, "")
-
-
-def _headline_figure(run: LabRun) -> tuple[str, str, str]:
-    return _measured_figure(_lab(run).sweep_metrics[0][0])
-
-
-def _your_ratio(check: ratios.RatioCheck, run: LabRun) -> YourNumber | None:
-    """A ratio card's number: the run over its baseline run, in the card's unit (×); without a
-    baseline run, the run's own figure and the link that runs the baseline."""
-    baseline = ratios.find_baseline_run(check, run)
-    ratio = ratios.measured_ratio(check, run, baseline) if baseline is not None else None
-    if ratio is not None:
-        value, label = results.format_value(ratio, "x"), check.label
-    else:
-        _, label, unit = _measured_figure(check.metric)
-        value = results.format_value((run.result or {}).get(check.metric), unit)
-        baseline = None
-    return YourNumber(
-        run=run,
-        label=label,
-        value=value,
-        where=run.where or run.backend,
-        gpu=str(run.params.get("gpu") or ""),
-        baseline=baseline,
-        baseline_url="" if baseline is not None else ratios.baseline_url(check, run),
-        baseline_label=check.baseline_label,
+    return labs_api.your_number(
+        user_id=user_id,
+        preset=card.lab_preset,
+        check_key=str(check.get("key") or ""),
+        numeric_card=card.kind == Card.Kind.NUMERIC,
     )
 
 

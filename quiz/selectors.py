@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -19,6 +20,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import connection
 from django.db.models import Count, Prefetch, Q
+from django.urls import NoReverseMatch, reverse
 from django.utils.dateparse import parse_datetime
 
 from quiz import scheduling
@@ -598,3 +600,35 @@ def workload_estimate(
         reviews_per_day=-(-total // days),
         days=days,
     )
+
+
+# -- what labs asks (quiz/apps.py registers these with labs.api) ---------------------------------
+
+
+def reviews_at_least(user_id: int, count: int) -> bool:
+    """Whether the learner has answered at least `count` cards."""
+    return ReviewLog.objects.filter(user_id=user_id).values("pk")[:count].count() >= count
+
+
+def cards_using_presets(presets: Sequence[str]) -> list[dict[str, Any]]:
+    """The active cards that open one of these lab presets (at most 12), for a lab's page."""
+    cards = Card.objects.filter(lab_preset__in=presets, is_active=True).order_by("slug")
+    return [
+        {
+            "slug": c.slug,
+            "title": c.title,
+            "prompt": c.prompt,
+            "url": _card_url(c.slug),
+            "preset": c.lab_preset,
+        }
+        for c in cards[:12]
+    ]
+
+
+def _card_url(slug: str) -> str | None:
+    for name in ("quiz:card-detail", "quiz:card"):
+        try:
+            return reverse(name, args=[slug])
+        except NoReverseMatch:
+            continue
+    return None

@@ -20,8 +20,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from labs import selectors as labs_selectors
-from labs.models import LabRun
+from labs import api as labs_api
+from labs.api import LabRun
 from quiz import personal, scheduling, selectors, services
 from quiz.anki import deck_apkg
 from quiz.forms import AnswerForm, GradeForm, LearnerSettingsForm
@@ -256,7 +256,7 @@ def _card_from(request: HttpRequest, run: LabRun) -> HttpResponse:
 @login_required
 def card_from_run(request: HttpRequest, pk: int) -> HttpResponse:
     """ "Make a card from this" on a finished run: queued on the lab worker, watched on My cards."""
-    return _card_from(request, labs_selectors.run_get_for_owner(user=request.user, pk=pk))
+    return _card_from(request, labs_api.run_get_for_owner(user=request.user, pk=pk))
 
 
 @require_GET
@@ -294,7 +294,7 @@ def my_cards(request: HtmxHttpRequest) -> HttpResponse:
 @require_POST
 @login_required
 def card_from_sweep(request: HttpRequest, pk: int) -> HttpResponse:
-    sweep = labs_selectors.sweep_get_for_owner(user=request.user, pk=pk)
+    sweep = labs_api.sweep_get_for_owner(user=request.user, pk=pk)
     try:
         run = personal.sweep_card_run(sweep)
     except personal.CardRefused as exc:

@@ -17,6 +17,7 @@ from labs.metrics import summarize
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.params import parse_lab_params
 from labs.presets import LABS, lab_initial
+from labs.your_number import latest_done_run
 from quiz import personal, selectors
 from quiz.models import Card, PersonalCardRequest
 from quiz.selectors import content_snapshot
@@ -506,13 +507,13 @@ def test_your_number_comes_from_the_learners_newest_finished_run_of_the_preset(a
     LabRun.objects.filter(pk=unfinished.pk).update(state=RunState.RUNNING, finished_at=None)
     LabRun.objects.filter(pk=others.pk).update(finished_at=at(2026, 6, 3, 9))
 
-    found = personal.latest_done_run(user_id=alice.pk, preset=preset)
+    found = latest_done_run(user_id=alice.pk, preset=preset)
     assert found.pk == newer.pk
     # Read by hand, it is the ORM's row: JSON, datetimes and all.
     orm = LabRun.objects.get(pk=newer.pk)
     for field in LabRun._meta.concrete_fields:
         assert getattr(found, field.attname) == getattr(orm, field.attname), field.name
-    assert personal.latest_done_run(user_id=alice.pk, preset="no-such-preset") is None
+    assert latest_done_run(user_id=alice.pk, preset="no-such-preset") is None
 
 
 def test_a_deck_card_shows_the_learners_own_number_from_its_preset(alice_client, alice, bob):

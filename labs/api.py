@@ -1,0 +1,128 @@
+"""What the quiz may use of labs: the one labs module it imports (tests/test_imports.py checks it).
+
+The quiz makes personal cards from a learner's lab runs (quiz/personal.py) and shows a learner's
+own measurement beside a deck card's answer; for that it reads runs, asks for predictions and
+simulations, and words figures as the lab pages do. Labs never imports the quiz: what it asks of
+the quiz is registered here (`answer_for_labs`, from the quiz's AppConfig.ready).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from django.conf import settings
+
+from labs import hooks, results, selectors, services
+from labs.backends import get_backend
+from labs.metrics import summarize
+from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
+from labs.params import ParamError, parse_lab_params
+from labs.presets import LABS, Lab
+from labs.results import Metric, dig
+from labs.sim.engine_model import short_where_label
+from labs.sizing import sim_precheck
+from labs.your_number import YourNumber, your_number
+
+__all__ = [
+    "Lab",
+    "LabRun",
+    "Metric",
+    "ParamError",
+    "Sweep",
+    "YourNumber",
+    "answer_for_labs",
+    "checked_params",
+    "dig",
+    "finished",
+    "finished_points",
+    "lab_of",
+    "metric",
+    "prediction",
+    "run_get_for_owner",
+    "short_where_label",
+    "sim_queue",
+    "sim_worker_online",
+    "simulate",
+    "simulation_fits",
+    "sweep_get_for_owner",
+    "your_number",
+]
+
+answer_for_labs = hooks.answer
+run_get_for_owner = selectors.run_get_for_owner
+sweep_get_for_owner = selectors.sweep_get_for_owner
+
+
+# -- runs and sweeps -----------------------------------------------------------------------------
+
+
+def finished(run: LabRun) -> bool:
+    """Whether the run finished and measured (not queued, running, failed or cancelled)."""
+    return run.state == RunState.DONE
+
+
+def finished_points(sweep: Sweep) -> dict[int, LabRun]:
+    """The sweep's finished runs by their index in its values."""
+    return {r.sweep_index: r for r in sweep.runs.filter(state=RunState.DONE)}
+
+
+def lab_of(run: LabRun) -> Lab:
+    """The lab the run was made in (the sandbox for a lab that no longer exists)."""
+    return LABS.get(run.lab) or LABS["sandbox"]
+
+
+# -- settings, predictions, simulations ----------------------------------------------------------
+
+
+def checked_params(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The lab settings `values` stand for, every one of them, as a run stores them.
+
+    Raises:
+        ParamError: what cannot be run, by field.
+    """
+    return parse_lab_params(values).as_dict()
+
+
+def prediction(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The predictor's figures for lab settings, priced with their device's own calibration
+    when it has one (as a run's page shows them)."""
+    return selectors.device_prediction(parse_lab_params(values))
+
+
+def simulation_fits(values: Mapping[str, Any]) -> None:
+    """Refuse, in O(1), settings too large to simulate on a lab worker (nothing is built).
+
+    Raises:
+        ParamError: why (RunTooLarge among them).
+    """
+    sim_precheck(parse_lab_params(values), max_run_mb=settings.LABS_SIM_MAX_RUN_MB)
+
+
+def simulate(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Simulate lab settings as a lab worker does (within its memory allowance): the run's
+    summary (labs.metrics.summarize).
+
+    Raises:
+        ParamError: settings that cannot run or are too large (RunTooLarge among them).
+    """
+    backend = get_backend("sim", max_run_mb=settings.LABS_SIM_MAX_RUN_MB)
+    return summarize(backend.run(parse_lab_params(values), lambda _: None))
+
+
+def sim_queue() -> str:
+    """The lab worker's queue, where work that simulates is sent."""
+    return services.backend_queue("sim")
+
+
+def sim_worker_online() -> bool:
+    return WorkerHeartbeat.objects.online().filter(backend="sim").exists()
+
+
+# -- figures -------------------------------------------------------------------------------------
+
+
+def metric(key: str) -> Metric | None:
+    """The metric a run's summary `key` holds, with its label and unit as the lab pages show
+    them; None for a key no lab page shows."""
+    return next((m for m in results.METRICS if m.measured == key), None)
