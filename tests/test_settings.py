@@ -47,7 +47,10 @@ def _settings_in_a_fresh_process(tmp_path: Path, env_file: str, **env: str) -> d
         for k, v in os.environ.items()
         # Without DATABASE_URL (CI's PostgreSQL pass sets it): the embedded default's SQLite
         # file is what must live in the suite's folder.
-        if k not in {"VAR_DIR", "CELERY_BROKER_URL", "SERVING_SCHOOL_TESTS_VAR_DIR", "DATABASE_URL"}
+        # Nor this suite's own markers (its folders, the broker it was given, its xdist
+        # process): the child starts as a suite of its own would.
+        if k not in {"VAR_DIR", "CELERY_BROKER_URL", "DATABASE_URL", "PYTEST_XDIST_WORKER"}
+        and not k.startswith("SERVING_SCHOOL_TESTS")
     }
     full_env = {**base, "DJANGO_SETTINGS_MODULE": "tests.settings", "ENV_FILE": env_file, **env}
     out = subprocess.run(
@@ -92,3 +95,23 @@ def test_a_process_the_suite_starts_keeps_the_suites_folder(tmp_path):
     }
     shown = _settings_in_a_fresh_process(tmp_path, "", **env)
     assert Path(shown["var_dir"]) == Path(settings.VAR_DIR)
+
+
+def test_each_xdist_process_gets_a_folder_and_a_redis_database_of_its_own(tmp_path):
+    """`make test` runs two test processes: one's purge or worker must never touch the other's
+    tasks, so each has its own filesystem broker or, on a Redis named on the command line, its
+    own database of that Redis."""
+    redis = "redis://127.0.0.1:6379/0"
+    gw0 = _settings_in_a_fresh_process(tmp_path, "", PYTEST_XDIST_WORKER="gw0")
+    gw1 = _settings_in_a_fresh_process(tmp_path, "", PYTEST_XDIST_WORKER="gw1")
+    assert gw0["broker"] == gw1["broker"] == "filesystem://"
+    assert gw0["broker_dir"] != gw1["broker_dir"]
+    assert _is_under(gw1["broker_dir"], gw1["var_dir"])
+    on_redis = [
+        _settings_in_a_fresh_process(tmp_path, "", PYTEST_XDIST_WORKER=w, CELERY_BROKER_URL=redis)
+        for w in ("gw0", "gw1")
+    ]
+    assert [s["broker"] for s in on_redis] == [
+        "redis://127.0.0.1:6379/10",
+        "redis://127.0.0.1:6379/11",
+    ]

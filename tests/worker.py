@@ -46,6 +46,7 @@ class WorkerProcess:
     process: subprocess.Popen
     log_path: Path
     name: str
+    queues: list[str]
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -68,6 +69,11 @@ class WorkerProcess:
                 self.kill()
 
 
+# The test process's shared worker (conftest's sim_worker): a test that starts a worker of its own
+# on the same queues stops it first, or the shared one would take that worker's tasks.
+_shared: list[WorkerProcess] = []
+
+
 def start_worker(
     queues: list[str],
     *,
@@ -77,10 +83,15 @@ def start_worker(
     ready_timeout_s: float = 180.0,
     as_deployed: bool = False,
     purge_first: bool = True,
+    shared: bool = False,
 ) -> WorkerProcess:
     """`as_deployed` starts it as the README does: gossip and mingle on, under
     config/supervise.py, which starts it again if it exits by itself. `purge_first=False` keeps
-    the messages already waiting, for a worker that comes back to them."""
+    the messages already waiting, for a worker that comes back to them. `shared` marks the test
+    process's shared worker, which any other worker on one of its queues stops first."""
+    for other in _shared:
+        if other.alive() and set(other.queues) & set(queues):
+            other.stop()
     if purge_first:
         purge(queues)
     name = f"test-{uuid.uuid4().hex[:8]}"
@@ -108,7 +119,9 @@ def start_worker(
     process = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
     )
-    worker = WorkerProcess(process=process, log_path=Path(log_file.name), name=name)
+    worker = WorkerProcess(process=process, log_path=Path(log_file.name), name=name, queues=queues)
+    if shared:
+        _shared.append(worker)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         if not worker.alive():

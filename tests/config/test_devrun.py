@@ -178,7 +178,14 @@ def test_it_says_the_port_is_taken_when_make_run_runs_twice(tmp_path, listening)
 @pytest.mark.worker
 @needs_proc
 @pytest.mark.parametrize(
-    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda sig: sig.name
+    "sig",
+    [
+        signal.SIGTERM,
+        # The same path for the other two signals, ten seconds each: `make test-deep`.
+        pytest.param(signal.SIGINT, marks=pytest.mark.deep),
+        pytest.param(signal.SIGHUP, marks=pytest.mark.deep),
+    ],
+    ids=lambda sig: sig.name,
 )
 def test_it_stops_server_and_worker_when_make_gets_a_signal(tmp_path, sig):
     port = free_port()

@@ -2,8 +2,9 @@
 
 Values are drawn from any Unicode text (NUL and surrogate-free control characters included),
 numbers far outside every range, and the fields' own names; paths get arbitrary, percent-encoded
-segments. The number of examples per test is FUZZ_EXAMPLES (default 60; `FUZZ_EXAMPLES=1000` for a
-longer run). The module prints how many inputs and requests ran (`pytest -s`).
+segments. The number of examples per test is FUZZ_EXAMPLES: by default 60 in `make test-deep` and
+a tenth of that in `make test` (tests/budget.py); `FUZZ_EXAMPLES=1000` for a longer run. The
+module prints how many inputs and requests ran (`pytest -s`).
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from labs import services
 from labs.models import WorkerHeartbeat
 from labs.params import FIELDS_BY_NAME
 from labs.presets import LABS, load_presets
+from tests.budget import examples
 from tests.conftest import make_user
 from tests.labs.factories import make_heartbeat, make_run
 from tests.quiz.factories import make_card
 
 pytestmark = pytest.mark.django_db
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", examples(60)))
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -105,6 +105,9 @@ def _overflow(page) -> str | None:
     return f"{width}px in {client}px: {page.evaluate(WIDE, client)}"
 
 
+# Every page at phone width, about a minute: `make test-deep` (each browser test module also checks
+# its own pages on a phone).
+@pytest.mark.deep
 def test_every_learner_page_fits_a_phone(page):
     call_command("load_content", stdout=io.StringIO())
     page.set_viewport_size(PHONE)

@@ -27,6 +27,10 @@ from tests.worker import WorkerProcess, start_worker
 LONG = {**ENDLESS, "num_prompts": "12000"}
 
 pytestmark = [
+    # An outage takes minutes of waiting for reconnections: `make test-deep`. One Redis port for
+    # the module, so its tests share one test process.
+    pytest.mark.deep,
+    pytest.mark.xdist_group("own-redis"),
     pytest.mark.worker,
     pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
 ]

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from labs.predict import Prediction
-from tests.labs.vllm.conftest import fake_server  # noqa: F401 - the fixture
+from tests.labs.vllm.conftest import _idle_fakes, fake_server  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
 MEASURED_KEYS = {

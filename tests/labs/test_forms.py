@@ -19,6 +19,7 @@ from labs.forms import LabParamsForm
 from labs.models import LabRun, Sweep, WorkerHeartbeat
 from labs.params import FIELDS_BY_NAME, PARAM_FIELDS, ParamError, parse_lab_params
 from labs.presets import LABS
+from tests.budget import examples
 from tests.conftest import make_user
 from tests.labs.factories import make_heartbeat
 
@@ -129,7 +130,7 @@ def learner(db):
 
 
 @settings(
-    max_examples=200,
+    max_examples=examples(200),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -17,6 +17,7 @@ from labs.params import (
     follow_unshown,
     parse_lab_params,
 )
+from tests.budget import examples
 
 # The names scripts rely on (issue 3 and the simulator's issue 6), spelled exactly.
 REQUIRED_NAMES = [
@@ -319,7 +320,7 @@ _ANY_VALUE = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.dictionaries(st.sampled_from([f.name for f in PARAM_FIELDS]), _ANY_VALUE, max_size=6))
 def test_any_input_gives_params_or_a_param_error_and_nothing_else(data):
     try:
@@ -353,7 +354,7 @@ _VALID = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(_VALID)
 def test_as_dict_is_json_and_parses_back_to_the_same_params(data):
     params = parse_lab_params(data)

@@ -33,6 +33,7 @@ from labs.predict import (
     spec_tokens_per_step,
     step_time_s,
 )
+from tests.budget import examples
 
 KIB = 1024
 GB = 1e9
@@ -334,7 +335,7 @@ _LAB = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_LAB)
 def test_e2e_is_ttft_plus_tpot_times_the_later_tokens(data):
     params = parse_lab_params(data)
@@ -346,7 +347,7 @@ def test_e2e_is_ttft_plus_tpot_times_the_later_tokens(data):
         assert p.output_tokens_per_s == pytest.approx(p.running_seqs / p.tpot_s)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_LAB)
 def test_capacity_and_fleet_figures_agree(data):
     params = parse_lab_params(data)
@@ -373,7 +374,7 @@ _ENGINES = st.builds(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.sampled_from(sorted(MODELS)),
     st.sampled_from(sorted(GPUS)),
@@ -524,7 +525,7 @@ def _wave_first_tokens_step_by_step(hw, model, engine, batch, prompt_tokens):
     return firsts
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     batch=st.integers(2, 40),
     prompt_tokens=st.integers(1, 3000),
@@ -590,7 +591,7 @@ def _waits_one_by_one(num_prompts, concurrency, batch, service_s):
     return waits
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     num_prompts=st.integers(1, 400),
     concurrency=st.integers(1, 400),
@@ -628,7 +629,7 @@ def test_one_prediction_at_the_most_prompts_allowed_traces_under_1_mb():
 # -- the prediction's parts (predicted_breakdown) ------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     max_num_seqs=st.sampled_from([1, 4, 8, 64, 256]),
     concurrency=st.integers(1, 300),

@@ -235,6 +235,8 @@ def test_a_sweep_runs_as_a_group_and_charts_measured_and_predicted(
     assert predicted[0] < predicted[1] < predicted[2]
 
 
+# A prefork pool and a SIGKILLed child, twenty seconds: `make test-deep`.
+@pytest.mark.deep
 def test_the_prefork_pool_runs_labs_and_a_killed_child_is_reaped(workers, alice_client, alice):
     # make run's worker uses the prefork pool: the heartbeat thread lives in the parent, the run
     # (and its own heartbeat) in a child. Killing only the child leaves the parent beating.

@@ -16,6 +16,7 @@ from quiz import scheduling, selectors, services
 from quiz.models import FsrsState, ReviewLog, ReviewState
 from quiz.scheduling import CardState
 from quiz.selectors import logged_review
+from tests.budget import examples
 from tests.quiz.factories import at, make_card, make_review_state, make_settings, review, show
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -294,7 +295,9 @@ ZONES = ["UTC", "Asia/Tokyo", "Europe/Berlin", "America/New_York", "Australia/Lo
 
 @pytest.mark.django_db
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     zone=st.sampled_from(ZONES),

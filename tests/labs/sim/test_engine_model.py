@@ -35,6 +35,7 @@ from labs.sim.engine_model import (
     where_label,
 )
 from labs.sim.scheduler import SchedulerOutput
+from tests.budget import examples
 
 H100, A100 = GPUS["h100-sxm"], GPUS["a100-80gb"]
 LLAMA8, LLAMA70, MIXTRAL = MODELS["llama-3-8b"], MODELS["llama-3-70b"], MODELS["mixtral-8x7b"]
@@ -67,7 +68,7 @@ def mixed_out(prefill: list[int], decodes: int, context: int) -> SchedulerOutput
     )
 
 
-@settings(max_examples=60, deadline=None, derandomize=True)
+@settings(max_examples=examples(60), deadline=None, derandomize=True)
 @given(
     batch=st.integers(1, 300),
     context=st.integers(1, 20000),
@@ -277,7 +278,7 @@ def test_a_label_the_simulator_did_not_write_is_kept_as_it_is():
         assert short_where_label(label) == label
 
 
-@settings(max_examples=80, deadline=None, derandomize=True)
+@settings(max_examples=examples(80), deadline=None, derandomize=True)
 @given(
     chunks=st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 8000)), max_size=4),
     decodes=st.integers(0, 200),

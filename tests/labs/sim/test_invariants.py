@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from labs.predict import blocks_for_tokens
 from labs.sim.entities import RequestStatus
 from labs.sim.simulator import StepInfo
+from tests.budget import examples
 from tests.labs.sim.helpers import LinearCost, make_sim, make_workload
 
 
@@ -84,7 +85,7 @@ def check_step(info: StepInfo) -> None:
     assert len(running) <= cfg.max_num_seqs
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_invariants_hold_on_every_step(scenario):
     workload, config, seed = scenario

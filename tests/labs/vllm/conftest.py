@@ -58,42 +58,74 @@ class FakeServer:
         return httpx.get(self.base_url + path, timeout=10, trust_env=False).json()
 
 
-@pytest.fixture
-def fake_server(tmp_path: Path) -> Iterator[Any]:
-    """Start fake vLLM servers: `fake_server(config)` -> FakeServer, healthy (or at least
-    listening, when the config says it never becomes healthy)."""
-    started: list[subprocess.Popen[bytes]] = []
+def _start_fake(log_dir: Path) -> FakeServer:
+    port = free_port()
+    log = (log_dir / f"fake-{port}.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, str(FAKE), "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120  # a limit for a busy machine, not a speed check
+    while True:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=1, trust_env=False)
+            return FakeServer(process, port)
+        except httpx.HTTPError:
+            assert process.poll() is None, "the fake vLLM server died at start"
+            assert time.monotonic() < deadline, "the fake vLLM server did not start"
+            time.sleep(0.05)
 
-    def start(config: dict[str, Any] | None = None) -> FakeServer:
-        port = free_port()
-        log = (tmp_path / f"fake-{port}.log").open("wb")
-        process = subprocess.Popen(
-            [sys.executable, str(FAKE), "--port", str(port), "--config", json.dumps(config or {})],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        started.append(process)
-        deadline = time.monotonic() + 120  # a limit for a busy machine, not a speed check
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1, trust_env=False)
-                break
-            except httpx.HTTPError:
-                assert process.poll() is None, "the fake vLLM server died at start"
-                assert time.monotonic() < deadline, "the fake vLLM server did not start"
-                time.sleep(0.05)
-        return FakeServer(process, port)
 
-    yield start
-    for process in started:
+def _stop_fakes(servers: Iterable[FakeServer]) -> None:
+    processes = [server.process for server in servers]
+    for process in processes:
         process.terminate()
         try:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
-    assert wait_gone(p.pid for p in started) == []
+    assert wait_gone(p.pid for p in processes) == []
+
+
+@pytest.fixture(scope="session")
+def _idle_fakes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[FakeServer]]:
+    """Fake servers no test is using, kept for the next one (each costs a Python process's
+    start, FastAPI's import included); stopped when the test process ends."""
+    idle: list[FakeServer] = []
+    idle.append(_start_fake(tmp_path_factory.mktemp("fake-vllm")))
+    yield idle
+    _stop_fakes(idle)
+
+
+@pytest.fixture
+def fake_server(_idle_fakes: list[FakeServer], tmp_path_factory) -> Iterator[Any]:
+    """Fake vLLM servers: `fake_server(config)` -> FakeServer, healthy (or at least listening,
+    when the config says it never becomes healthy), in the state a new process with that config
+    starts in. Servers are lent from a pool and reset (`POST /fake/reset`); one a test stopped is
+    not lent again."""
+    lent: list[FakeServer] = []
+
+    def start(config: dict[str, Any] | None = None) -> FakeServer:
+        while _idle_fakes and _idle_fakes[-1].process.poll() is not None:
+            _idle_fakes.pop()
+        server = (
+            _idle_fakes.pop() if _idle_fakes else _start_fake(tmp_path_factory.mktemp("fake-vllm"))
+        )
+        lent.append(server)
+        reset = httpx.post(
+            f"{server.base_url}/fake/reset",
+            content=json.dumps(config or {}),
+            timeout=30,
+            trust_env=False,
+        )
+        assert reset.status_code == 200, reset.text
+        return server
+
+    yield start
+    _idle_fakes.extend(server for server in lent if server.process.poll() is None)
 
 
 @dataclass

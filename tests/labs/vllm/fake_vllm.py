@@ -21,6 +21,8 @@ HTTP/1.1 (keep-alive, chunked server-sent events) and mimics what the vllm backe
   multi-token chunks, preemptions, running and waiting requests, KV usage) and the queue-time
   and prefill-time histograms of finished requests (the engine's part of `ttft_ms`: less
   `frontend_ms`);
+- `POST /fake/reset` with a config: starts over with that config, as a new process would (the
+  tests keep a pool of fake servers and reset one for each test rather than start another);
 - `GET /fake/log`: what it really did, per request: when the request arrived (the kernel's
   receive stamp) and, for each chunk, monotonic readings just before and just after writing it,
   with its token count. The tests compare the load generator's numbers with these,
@@ -462,8 +464,11 @@ class Conn:
     must not include its own event loop's lag when 256 requests land together.
     """
 
-    def __init__(self, engine: Engine, sock: socket.socket) -> None:
-        self.engine = engine
+    def __init__(self, current: dict[str, Engine], sock: socket.socket) -> None:
+        # The engine in force when the connection opened serves all its requests; a reset
+        # (`POST /fake/reset`) gives the connections opened after it a new one.
+        self.current = current
+        self.engine = current["engine"]
         self.sock = sock
         self.loop = asyncio.get_running_loop()
         self.buf = b""
@@ -576,6 +581,11 @@ class Conn:
             self.reply("200 OK", engine.metrics().encode(), "text/plain; version=0.0.4")
         elif path == "/fake/log":
             self.reply("200 OK", json.dumps(engine.log).encode())
+        elif path == "/fake/reset" and method == "POST":
+            # The tests' pool of fake servers: a new engine (state, counters, log) with this
+            # config, as a freshly started server would have.
+            self.current["engine"] = Engine(load_config(body.decode() or None))
+            self.reply("200 OK", b"{}")
         elif path == "/fake/state":
             state = {"counters": engine.counters, "start_values": engine.start_values}
             self.reply("200 OK", json.dumps(state).encode())
@@ -882,7 +892,7 @@ def _as_list(value: Any) -> list[Any]:
 
 async def serve(host: str, port: int, config: dict[str, Any], handle_term: bool = True) -> None:
     loop = asyncio.get_running_loop()
-    engine = Engine(config)
+    current = {"engine": Engine(config)}
     listener = socket.create_server((host, port), backlog=1024)
     listener.setblocking(False)
 
@@ -892,7 +902,7 @@ async def serve(host: str, port: int, config: dict[str, Any], handle_term: bool 
                 sock, _ = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            Conn(engine, sock)
+            Conn(current, sock)
 
     loop.add_reader(listener.fileno(), accept)
     stop = asyncio.Event()
