@@ -1,3 +1,3 @@
 """The load-generator benchmark runs against the same fake vLLM server as tests/labs/vllm/."""
 
-from tests.labs.vllm.conftest import fake_server  # noqa: F401  (a fixture, used by name)
+from tests.labs.vllm.conftest import _idle_fakes, fake_server  # noqa: F401 (fixtures)
