@@ -18,9 +18,10 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
-from labs import calibrations, definitions, results, selectors, services
+from labs import definitions, results, selectors, services
 from labs.backends import check_can_start, device_lab_settings, requirement
 from labs.catalog import CPU_KIND
+from labs.device_calibration import jobs as calibration_jobs
 from labs.forms import LabParamsForm, SweepForm
 from labs.params import FIELDS_BY_NAME, ParamError
 from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
@@ -386,13 +387,13 @@ def _staff_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse
 
 
 def _devices_page(request: HttpRequest, *, status: int = 200, refusal: str = "") -> HttpResponse:
-    rows = calibrations.devices_page()
+    rows = calibration_jobs.devices_page()
     active = any(row.job is not None and not row.job.is_terminal for row in rows)
     context = {
         "rows": rows,
         "active": active,
         "refusal": refusal,
-        "start_commands": calibrations.worker_start_commands(),
+        "start_commands": calibration_jobs.worker_start_commands(),
     }
     if request.htmx:
         return _status_response(request, "labs/devices.html#devices-status", context, not active)
@@ -403,7 +404,7 @@ def _devices_page(request: HttpRequest, *, status: int = 200, refusal: str = "")
 @_staff_only
 def devices(request: HttpRequest) -> HttpResponse:
     # A page watching a job must see a dead worker's job fail even if no worker reaps it.
-    calibrations.calibration_reap_stale()
+    calibration_jobs.calibration_reap_stale()
     return _devices_page(request)
 
 
@@ -411,10 +412,10 @@ def devices(request: HttpRequest) -> HttpResponse:
 @_staff_only
 def device_calibrate(request: HttpRequest) -> HttpResponse:
     try:
-        job = calibrations.calibration_request(
+        job = calibration_jobs.calibration_request(
             device=request.POST.get("device", ""), user=request.user
         )
-    except calibrations.CalibrationRefused as exc:
+    except calibration_jobs.CalibrationRefused as exc:
         status = CALIBRATION_REFUSAL_STATUS[exc.kind]
         return _devices_page(request, status=status, refusal=exc.reason)
     messages.success(request, f"Calibration of {job.device} queued for its worker ({job.queue}).")

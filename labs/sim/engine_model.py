@@ -4,8 +4,8 @@ The predictor (labs/predict.py) prices a step at the roofline: max(compute, memo
 FLOP/s and bandwidth. Real kernels fall short of that, a step has CPU and launch costs, and a
 tensor-parallel replica talks between GPUs. This module adds those terms, each a named function
 with its constants in labs/sim/calibration.yaml (every constant cites the public vLLM runs it was
-fitted to; docs/engine-model.md explains them, and `python -m labs.sim.calibration --report`
-prints each run's error):
+fitted to; docs/engine-model.md explains them, and
+`python -m labs.sim.published_calibration --report` prints each run's error):
 
     step = linear layers      max(2 x (layer params x tokens / gemm_efficiency(tokens)
                                        + LM head x sampled / gemm_efficiency(sampled)) / FLOP/s,
@@ -188,7 +188,7 @@ def load_calibration(path: Path = CALIBRATION_PATH) -> Calibration:
 def with_device(cal: Calibration, hardware: Hardware, device: DeviceConstants) -> Calibration:
     """`cal` with the GPU's efficiencies, the step overheads, and where fitted the attention
     efficiency, speculation's step cost and the per-sequence overhead, replaced by the
-    constants fitted on that device itself (labs/device_calibration.py). Only the run priced
+    constants fitted on that device itself (labs.device_calibration). Only the run priced
     for that device gets this Calibration; every other run keeps `cal`."""
     own = cal.gpu(hardware)
     gpu = replace(

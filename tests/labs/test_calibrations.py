@@ -1,7 +1,7 @@
-"""Calibrating a device from the staff's devices page (labs/calibrations.py): what each online
-vLLM worker's device is calibrated with and where its task goes, one job per device at a time, a
-broker outage at submit, and the task's body on a stand-in vLLM backend (the simulator, priced
-with known constants), never a real worker or engine."""
+"""Calibrating a device from the staff's devices page (labs/device_calibration/jobs.py): what each
+online vLLM worker's device is calibrated with and where its task goes, one job per device at a
+time, a broker outage at submit, and the task's body on a stand-in vLLM backend (the simulator,
+priced with known constants), never a real worker or engine."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
-from labs import calibrations
-from labs.calibrate_device import SWEEP
+from labs.device_calibration import jobs as calibration_jobs
+from labs.device_calibration.sweep import SWEEP
 from labs.models import CalibrationJob, DeviceCalibration, RunState
 from labs.sim.lab import build_simulator
 from labs.tasks import calibrate_device_task
@@ -65,7 +65,7 @@ class StandInVllm:
 
 def test_a_cpu_worker_is_calibrated_with_the_documented_settings_and_its_own_figures():
     cpu_worker()
-    (target,) = calibrations.calibration_targets()
+    (target,) = calibration_jobs.calibration_targets()
     assert target.device == CPU_KEY and target.workers == ("cpu@box",)
     assert target.queue == "labs.gpu.cpu.x1"  # the queue its worker consumes for tp 1
     assert target.base == {
@@ -84,7 +84,7 @@ def test_a_cpu_worker_is_calibrated_with_the_documented_settings_and_its_own_fig
 def test_a_gpu_worker_is_calibrated_with_the_smallest_catalog_model_that_fits():
     l4_worker()
     l4_worker(hostname="l4@other")
-    (target,) = calibrations.calibration_targets()  # two workers, one device
+    (target,) = calibration_jobs.calibration_targets()  # two workers, one device
     assert target.device == "l4" and set(target.workers) == {"l4@box", "l4@other"}
     assert target.queue == "labs.gpu.l4.x1"
     assert target.base == {"model": "qwen2.5-0.5b", "gpu": "l4"}
@@ -96,7 +96,7 @@ def test_a_device_that_cannot_be_calibrated_says_why():
         "vllm", hostname="odd@box", gpus={"count": 1, "name": "NVIDIA RTX 4090", "kind": None}
     )
     make_heartbeat("vllm", hostname="old@box", age_s=3600, gpus=L4_GPUS)  # offline
-    targets = {t.label: t for t in calibrations.calibration_targets()}
+    targets = {t.label: t for t in calibration_jobs.calibration_targets()}
     assert set(targets) == {
         "Intel(R) Xeon(R) Test CPU, 2 cores (CPU)",
         "1× NVIDIA RTX 4090 (not in the catalog)",
@@ -111,7 +111,7 @@ def test_a_request_saves_a_queued_job_and_sends_it_to_the_devices_queue(
 ):
     cpu_worker()
     with django_capture_on_commit_callbacks(execute=True):
-        job = calibrations.calibration_request(device=CPU_KEY, user=staff)
+        job = calibration_jobs.calibration_request(device=CPU_KEY, user=staff)
     assert job.state == RunState.QUEUED and job.requested_by == staff
     assert (job.repeats, job.rounds) == (5, 6) and job.base["model"] == "lab-llama-20m"
     sent.assert_called_once()
@@ -124,21 +124,23 @@ def test_a_second_request_while_one_is_queued_is_refused_and_sends_nothing(
 ):
     l4_worker()
     with django_capture_on_commit_callbacks(execute=True):
-        calibrations.calibration_request(device="l4", user=staff)
+        calibration_jobs.calibration_request(device="l4", user=staff)
     sent.reset_mock()
     with (
-        pytest.raises(calibrations.CalibrationRefused, match="already queued or running") as exc,
+        pytest.raises(
+            calibration_jobs.CalibrationRefused, match="already queued or running"
+        ) as exc,
         django_capture_on_commit_callbacks(execute=True),
     ):
-        calibrations.calibration_request(device="l4", user=staff)
+        calibration_jobs.calibration_request(device="l4", user=staff)
     assert exc.value.kind == "busy"
     assert CalibrationJob.objects.count() == 1
     sent.assert_not_called()
 
 
 def test_a_request_for_a_device_no_online_worker_has_is_refused(staff, sent):
-    with pytest.raises(calibrations.CalibrationRefused, match="No online vLLM worker") as exc:
-        calibrations.calibration_request(device="h100-sxm", user=staff)
+    with pytest.raises(calibration_jobs.CalibrationRefused, match="No online vLLM worker") as exc:
+        calibration_jobs.calibration_request(device="h100-sxm", user=staff)
     assert exc.value.kind == "no-device"
     assert not CalibrationJob.objects.exists()
     sent.assert_not_called()
@@ -149,8 +151,8 @@ def test_with_the_broker_down_the_job_is_failed_not_left_queued(sent):
     sent.side_effect = ConnectionRefusedError("[Errno 111] Connection refused")
     staff = make_user("root", is_staff=True)
     l4_worker()
-    with pytest.raises(calibrations.CalibrationRefused, match="queue is unavailable") as exc:
-        calibrations.calibration_request(device="l4", user=staff)
+    with pytest.raises(calibration_jobs.CalibrationRefused, match="queue is unavailable") as exc:
+        calibration_jobs.calibration_request(device="l4", user=staff)
     assert exc.value.kind == "queue-down"
     job = CalibrationJob.objects.get()
     assert job.state == RunState.FAILED and job.finished_at is not None
@@ -170,7 +172,7 @@ def _queued_job(device: str = "l4", base: dict[str, Any] | None = None) -> Calib
 def test_the_task_calibrates_on_its_worker_stores_the_result_and_marks_the_job_done():
     job = _queued_job()
     vllm = StandInVllm()
-    with mock.patch("labs.calibrations.get_backend", return_value=vllm) as get_backend:
+    with mock.patch("labs.device_calibration.jobs.get_backend", return_value=vllm) as get_backend:
         state = calibrate_device_task.run(job.pk)  # the task's body, in this process
     assert state == RunState.DONE
     get_backend.assert_called_once_with("vllm")  # the worker's own engine, no base_url
@@ -187,7 +189,7 @@ def test_the_task_calibrates_on_its_worker_stores_the_result_and_marks_the_job_d
 def test_a_failing_calibration_marks_the_job_failed_with_a_one_line_reason():
     job = _queued_job()
     broken = StandInVllm(fail=RuntimeError("vLLM exited with code 1\nTraceback (most recent ...)"))
-    with mock.patch("labs.calibrations.get_backend", return_value=broken):
+    with mock.patch("labs.device_calibration.jobs.get_backend", return_value=broken):
         assert calibrate_device_task.run(job.pk) == RunState.FAILED
     job.refresh_from_db()
     assert job.state == RunState.FAILED
@@ -196,10 +198,10 @@ def test_a_failing_calibration_marks_the_job_failed_with_a_one_line_reason():
 
 
 def test_a_cpu_job_taken_by_a_worker_with_another_cpu_fails_before_measuring():
-    base = {**calibrations.CPU_BASE, "hbm_gb": 16, "bandwidth_tbs": 0.008, "tflops": 0.2}
+    base = {**calibration_jobs.CPU_BASE, "hbm_gb": 16, "bandwidth_tbs": 0.008, "tflops": 0.2}
     job = _queued_job(device="cpu:Some Other CPU:64", base=base)
     vllm = StandInVllm()
-    with mock.patch("labs.calibrations.get_backend", return_value=vllm):
+    with mock.patch("labs.device_calibration.jobs.get_backend", return_value=vllm):
         assert calibrate_device_task.run(job.pk) == RunState.FAILED
     job.refresh_from_db()
     assert "not cpu:Some Other CPU:64" in job.error and vllm.runs == 0
@@ -210,7 +212,7 @@ def test_a_job_whose_worker_died_or_restarted_is_failed_by_the_reaper():
     CalibrationJob.objects.filter(pk=gone.pk).update(
         state=RunState.RUNNING, worker="l4@box", started_at=timezone.now()
     )
-    assert calibrations.calibration_reap_stale() == 1
+    assert calibration_jobs.calibration_reap_stale() == 1
     gone.refresh_from_db()
     assert gone.state == RunState.FAILED and "l4@box is no longer online" in gone.error
 
@@ -219,9 +221,9 @@ def test_a_job_whose_worker_died_or_restarted_is_failed_by_the_reaper():
     CalibrationJob.objects.filter(pk=alive.pk).update(
         state=RunState.RUNNING, worker="l4@box", started_at=timezone.now()
     )
-    assert calibrations.calibration_reap_stale() == 0
+    assert calibration_jobs.calibration_reap_stale() == 0
     beat.started_at = timezone.now() + timedelta(seconds=1)  # came back after it began
     beat.save()
-    assert calibrations.calibration_reap_stale() == 1
+    assert calibration_jobs.calibration_reap_stale() == 1
     alive.refresh_from_db()
     assert "l4@box restarted" in alive.error

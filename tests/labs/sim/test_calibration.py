@@ -2,7 +2,8 @@
 
 Virtual time only, so the numbers are the same on any machine: fitted runs within 10%, held-out
 runs (which no fit saw) within 20%. Excluded runs are printed with their reason, not asserted.
-Run with -s to see the table (`python -m labs.sim.calibration --report` prints it by GPU kind).
+Run with -s to see the table (`python -m labs.sim.published_calibration --report` prints it by GPU
+kind).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import statistics
 import pytest
 
 from labs.catalog import GPUS
-from labs.sim.calibration import (
+from labs.sim.engine_model import load_calibration
+from labs.sim.published_calibration import (
     TOLERANCE,
     fit,
     format_report,
@@ -23,7 +25,6 @@ from labs.sim.calibration import (
     relative_error,
     simulate,
 )
-from labs.sim.engine_model import load_calibration
 
 
 @pytest.fixture(scope="module")

@@ -297,7 +297,7 @@ def test_its_latency_means_match_the_servers_histograms(cpu_worker, learner_clie
     assert server_itl == pytest.approx(server_tpot, rel=0.02)  # one token per step, no drafts
     # The client's ITL is per chunk: a chunk holds one token or, read behind, several.
     assert client_itl >= 0.99 * client_tpot, (client_itl, client_tpot)
-    # The engine's own queue and prefill histograms (what calibrate_device takes the API
+    # The engine's own queue and prefill histograms (what the calibration sweep takes the API
     # server's time from): one sample per request, and their time inside the server's TTFT.
     engine = counters_between(Snapshot.from_text(""), server)
     assert engine.engine_requests == n
@@ -505,8 +505,8 @@ def test_the_fake_answers_vllms_three_length_cases_as_the_real_one(cpu_worker, l
 def test_a_staff_member_calibrates_the_cpu_worker_from_the_devices_page(cpu_worker, learner_client):
     """The staff's "Calibrate this device": the job goes to the real CPU worker, which runs the
     sweep on its own vLLM engine and stores the device's calibration, which its labs then use."""
-    from labs.calibrate_device import SWEEP
-    from labs.calibrations import calibration_targets
+    from labs.device_calibration.jobs import calibration_targets
+    from labs.device_calibration.sweep import SWEEP
     from labs.models import CalibrationJob, DeviceCalibration
     from labs.params import parse_lab_params
     from labs.selectors import lab_calibration

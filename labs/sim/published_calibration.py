@@ -1,9 +1,9 @@
 """The published vLLM runs of labs/sim/calibration.yaml, replayed on the simulator.
 
-    python -m labs.sim.calibration          # the table: source, settings, published, simulated
-    python -m labs.sim.calibration --fit    # search the fitted constants on the `fit` runs only
-    python -m labs.sim.calibration --fit --gpu l4   # only that GPU kind's constants, its fit runs
-    python -m labs.sim.calibration --report # per catalog GPU kind: its runs, or what it borrows
+    python -m labs.sim.published_calibration           # source, settings, published, simulated
+    python -m labs.sim.published_calibration --fit     # search the constants on the `fit` runs
+    python -m labs.sim.published_calibration --fit --gpu l4   # that GPU kind's constants only
+    python -m labs.sim.published_calibration --report  # per GPU kind: its runs, or what it borrows
 
 Each measurement's `settings` are lab parameters; the simulator runs them on the realistic
 profile and reads `metric` from labs.metrics.summarize (for a ratio, the same with `baseline`
@@ -248,7 +248,7 @@ def coordinate_search(
     `step` (25%, then half that, ...) lower and higher within its bounds and keeps what lowers
     the loss, moving the same way up to `max_moves` times while it keeps helping (a device far
     from the published constants needs more than one move). The published fit (`fit`) and a
-    device's own fit (labs/calibrate_device.py) both use it."""
+    device's own fit (labs/device_calibration/sweep.py) both use it."""
     best = loss(values)
     for r in range(rounds):
         for path, (low, high) in bounds.items():

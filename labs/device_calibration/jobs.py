@@ -1,10 +1,10 @@
 """Calibrating a device on its own vLLM engine and storing the result, from the command line or
 from the staff's devices page.
 
-`calibrate_and_store` is the core both share: labs/calibrate_device.py's sweep measured on the
-vLLM backend, its fit, and a `labs.models.DeviceCalibration` row. `manage.py lab calibrate` calls
-it in its own process; the devices page queues a `CalibrationJob` and the Celery task
-`labs.calibrate_device` calls it on the vLLM worker that has the device (`calibration_execute`).
+`calibrate_and_store` is the core both share: the sweep (sweep.py) measured on the vLLM backend,
+its fit, and a `labs.models.DeviceCalibration` row. `manage.py lab calibrate` calls it in its own
+process; the devices page queues a `CalibrationJob` and the Celery task `labs.calibrate_device`
+calls it on the vLLM worker that has the device (`calibration_execute`).
 
 A job's state changes are conditional UPDATEs, as a lab run's are (labs.services): a duplicate
 message does not calibrate twice, and a dead worker's job is failed, not left running.
@@ -80,7 +80,7 @@ def calibrate_and_store(
     """Run SWEEP (and the lessons' changes) on the vLLM backend with `base` settings, fit the
     device's constants, store them as `device`'s newest DeviceCalibration, and check the changes
     with them. `base_url`: a vLLM server already running; else the backend starts its own."""
-    from labs.calibrate_device import (
+    from labs.device_calibration.sweep import (
         Runs,
         check_changes,
         cpu_times,
@@ -161,7 +161,7 @@ class CalibrationTarget:
 
 def gpu_calibration_model(device: Device) -> str | None:
     """The model a GPU kind is calibrated with, or None if no catalog model's sweep starts."""
-    from labs.calibrate_device import SWEEP, point_params
+    from labs.device_calibration.sweep import SWEEP, point_params
 
     # The smallest published model whose every sweep point starts on one GPU of this kind
     # (qwen2.5-0.5b on every catalog GPU, the documented command's model): short runs, and weight

@@ -1,11 +1,12 @@
 """Calibrate one device from its own runs: a short sweep on its vLLM engine, fitted with the
-published calibration's search (labs.sim.calibration.coordinate_search), part of it held out.
+published calibration's search (labs.sim.published_calibration.coordinate_search), part of it
+held out.
 
 The sweep (SWEEP) is fixed here, roles included, before anything is measured: batch-1 decode, a
 batch sweep, a long prefill and an ngram speculation run. Each point is measured `repeats` times
-and its median kept. The fit moves the device's constants (labs/device_calibration.py) to match
-the `fit` points on the simulator's realistic profile; the `held_out` points are only simulated
-with the result and give the held-out error. `manage.py lab calibrate` runs it and stores a
+and its median kept. The fit moves the device's constants (labs.device_calibration) to match the
+`fit` points on the simulator's realistic profile; the `held_out` points are only simulated with
+the result and give the held-out error. `manage.py lab calibrate` runs it and stores a
 labs.models.DeviceCalibration.
 
 Pure Python; never Django (the command does the storing).
@@ -24,9 +25,9 @@ from labs.catalog import CPU_KIND
 from labs.device_calibration import CONSTANT_BOUNDS, MEASURED_CONSTANTS, DeviceConstants
 from labs.metrics import summarize
 from labs.params import LabParams, align_run_batch, parse_lab_params
-from labs.sim.calibration import coordinate_search, log_error_loss, relative_error
 from labs.sim.engine_model import load_calibration
 from labs.sim.lab import build_simulator
+from labs.sim.published_calibration import coordinate_search, log_error_loss, relative_error
 
 if TYPE_CHECKING:
     from labs.backends.base import RunRecord
@@ -404,7 +405,7 @@ class Runs:
         text = f"{min(values):.3g} to {max(values):.3g} over {len(values)} runs"
         stolen = [s.get("steal_share") for s in self.summaries(params)]
         if stolen and all(x is not None for x in stolen):
-            # The CPU time the hypervisor took in each run (calibrations.measured_run).
+            # The CPU time the hypervisor took in each run (jobs.calibrate_and_store).
             text += f"; steal {min(stolen):.1%} to {max(stolen):.1%}"
         return f"({text})"
 

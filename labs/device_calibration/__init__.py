@@ -1,9 +1,17 @@
 """One device's own calibration: constants fitted to runs measured on that device.
 
+    __init__.py  the constants (`DeviceConstants`), their bounds and the device keys
+    sweep.py     the runs that measure a device, and the fit of its constants to them
+    jobs.py      a calibration run on the device's own worker and stored (`manage.py lab
+                 calibrate`, the staff's devices page)
+
+The published calibration every other device keeps is labs/sim/published_calibration.py's.
+
 A worker that calibrates itself (a sweep on its own vLLM engine, fitted with the code of
-labs/sim/calibration.py) stores a `labs.models.DeviceCalibration` row; `DeviceConstants` is that
-row as plain data, so the predictor (labs/predict.py) and the simulator's engine model
-(labs/sim/engine_model.py) can take it as an argument without importing Django.
+labs/sim/published_calibration.py) stores a `labs.models.DeviceCalibration` row;
+`DeviceConstants` is that row as plain data, so the predictor (labs/predict.py) and the
+simulator's engine model (labs/sim/engine_model.py) can take it as an argument without importing
+Django.
 
 A device is a catalog GPU kind ("h100-sxm") or a CPU model with its core count
 (`cpu_device_key`). Only runs priced for that device use its constants; every other device keeps
@@ -41,7 +49,7 @@ CONSTANT_BOUNDS: dict[str, tuple[float, float]] = {
     # CPU time each sequence adds to a step (scheduling, inputs, sampling, outputs): microseconds
     # where a GPU's CPU works ahead of it, a large share of the step on a CPU worker.
     "per_seq_overhead_s": (1e-7, 0.05),
-    # Measured, not fitted (calibrate_device.device_frontend_line): the API server's time per
+    # Measured, not fitted (sweep.device_frontend_line): the API server's time per
     # request, off the engine, that every TTFT carries and a busy engine does not wait for, with
     # the request alone ...
     "frontend_latency_s": (0.0, 1.0),
