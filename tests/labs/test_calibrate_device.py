@@ -44,7 +44,7 @@ from labs.metrics import summarize
 from labs.models import DeviceCalibration
 from labs.selectors import device_calibration
 from labs.sim.lab import build_simulator
-from tests.labs.vllm.conftest import fake_server  # noqa: F401 (the fixture)
+from tests.labs.vllm.conftest import _idle_fakes, fake_server  # noqa: F401 (fixtures)
 
 BASE = {"model": "qwen2.5-0.5b", "gpu": "l4"}
 TRUTH = DeviceConstants(

@@ -19,9 +19,11 @@ from labs.params import ParamError, align_run_batch, parse_lab_params
 from labs.predict import lab_prediction
 from labs.results import compare, format_value, headline
 from labs.sim.lab import build_simulator, run_breakdown
+from tests.budget import examples
 
-# 2,000 by default; LABS_EXPLAIN_RUNS=20000 for a longer pass.
-NUM_RUNS = int(os.environ.get("LABS_EXPLAIN_RUNS", "2000"))
+# 2,000 in `make test-deep`, 200 in `make test` (tests/budget.py); LABS_EXPLAIN_RUNS=20000 for a
+# longer pass.
+NUM_RUNS = int(os.environ.get("LABS_EXPLAIN_RUNS", examples(2000)))
 SMALL_MODELS = ("qwen2.5-0.5b", "llama-3-8b", "mistral-7b", "mixtral-8x7b")
 TIME_KEYS = {"TTFT, mean": "ttft_s", "TPOT, mean": "tpot_s", "E2E latency, mean": "e2e_s"}
 # Parts the formulas never have: named only when the run had them.

@@ -13,6 +13,7 @@ from labs.params import parse_lab_params
 from labs.predict import predict
 from labs.sim.breakdown import BREAKDOWN_PARTS
 from labs.sim.lab import build_simulator
+from tests.budget import examples
 
 MODELS = [
     {"model": "llama-3-8b"},
@@ -66,7 +67,7 @@ def _run(values: dict[str, object]) -> tuple[dict, dict, np.ndarray]:
 
 
 @settings(
-    max_examples=40,
+    max_examples=examples(40),
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
@@ -94,7 +95,7 @@ def test_it_adds_up_to_the_measured_means_with_no_negative_part(values):
         assert breakdown["e2e_s"]["parts"]["speculation"] == 0
 
 
-@settings(max_examples=25, deadline=None, derandomize=True)
+@settings(max_examples=examples(25), deadline=None, derandomize=True)
 @given(
     prompt=st.integers(8, 3000),
     output=st.integers(2, 200),

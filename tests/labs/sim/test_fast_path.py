@@ -16,6 +16,7 @@ from labs.predict import blocks_for_tokens
 from labs.sim.cost_model import build_cost_model
 from labs.sim.scheduler import SchedulerConfig
 from labs.sim.simulator import Simulator
+from tests.budget import examples
 from tests.labs.sim.helpers import LinearCost, composition, make_workload
 
 
@@ -137,7 +138,7 @@ def assert_same_breakdown(
     assert fast.meta["breakdown"] is not None
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_it_gives_the_step_by_step_record_on_random_workloads(scenario):
     workload, config, cost, seed, frontend = scenario

@@ -128,7 +128,7 @@ def cpu_worker(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator
         cpu.DEVICE_ENV: "cpu",
         # Beats refill the heartbeat table after each test's flush.
         "LABS_WORKER_HEARTBEAT_S": "1",
-        "LABS_VLLM_CACHE_DIR": str(tmp_path_factory.mktemp("vllm-cache")),
+        "LABS_VLLM_CACHE_DIR": str(CACHE.setdefault("dir", tmp_path_factory.mktemp("vllm-cache"))),
     }
     with django_db_blocker.unblock():
         worker = start_worker(["labs.gpu"], extra_env=env, ready_timeout_s=600)
@@ -204,6 +204,43 @@ def hist_mean(snapshot: Snapshot, name: str) -> float:
 
 
 _runs: dict[str, LabRun] = {}
+# The worker's LABS_VLLM_CACHE_DIR: its server's state file names the server's log.
+CACHE: dict[str, Path] = {}
+
+
+def served_settings(url: str) -> dict[str, int]:
+    """What the real server serves, in its own words: the KV pool and block size from its
+    /metrics (cache_config_info), max_num_seqs and the token budget from the arguments it logged
+    at start ("non-default args")."""
+    info = scrape(url).labels("vllm:cache_config_info")
+    (state,) = CACHE["dir"].glob("server-gpus-*.json")
+    log = Path(json.loads(state.read_text())["log"]).read_text(errors="replace")
+    logged = re.search(r"non-default args: (\{.*\})", log)
+    assert logged, f"no 'non-default args' line in the server's log:\n{log[-3000:]}"
+    found = {
+        name: int(m.group(1))
+        for name in ("max_num_seqs", "max_num_batched_tokens")
+        if (m := re.search(rf"'{name}': (\d+)", logged.group(1)))
+    }
+    return {
+        "block_size": int(info["block_size"]),
+        "num_gpu_blocks": int(info["num_gpu_blocks"]),
+        **found,
+    }
+
+
+def assert_serves_the_learners_settings(run: LabRun, data: dict[str, str]) -> None:
+    """The server the run measured holds the learner's KV pool (their tokens in whole blocks,
+    plus the null block vLLM keeps back), block size and max_num_seqs: a run on any other engine
+    would teach the wrong lesson."""
+    served = served_settings(server_url(run))
+    block = int(data["block_size"])
+    wanted = {
+        "block_size": block,
+        "num_gpu_blocks": -(-int(data["kv_capacity_tokens"]) // block) + 1,
+        "max_num_seqs": int(data["max_num_seqs"]),
+    }
+    assert {k: served.get(k) for k in wanted} == wanted, served
 
 
 # Run by vLLM's python: cpu_tools' probe product with vLLM's dispatch recorded, against torch.
@@ -245,6 +282,7 @@ def test_the_probe_times_the_linear_kernel_vllm_builds_for_this_cpu():
 def test_a_batching_run_counts_the_tokens_the_server_counted(cpu_worker, learner_client):
     run = run_to_end(learner_client, BATCHING, cpu_worker)
     _runs["batching"] = run
+    assert_serves_the_learners_settings(run, BATCHING)
     meta = run.result["meta"]
     assert meta["server_reused"] is False  # a fresh server: its totals are this run's
     assert "--enforce-eager" in meta["engine_args"]
@@ -325,6 +363,7 @@ def test_running_sequences_never_exceed_max_num_seqs(cpu_worker, learner_client)
 def test_ngram_speculation_and_another_block_size_on_a_new_server(cpu_worker, learner_client):
     run = run_to_end(learner_client, SPECULATION, cpu_worker)
     _runs["speculation"] = run
+    assert_serves_the_learners_settings(run, SPECULATION)
     assert run.result["meta"]["server_reused"] is False
     server = scrape(server_url(run))
     info = server.labels("vllm:cache_config_info")
@@ -344,6 +383,9 @@ def test_ngram_speculation_and_another_block_size_on_a_new_server(cpu_worker, le
 
 
 def test_a_setting_the_cpu_build_cannot_run_is_refused_before_any_start(cpu_worker, learner_client):
+    # Only worth anything once a server this worker starts has served the learner's settings: a
+    # worker that can start none would refuse everything.
+    assert "batching" in _runs, "runs after the batching run"
     before = LabRun.objects.count()
     response = submit(learner_client, {**BATCHING, "block_size": "16"})
     assert response.status_code == 400
@@ -502,6 +544,8 @@ def test_the_fake_answers_vllms_three_length_cases_as_the_real_one(cpu_worker, l
             assert codes[0] == (200 if name.endswith("(clamped)") else 400), name
 
 
+# Ten minutes or more of sweeps: `make test-deep`, not `make test-vllm`.
+@pytest.mark.deep
 def test_a_staff_member_calibrates_the_cpu_worker_from_the_devices_page(cpu_worker, learner_client):
     """The staff's "Calibrate this device": the job goes to the real CPU worker, which runs the
     sweep on its own vLLM engine and stores the device's calibration, which its labs then use."""
