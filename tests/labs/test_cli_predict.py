@@ -1,4 +1,5 @@
-"""`python manage.py lab predict`: the interface scripts use. Run for real, in a subprocess."""
+"""`python manage.py lab predict`: the interface scripts use, run as a script runs it
+(tests/cli.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from labs.predict import Prediction
+from tests.cli import Completed, manage
 
 ROOT = Path(__file__).resolve().parents[2]
 PREDICTION_KEYS = {f.name for f in fields(Prediction)}
@@ -22,14 +24,8 @@ PREDICTION_KEYS = {f.name for f in fields(Prediction)}
 pytestmark = pytest.mark.django_db
 
 
-def lab_predict(*options: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", "lab", "predict", *options],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def lab_predict(*options: str) -> Completed:
+    return manage("lab", "predict", *options)
 
 
 def predict_json(*options: str) -> dict[str, object]:

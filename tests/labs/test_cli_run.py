@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from io import StringIO
 from pathlib import Path
 
@@ -13,6 +11,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from labs.predict import Prediction
+from tests.cli import Completed, manage
 from tests.labs.vllm.conftest import _idle_fakes, fake_server  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,14 +37,8 @@ SMALL = ("--num-prompts", "20", "--prompt-tokens", "256", "--output-tokens", "32
 pytestmark = pytest.mark.django_db
 
 
-def lab_run(*options: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", "lab", "run", *options],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def lab_run(*options: str) -> Completed:
+    return manage("lab", "run", *options)
 
 
 def run_json(*options: str) -> dict:
