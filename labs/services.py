@@ -25,12 +25,18 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from config.celery import app as celery_app
 from labs import hooks
+from labs.backends import check_can_start, get_backend, served_instead
 from labs.backends.base import Phase, ProgressCallback
+from labs.metrics import summarize
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.params import FIELDS_BY_NAME, LabParams, ParamError, follow_unshown, parse_lab_params
+from labs.presets import load_presets
+from labs.selectors import device_prediction, lab_calibration
+from labs.sim.lab import run_breakdown
 from labs.sizing import RunTooLarge
-from labs.workers import start_command
+from labs.workers import devices_online, placement_queue, served_queues, start_command
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,8 +76,6 @@ def backend_queue(backend: str) -> str:
 
 
 def _predicted(params: LabParams) -> dict[str, object]:
-    from labs.selectors import device_prediction
-
     return device_prediction(params)
 
 
@@ -88,9 +92,6 @@ def _precheck(backend: str, params: LabParams) -> str:
     Raises:
         ParamError: what cannot start, by field.
     """
-    from labs.backends import check_can_start
-    from labs.workers import devices_online, placement_queue
-
     placement = check_can_start(
         backend, params, devices_online(backend), **backend_options(backend)
     )
@@ -258,8 +259,6 @@ def _save_and_enqueue(
 def _check_preset(preset: str) -> None:
     """A run remembers the preset it came from only if that is a real preset's slug; anything
     else (a path, a NUL byte) is refused before it reaches the database."""
-    from labs.presets import load_presets
-
     if preset and preset not in load_presets():
         shown = preset[:30].encode("unicode_escape").decode("ascii")
         raise ParamError({"preset": f"preset must be the slug of a lab preset, got {shown}"})
@@ -531,13 +530,7 @@ class _Outcome:
 
 
 def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
-    from labs.backends import get_backend, served_instead
-    from labs.metrics import summarize
-    from labs.sim.lab import run_breakdown
-
     params = parse_lab_params(run.params)
-    from labs.selectors import lab_calibration
-
     # The run's device's own calibration, if a worker measured one: prices the simulation, or
     # a real run's expected parts.
     device = lab_calibration(params)
@@ -710,8 +703,6 @@ def _served_queues(now: datetime, *, up_since: datetime | None = None) -> set[st
     """The queues online workers consume: the one each announced (`labs.gpu.<kind>` for a GPU
     worker) and its backend's queue, which every worker of the backend consumes too. With
     `up_since`, only workers whose process has been up since then."""
-    from labs.workers import served_queues
-
     served: set[str] = set()
     online = WorkerHeartbeat.objects.online(now)
     if up_since is not None:
@@ -724,10 +715,8 @@ def _served_queues(now: datetime, *, up_since: datetime | None = None) -> set[st
 def _waiting_in_broker(queue: str) -> int | None:
     """How many messages wait in the broker's `queue`, not yet delivered to a worker; None when
     the broker cannot say (down, or it does not count)."""
-    from config.celery import app
-
     try:
-        with app.connection_for_read() as conn:
+        with celery_app.connection_for_read() as conn:
             conn.ensure_connection(max_retries=1)
             try:
                 return int(

@@ -28,10 +28,18 @@ from labs.backends import check_can_start, device_label, get_backend
 from labs.backends import this_device as backend_device
 from labs.backends.base import Device, Placement
 from labs.catalog import CPU_KIND, GPUS, LAB_MODEL_SHAPES, MODELS
-from labs.device_calibration import (
-    CONSTANT_BOUNDS,
-    DeviceConstants,
-    announced_cpu_key,
+from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants, announced_cpu_key
+from labs.device_calibration.sweep import (
+    SWEEP,
+    Runs,
+    check_changes,
+    cpu_times,
+    fit_device,
+    measure_changes,
+    measure_sweep,
+    point_params,
+    run_summary,
+    steal_share,
 )
 from labs.models import CalibrationJob, DeviceCalibration, RunState, WorkerHeartbeat
 from labs.params import LabParams, ParamError, parse_lab_params
@@ -80,17 +88,6 @@ def calibrate_and_store(
     """Run SWEEP (and the lessons' changes) on the vLLM backend with `base` settings, fit the
     device's constants, store them as `device`'s newest DeviceCalibration, and check the changes
     with them. `base_url`: a vLLM server already running; else the backend starts its own."""
-    from labs.device_calibration.sweep import (
-        Runs,
-        check_changes,
-        cpu_times,
-        fit_device,
-        measure_changes,
-        measure_sweep,
-        run_summary,
-        steal_share,
-    )
-
     backend = get_backend("vllm", **({"base_url": base_url} if base_url else {}))
 
     def measured_run(params: LabParams) -> dict[str, Any]:
@@ -161,8 +158,6 @@ class CalibrationTarget:
 
 def gpu_calibration_model(device: Device) -> str | None:
     """The model a GPU kind is calibrated with, or None if no catalog model's sweep starts."""
-    from labs.device_calibration.sweep import SWEEP, point_params
-
     # The smallest published model whose every sweep point starts on one GPU of this kind
     # (qwen2.5-0.5b on every catalog GPU, the documented command's model): short runs, and weight
     # reads large enough to time; the lab-llama models stay with CPU workers, since on a GPU a
