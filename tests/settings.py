@@ -51,3 +51,8 @@ if OWNER not in os.environ:
         os.environ.pop("CELERY_RESULT_BACKEND", None)
 
 from config.settings import *  # noqa: E402, F403
+
+# A PBKDF2 hash costs about 0.3 s of CPU and the suite makes users and logs them in by the
+# hundred; MD5 costs microseconds. The app keeps Django's PBKDF2 (tests/test_settings.py checks),
+# and the throttle tests count hashes rather than time them.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -115,3 +115,23 @@ def test_each_xdist_process_gets_a_folder_and_a_redis_database_of_its_own(tmp_pa
         "redis://127.0.0.1:6379/10",
         "redis://127.0.0.1:6379/11",
     ]
+
+
+def test_the_app_hashes_passwords_with_pbkdf2_though_the_suite_does_not():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup()\n"
+            "from django.contrib.auth.hashers import get_hasher\n"
+            "print(get_hasher().algorithm)",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "ENV_FILE": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.strip() == "pbkdf2_sha256"
+    assert settings.PASSWORD_HASHERS == ["django.contrib.auth.hashers.MD5PasswordHasher"]
