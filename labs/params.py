@@ -505,7 +505,7 @@ class EngineConfig:
     spec_tokens: int = 0
     acceptance: float = 0.7
     # Not a lab parameter: the share of its steps in which a sequence drafts, 1 (every step)
-    # unless a device calibration measured its engine's (labs/device_calibration/sweep.py); only the
+    # unless a device calibration measured its engine's (labs/device_calibration_sweep.py); only the
     # simulator reads it.
     draft_share: float = 1.0
     draft_cost: float = 0.0

@@ -5,7 +5,7 @@ service does the work and the database holds the state.
 
 - `labs.run_execute`, `labs.reap_stale`: a lab run (labs.services, which chooses its queue,
   labs.sim or labs.gpu.*, and time limits when it enqueues it);
-- `labs.calibrate_device`: a device calibration job (labs.device_calibration.jobs).
+- `labs.calibrate_device`: a device calibration job (labs.device_calibration_jobs).
 
 Importing this module also connects the worker's signals (labs.worker_signals: its heartbeat and
 GPU-kind queues) in every worker.
@@ -14,7 +14,7 @@ GPU-kind queues) in every worker.
 from __future__ import annotations
 
 import labs.worker_signals  # noqa: F401  (connects the worker signals in every worker)
-from labs.device_calibration.jobs import calibrate_device_task
+from labs.device_calibration_jobs import calibrate_device_task
 from labs.services import reap_stale_task, run_execute_task
 
 __all__ = ["calibrate_device_task", "reap_stale_task", "run_execute_task"]

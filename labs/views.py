@@ -19,9 +19,9 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
 from labs import definitions, results, selectors, services
+from labs import device_calibration_jobs as calibration_jobs
 from labs.backends import check_can_start, device_lab_settings, requirement
 from labs.catalog import CPU_KIND
-from labs.device_calibration import jobs as calibration_jobs
 from labs.forms import LabParamsForm, SweepForm
 from labs.params import FIELDS_BY_NAME, ParamError
 from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values

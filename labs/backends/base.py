@@ -186,6 +186,9 @@ class EngineSample:
     waiting: int
     kv_usage: float  # 0..1 of the KV pool in use
     kv_blocks_used: int | None = None
+    # Tokens the step computed (prompt chunks, decodes, drafts): what the step's token budget
+    # caps. The simulator knows it; vLLM's gauges do not say it (None).
+    scheduled_tokens: int | None = None
 
 
 @dataclass
@@ -203,7 +206,7 @@ class EngineCounters:
     block_size: int | None = None
     # The engine's own time from queueing each request to its first token (vLLM's queue-time
     # and prefill-time histograms), summed over the requests it finished in the run, and their
-    # count: a client's TTFT less this is the API server's time (labs.device_calibration.sweep).
+    # count: a client's TTFT less this is the API server's time (labs.device_calibration_sweep).
     engine_first_token_s: float | None = None
     engine_requests: int | None = None
 

@@ -74,7 +74,7 @@ def build_cost_model(
     device: DeviceConstants | None = None,
 ) -> EngineModel:
     """The cost model of `engine.sim_profile`; on the realistic profile, priced with `device`'s
-    own fitted constants when the lab's GPU has them (labs/device_calibration/__init__.py)."""
+    own fitted constants when the lab's GPU has them (labs/device_calibration.py)."""
     if engine.sim_profile == "ideal":
         return RooflineCostModel(hardware, model, engine)
     calibration = None

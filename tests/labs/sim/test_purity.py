@@ -23,7 +23,7 @@ PURE_MODULES = [
     "labs.sim.simulator",
     "labs.metrics",
     "labs.device_calibration",
-    "labs.device_calibration.sweep",
+    "labs.device_calibration_sweep",
     "labs.backends.base",
     "labs.backends.sim",
 ]

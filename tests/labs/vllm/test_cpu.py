@@ -250,8 +250,8 @@ def test_the_calibration_sweeps_settings_with_one_engine_get_one_server():
     # Runs.measure warms a server's settings where the engine settings change and nowhere else;
     # that holds only if settings sharing engine settings share the server's arguments (P1's
     # 1,000-token prompt keeps the 1,024-token context the other points' server has).
-    from labs.device_calibration.jobs import CPU_BASE
-    from labs.device_calibration.sweep import sweep_settings
+    from labs.device_calibration_jobs import CPU_BASE
+    from labs.device_calibration_sweep import sweep_settings
 
     base = {**CPU_BASE, "hbm_gb": 16, "bandwidth_tbs": 0.008, "tflops": 0.2}
     servers: dict[str, set[tuple[str, ...]]] = {}

@@ -1,10 +1,11 @@
 """Calibrating a device on its own vLLM engine and storing the result, from the command line or
 from the staff's devices page.
 
-`calibrate_and_store` is the core both share: the sweep (sweep.py) measured on the vLLM backend,
-its fit, and a `labs.models.DeviceCalibration` row. `manage.py lab calibrate` calls it in its own
-process; the devices page queues a `CalibrationJob` and the Celery task `labs.calibrate_device`
-calls it on the vLLM worker that has the device (`calibration_execute`).
+`calibrate_and_store` is the core both share: the sweep (labs/device_calibration_sweep.py)
+measured on the vLLM backend, its fit, and a `labs.models.DeviceCalibration` row. `manage.py lab
+calibrate` calls it in its own process; the devices page queues a `CalibrationJob` and the Celery
+task `labs.calibrate_device` calls it on the vLLM worker that has the device
+(`calibration_execute`).
 
 A job's state changes are conditional UPDATEs, as a lab run's are (labs.services): a duplicate
 message does not calibrate twice, and a dead worker's job is failed, not left running.
@@ -29,7 +30,7 @@ from labs.backends import this_device as backend_device
 from labs.backends.base import Device, Placement
 from labs.catalog import CPU_KIND, GPUS, LAB_MODEL_SHAPES, MODELS
 from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants, announced_cpu_key
-from labs.device_calibration.sweep import (
+from labs.device_calibration_sweep import (
     SWEEP,
     Runs,
     check_changes,

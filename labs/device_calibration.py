@@ -1,9 +1,9 @@
 """One device's own calibration: constants fitted to runs measured on that device.
 
-    __init__.py  the constants (`DeviceConstants`), their bounds and the device keys
-    sweep.py     the runs that measure a device, and the fit of its constants to them
-    jobs.py      a calibration run on the device's own worker and stored (`manage.py lab
-                 calibrate`, the staff's devices page)
+    device_calibration.py        the constants (`DeviceConstants`), their bounds, device keys
+    device_calibration_sweep.py  the runs that measure a device, and the fit of its constants
+    device_calibration_jobs.py   a calibration run on the device's own worker and stored
+                                 (`manage.py lab calibrate`, the staff's devices page)
 
 The published calibration every other device keeps is labs/sim/published_calibration.py's.
 
@@ -49,9 +49,9 @@ CONSTANT_BOUNDS: dict[str, tuple[float, float]] = {
     # CPU time each sequence adds to a step (scheduling, inputs, sampling, outputs): microseconds
     # where a GPU's CPU works ahead of it, a large share of the step on a CPU worker.
     "per_seq_overhead_s": (1e-7, 0.05),
-    # Measured, not fitted (sweep.device_frontend_line): the API server's time per
-    # request, off the engine, that every TTFT carries and a busy engine does not wait for, with
-    # the request alone ...
+    # Measured, not fitted (device_calibration_sweep.device_frontend_line): the API server's time
+    # per request, off the engine, that every TTFT carries and a busy engine does not wait for,
+    # with the request alone ...
     "frontend_latency_s": (0.0, 1.0),
     # ... and what each other stream in flight adds to it: one Python process relays every
     # stream (a CPU worker's API server took 4 ms alone, 10 ms beside 3 others, 17 ms beside 7).

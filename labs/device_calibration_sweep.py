@@ -405,7 +405,8 @@ class Runs:
         text = f"{min(values):.3g} to {max(values):.3g} over {len(values)} runs"
         stolen = [s.get("steal_share") for s in self.summaries(params)]
         if stolen and all(x is not None for x in stolen):
-            # The CPU time the hypervisor took in each run (jobs.calibrate_and_store).
+            # The CPU time the hypervisor took in each run (labs.device_calibration_jobs,
+            # calibrate_and_store).
             text += f"; steal {min(stolen):.1%} to {max(stolen):.1%}"
         return f"({text})"
 
