@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 
-from tests.worker import WorkerProcess, purge, start_worker
+from tests.worker import WorkerProcess, purge, start_worker, stop_shared
 
 # What a test asks for that makes it talk to the database, the broker or a worker process: CI's
 # second pass (SQLite and the filesystem broker) runs these alone (`-m integration`).
@@ -87,11 +87,23 @@ def alice_client(client, alice):
 SIM_QUEUES = ["default", "labs.sim"]
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    # The shared worker serves a run of consecutive tests that ask for it, and is stopped before
+    # the last one's tables are flushed: no other test ever has a worker taking its messages or
+    # a heartbeat saying one is online.
+    uses = "celery_worker" in getattr(item, "fixturenames", ())
+    if uses and "celery_worker" not in getattr(nextitem, "fixturenames", ()):
+        stop_shared(SIM_QUEUES)
+    yield
+
+
 @pytest.fixture(scope="session")
 def sim_worker(django_db_setup, django_db_blocker):
-    """One real `celery worker` process on the default and sim queues for the whole test process,
-    started when a test first asks for it and again if a test stopped or killed it. It beats
-    every second, so its heartbeat row is back soon after each test's flush of the tables."""
+    """A real `celery worker` process on the default and sim queues, shared by consecutive tests
+    that ask for it (stopped after the last of them, see pytest_runtest_teardown) and started
+    again if a test stopped or killed it. It beats every second, so its heartbeat row is back
+    soon after a test's flush of the tables."""
     started: list[WorkerProcess] = []
 
     def get() -> WorkerProcess:

@@ -74,6 +74,13 @@ class WorkerProcess:
 _shared: list[WorkerProcess] = []
 
 
+def stop_shared(queues: list[str] | None = None) -> None:
+    """Stop the shared worker (on any of `queues`, or on any queue)."""
+    for other in _shared:
+        if other.alive() and (queues is None or set(other.queues) & set(queues)):
+            other.stop()
+
+
 def start_worker(
     queues: list[str],
     *,
@@ -89,9 +96,7 @@ def start_worker(
     config/supervise.py, which starts it again if it exits by itself. `purge_first=False` keeps
     the messages already waiting, for a worker that comes back to them. `shared` marks the test
     process's shared worker, which any other worker on one of its queues stops first."""
-    for other in _shared:
-        if other.alive() and set(other.queues) & set(queues):
-            other.stop()
+    stop_shared(queues)
     if purge_first:
         purge(queues)
     name = f"test-{uuid.uuid4().hex[:8]}"
