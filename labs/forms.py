@@ -135,7 +135,7 @@ class LabParamsForm(forms.Form):
         largest = max(offer.values(), default=0)
         for name, runnable in (
             ("gpu", lambda value: value in offer),
-            ("tp", lambda value: value.isdigit() and int(value) <= largest),
+            ("tp", lambda value: value.isascii() and value.isdigit() and int(value) <= largest),
         ):
             widget = self.fields[name].widget
             widget.choices = [

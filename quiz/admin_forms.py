@@ -138,7 +138,8 @@ class StepsWidget(forms.Widget):
         numbers = sorted(
             int(k[len(prefix) :])
             for k in data
-            if k.startswith(prefix) and k[len(prefix) :].isdigit()
+            # ASCII only: "²".isdigit() is true but int("²") raises.
+            if k.startswith(prefix) and k[len(prefix) :].isascii() and k[len(prefix) :].isdigit()
         )
         return [f"{prefix}{n}" for n in numbers]
 

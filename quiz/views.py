@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -267,8 +267,13 @@ def my_cards(request: HtmxHttpRequest) -> HttpResponse:
     made = None
     raw = request.GET.get("request", "")
     if raw:
-        if not raw.isdigit() or len(raw) > 18:
-            raise Http404("No such card request.")
+        # ASCII only: "²".isdigit() is true but int("²") raises.
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+            return HttpResponseBadRequest(
+                "?request= must be a card request number (digits 0-9, at most 18); "
+                f"got {raw[:40]!r}.",
+                content_type="text/plain; charset=utf-8",
+            )
         try:
             made = personal.card_request_get(user=request.user, pk=int(raw))
         except PersonalCardRequest.DoesNotExist:

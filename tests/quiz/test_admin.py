@@ -176,6 +176,17 @@ def test_it_edits_worked_steps_one_row_per_step(staff_client, content):
     assert card.steps == ["First.", "Third,\non two lines."]
 
 
+def test_a_steps_row_whose_number_is_not_ascii_digits_is_ignored(staff_client, content):
+    # "steps_²" passes str.isdigit() but int("²") raises: once a 500 on the admin's save.
+    load(content)
+    response = _admin_edit(
+        staff_client, "kv-bytes", steps_0="First.", steps_1="", **{"steps_²": "x", "steps_①": "y"}
+    )
+    assert response.status_code == 302
+    card = Card.objects.get(slug="kv-bytes")
+    assert card.steps[0] == "First." and "x" not in card.steps and "y" not in card.steps
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [

@@ -295,7 +295,7 @@ def test_the_button_queues_the_card_on_the_lab_worker_and_my_cards_shows_it(
     assert card.slug not in client.get(reverse("quiz:my-cards")).content.decode()
     shared = make_card(slug="deck-card")
     assert client.post(reverse("quiz:card-retire", args=[shared.slug])).status_code == 404
-    assert alice_client.get(reverse("quiz:my-cards") + "?request=x%00").status_code == 404
+    assert alice_client.get(reverse("quiz:my-cards") + "?request=x%00").status_code == 400
 
     response = alice_client.post(reverse("quiz:card-retire", args=[card.slug]))
     assert response.status_code == 302
@@ -570,3 +570,11 @@ def test_my_cards_says_when_each_comes_given_the_new_card_limit(alice, bob):
     assert personal.made_message(user=alice, card=mine[2], now=now) == (
         "It comes when you allow new cards (your limit is 0 a day)."
     )
+
+
+@pytest.mark.parametrize("raw", ["%C2%B2", "%E2%91%A0", "%D9%A3", "1%C2%B2", "x%00"])
+def test_a_request_number_that_is_not_ascii_digits_is_refused_by_name(alice_client, raw):
+    # "²" and "①" pass str.isdigit() but int() refuses them: once a 500.
+    response = alice_client.get(reverse("quiz:my-cards") + f"?request={raw}")
+    assert response.status_code == 400
+    assert "?request= must be a card request number (digits 0-9" in response.content.decode()
