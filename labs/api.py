@@ -107,7 +107,7 @@ def simulate(values: Mapping[str, Any]) -> dict[str, Any]:
         ParamError: settings that cannot run or are too large (RunTooLarge among them).
     """
     backend = get_backend("sim", max_run_mb=settings.LABS_SIM_MAX_RUN_MB)
-    return summarize(backend.run(parse_lab_params(values), lambda _: None))
+    return summarize(backend.run(parse_lab_params(values)))
 
 
 def sim_queue() -> str:

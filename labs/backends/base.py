@@ -80,7 +80,7 @@ class Chunks:
         elif tokens is None or len(tokens) != len(times_s):
             raise ValueError("times_s and tokens need one value per chunk")
         self._times: np.ndarray = times_s
-        self._tokens: np.ndarray = tokens  # type: ignore[assignment]
+        self._tokens: np.ndarray = tokens
         self._pending: list[tuple[float, int]] = []
 
     @classmethod
@@ -328,4 +328,4 @@ class Backend(Protocol):
 
     name: str  # "sim" | "vllm"
 
-    def run(self, params: LabParams, on_progress: ProgressCallback) -> RunRecord: ...
+    def run(self, params: LabParams, on_progress: ProgressCallback | None = None) -> RunRecord: ...
