@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
-from typing import Any, Protocol, TextIO
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TextIO, runtime_checkable
 
 from labs.backends import BACKENDS, get_backend
 from labs.cli import add_param_options, params_from_args, stored_calibration
@@ -41,6 +41,15 @@ class ServedModel(Protocol):
     def catalog_slug(self) -> str | None: ...
 
     def why_no_prediction(self) -> str | None: ...
+
+
+@runtime_checkable
+class MeasuresRunningServer(Protocol):
+    """A backend that can measure a server already running (the vllm backend with a base URL)."""
+
+    base_url: str | None
+
+    def served_model(self) -> ServedModel: ...
 
 
 # Options each backend takes besides the lab parameters (the vllm backend adds --base-url).
@@ -99,9 +108,9 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
     extra = {k: options[k] for k in BACKEND_OPTIONS.get(name, ()) if options.get(k) is not None}
     backend = get_backend(name, **extra)
     no_prediction = None
-    if getattr(backend, "base_url", None):
+    if isinstance(backend, MeasuresRunningServer) and backend.base_url:
         params, no_prediction = for_served_model(values, params, backend.served_model())
-    record = backend.run(params, lambda fraction, phase=None: None)
+    record = backend.run(params)
     measured = summarize(record, slo_ms)
     predicted = None if no_prediction else lab_prediction(params, stored_calibration(params))
     breakdown = None if no_prediction else run_breakdown(params, record, measured)
@@ -165,7 +174,7 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:,.2f} ms"
 
 
-def _num(fmt: str) -> Any:
+def _num(fmt: str) -> Callable[[Any], str]:
     return lambda value: "-" if value is None else format(value, fmt)
 
 
@@ -205,27 +214,27 @@ def format_table(
         lines.append(
             f"  {label:<24}{_ms(d['mean']):>13}{_ms(d['p50']):>13}{_ms(d['p99']):>13}{pred:>15}"
         )
-    rows = (
-        ("output tokens/s", "output_tokens_per_s", _num(",.1f"), "output_tokens_per_s"),
-        ("requests/s", "requests_per_s", _num(",.3f"), None),
-        ("goodput requests/s", "goodput_requests_per_s", _num(",.3f"), None),
-        ("completed / failed", None, None, None),
-        ("most running sequences", "max_running_seqs", _num(","), "running_seqs"),
-        ("preemptions", "preemptions", _num(","), None),
-        ("KV usage peak", "kv_usage_peak", _num(".1%"), None),
-        ("prefix-cache hit rate", "prefix_cache_hit_rate", _num(".1%"), None),
-        ("draft acceptance rate", "spec_acceptance_rate", _num(".1%"), None),
-        ("simulated seconds", "simulated_s", _num(",.3f"), None),
-        ("wall seconds", "wall_s", _num(",.3f"), None),
-    )
-    for label, key, fmt, pred_key in rows:
-        if key is None:
-            shown = f"{measured['completed']:,} / {measured['failed']:,}"
-            pred = ""
-        else:
-            shown = fmt(measured[key])
-            pred = fmt(predicted.get(pred_key)) if pred_key and has_prediction else ""
-        lines.append(f"  {label:<24}{shown:>39}{pred:>15}")
+
+    def row(label: str, shown: str, pred: str = "") -> str:
+        return f"  {label:<24}{shown:>39}{pred:>15}"
+
+    def metric(label: str, key: str, fmt: Callable[[Any], str], pred_key: str | None = None) -> str:
+        pred = fmt(predicted.get(pred_key)) if pred_key and has_prediction else ""
+        return row(label, fmt(measured[key]), pred)
+
+    lines += [
+        metric("output tokens/s", "output_tokens_per_s", _num(",.1f"), "output_tokens_per_s"),
+        metric("requests/s", "requests_per_s", _num(",.3f")),
+        metric("goodput requests/s", "goodput_requests_per_s", _num(",.3f")),
+        row("completed / failed", f"{measured['completed']:,} / {measured['failed']:,}"),
+        metric("most running sequences", "max_running_seqs", _num(","), "running_seqs"),
+        metric("preemptions", "preemptions", _num(",")),
+        metric("KV usage peak", "kv_usage_peak", _num(".1%")),
+        metric("prefix-cache hit rate", "prefix_cache_hit_rate", _num(".1%")),
+        metric("draft acceptance rate", "spec_acceptance_rate", _num(".1%")),
+        metric("simulated seconds", "simulated_s", _num(",.3f")),
+        metric("wall seconds", "wall_s", _num(",.3f")),
+    ]
     return "\n".join(lines) + "\n"
 
 
