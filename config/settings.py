@@ -59,6 +59,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: a body too big for any form is refused before anything reads it.
+    "config.uploads.RequestSizeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -74,7 +76,10 @@ MIDDLEWARE = [
 
 if not DEBUG:
     # Production serves static files itself (collectstatic into STATIC_ROOT, compressed).
-    MIDDLEWARE.insert(1, "whitenoise.middleware.WhiteNoiseMiddleware")
+    MIDDLEWARE.insert(
+        MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+        "whitenoise.middleware.WhiteNoiseMiddleware",
+    )
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
@@ -212,6 +217,11 @@ STORAGES = {
         else "whitenoise.storage.CompressedManifestStaticFilesStorage"
     },
 }
+
+# --- Uploads ------------------------------------------------------------------------------------
+# The largest file a form takes (a study document in the admin). A body beyond it and the form's
+# slack is refused from its Content-Length before it is read (config.uploads).
+UPLOAD_MAX_BYTES = env_int("UPLOAD_MAX_BYTES", 1_000_000)
 
 # --- Security (production) ------------------------------------------------------------------------
 if not DEBUG:

@@ -185,7 +185,7 @@ class CardAdmin(SafeAutocompleteMixin, admin.ModelAdmin):
         if request.method == "POST" and form.is_valid():
             upload = form.cleaned_data["document"]
             try:
-                text = documents.decode_upload(upload.read(documents.MAX_BYTES + 1))
+                text = documents.decode_upload(upload)
                 cards = documents.document_import(
                     deck=form.cleaned_data["deck"], name=upload.name, text=text
                 )

@@ -22,13 +22,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from django.conf import settings
+from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 from django.utils.text import slugify
 
+from config.uploads import over_limit_text
 from quiz.admin_forms import MAX_OPTIONS
 from quiz.models import Card, CardRelation, ChoiceOption, Deck
 
-MAX_BYTES = 1_000_000
 # Every draft costs a few queries in the one request that imports them: 100,000 questions took
 # 219 s. A study document holds tens; more is refused, with the line where the limit is passed.
 MAX_DRAFTS = 2_000
@@ -235,10 +237,15 @@ def parse_document(text: str) -> list[Draft]:
     return parser.finish(len(lines))
 
 
-def decode_upload(data: bytes) -> str:
-    """The uploaded bytes as text, or DocumentError (line 1) saying why not."""
-    if len(data) > MAX_BYTES:
-        raise DocumentError(1, f"the file is {len(data):,} bytes; the limit is {MAX_BYTES:,}")
+def decode_upload(upload: UploadedFile) -> str:
+    """The uploaded file as text, or DocumentError saying why not. Its size is checked before
+    it is read."""
+    limit = settings.UPLOAD_MAX_BYTES
+    if upload.size is None or upload.size > limit:
+        raise DocumentError(1, over_limit_text(upload.size or limit + 1, limit))
+    data = upload.read(limit + 1)
+    if len(data) > limit:  # a size the upload misreported
+        raise DocumentError(1, over_limit_text(len(data), limit))
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

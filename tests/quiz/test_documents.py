@@ -194,6 +194,52 @@ def test_non_staff_cannot_import(client, db):
     assert Card.objects.count() == 0
 
 
+class _CountingInput:
+    """A request body that counts what is read from it (and holds nothing)."""
+
+    def __init__(self) -> None:
+        self.read_bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        self.read_bytes += max(size, 0)
+        return b"\0" * max(size, 0)
+
+    def readline(self, size: int = -1) -> bytes:
+        return self.read(size)
+
+
+def test_a_200_mib_upload_is_refused_from_its_length_before_a_byte_is_read(staff_client):
+    # It was read whole (7.6 s, 756 MiB peak) before the size check, which said "1,000,001 bytes".
+    body = _CountingInput()
+    response = staff_client.generic(
+        "POST",
+        reverse("admin:quiz_card_import_document"),
+        data=b"-",
+        content_type="multipart/form-data; boundary=BoUnDaRy",
+        CONTENT_LENGTH=str(200 * 2**20),
+        **{"wsgi.input": body},
+    )
+    assert response.status_code == 413
+    assert body.read_bytes == 0
+    text = response.content.decode()
+    assert "the file is 209.7 MB; a file may be 1 MB at most" in text
+    assert "Nothing was read or imported" in text
+
+
+@pytest.mark.parametrize(
+    ("size", "said"),
+    [(1_000_001, "more than 1 MB"), (1_060_000, "1.1 MB")],
+)
+def test_a_document_over_the_limit_is_refused_in_megabytes(staff_client, size, said):
+    url = reverse("admin:quiz_card_import_document")
+    upload = _upload("big.txt", b"Why?\n" * (size // 5) + b"x" * (size % 5))
+    response = staff_client.post(url, {"deck": make_deck().pk, "document": upload})
+    html = response.content.decode()
+    assert response.status_code == 400
+    assert f"big.txt, line 1: the file is {said}; a file may be 1 MB at most." in html
+    assert f"{size:,}" not in html and Card.objects.count() == 0
+
+
 # -- publishing: a draft gets a real slug ---------------------------------------------------------
 
 
