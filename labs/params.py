@@ -478,6 +478,11 @@ PARAM_FIELDS: tuple[ParamField, ...] = (
 FIELDS_BY_NAME: dict[str, ParamField] = {f.name: f for f in PARAM_FIELDS}
 
 
+def _default(name: str) -> Any:
+    """A lab parameter's default, as its ParamField declares it (the one place it is declared)."""
+    return FIELDS_BY_NAME[name].default
+
+
 class ParamError(ValueError):
     """Bad lab parameters. `errors` maps each bad field's name to a message that names it."""
 
@@ -490,49 +495,54 @@ class ParamError(ValueError):
 class EngineConfig:
     """Engine settings, named as vLLM names them; units in the names where they differ."""
 
-    tp: int = 1
-    weight_dtype: str = "bf16"
-    kv_dtype: str = "auto"
-    gpu_memory_utilization: float = 0.9
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    kv_allocation: str = "paged"
-    chunked_prefill: bool = True
-    prefix_caching: bool = True
-    kv_capacity_tokens: int | None = None
+    tp: int = _default("tp")
+    weight_dtype: str = _default("weight_dtype")
+    kv_dtype: str = _default("kv_dtype")
+    gpu_memory_utilization: float = _default("gpu_memory_utilization")
+    block_size: int = _default("block_size")
+    max_num_seqs: int = _default("max_num_seqs")
+    max_num_batched_tokens: int = _default("max_num_batched_tokens")
+    kv_allocation: str = _default("kv_allocation")
+    chunked_prefill: bool = _default("chunked_prefill")
+    prefix_caching: bool = _default("prefix_caching")
+    kv_capacity_tokens: int | None = _default("kv_capacity_tokens")
+    # The parsed value: "none" where the learner left speculation unset.
     spec_method: str = "none"
-    spec_tokens: int = 0
-    acceptance: float = 0.7
+    spec_tokens: int = _default("spec_tokens")
+    acceptance: float = _default("acceptance")
     # Not a lab parameter: the share of its steps in which a sequence drafts, 1 (every step)
     # unless a device calibration measured its engine's (labs/device_calibration_sweep.py); only the
     # simulator reads it.
     draft_share: float = 1.0
+    # The parsed value: the method's own cost (DEFAULT_DRAFT_COST) where the learner left it unset.
     draft_cost: float = 0.0
     step_overhead_s: float = 0.0
     activation_reserve_bytes: int = 0
-    compute_efficiency: float = 1.0
-    bandwidth_efficiency: float = 1.0
-    sim_profile: str = "realistic"
+    compute_efficiency: float = _default("compute_efficiency")
+    bandwidth_efficiency: float = _default("bandwidth_efficiency")
+    sim_profile: str = _default("sim_profile")
 
 
 @dataclass(frozen=True)
 class Workload:
     """What is asked of the engine. Lengths in tokens; `request_rate` None = all at once."""
 
-    prompt_tokens: int = 1024
-    output_tokens: int = 256
-    max_tokens: int = 2048
-    concurrency: int = 1
+    prompt_tokens: int = _default("prompt_tokens")
+    output_tokens: int = _default("output_tokens")
+    max_tokens: int = _default("max_tokens")
+    concurrency: int = _default("concurrency")
+    # The parsed value: prompt + output where the learner left it unset.
     context_tokens: int = 1280
-    num_prompts: int = 100
-    request_rate: float | None = None
-    max_concurrency: int | None = None
-    shared_prefix_tokens: int = 0
-    input_range_ratio: float = 0.0
-    output_range_ratio: float = 0.0
-    seed: int = 0
-    temperature: float = 0.0  # the requests' sampling on a real engine (0: greedy)
+    num_prompts: int = _default("num_prompts")
+    request_rate: float | None = _default("request_rate")
+    max_concurrency: int | None = _default("max_concurrency")
+    shared_prefix_tokens: int = _default("shared_prefix_tokens")
+    input_range_ratio: float = _default("input_range_ratio")
+    output_range_ratio: float = _default("output_range_ratio")
+    seed: int = _default("seed")
+    temperature: float = _default(
+        "temperature"
+    )  # the requests' sampling on a real engine (0: greedy)
 
     @property
     def prompt_range(self) -> tuple[int, int]:
@@ -860,14 +870,15 @@ def parse_lab_params(data: Mapping[str, object], *, ignore_unknown: bool = False
     hardware = _resolve_gpu(given, errors)
     v: dict[str, Any] = {f.name: given.get(f.name, f.default) for f in PARAM_FIELDS}
     if v["context_tokens"] is None:
-        v["context_tokens"] = v["prompt_tokens"] + v["output_tokens"]
+        derived: int = v["prompt_tokens"] + v["output_tokens"]
+        v["context_tokens"] = derived
         context = FIELDS_BY_NAME["context_tokens"]
-        if not _in_range(context, v["context_tokens"]):
+        if not _in_range(context, derived):
             # Derived, it must still be a value the field accepts, or the saved run would not
             # parse again in the worker.
             errors["context_tokens"] = (
                 f"context_tokens (unset: prompt_tokens + output_tokens = "
-                f"{v['context_tokens']:,}) must be at most {_fmt(context.maximum)}; lower "
+                f"{derived:,}) must be at most {_fmt(context.maximum)}; lower "
                 "prompt_tokens or output_tokens, or set context_tokens"
             )
     if model is not None:
