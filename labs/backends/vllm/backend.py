@@ -386,7 +386,7 @@ class VLLMBackend:
                 raise driver.error
             assert driver.result is not None
             if manager is not None:
-                manager.check()
+                manager.check(health=True)
         except BaseException:
             # A failed run stops the server (it may be the cause); a run the caller stopped
             # (cancelled) leaves it for the next one.

@@ -272,6 +272,10 @@ class _Stream:
             return f"aborted by the server after {got} tokens"
         if self.finish_reason is None and got < self.record.max_tokens:
             return f"stream ended after {got} of {self.record.max_tokens} tokens"
+        if self.finish_reason == "length" and got < self.record.max_tokens:
+            # With ignore_eos, vLLM stops short of max_tokens only when it lowered it to what
+            # its max_model_len left: fewer tokens than the workload asks for is no success.
+            return f'ended on "length" after {got} of {self.record.max_tokens} tokens'
         if got == 0:
             # Nothing to time: bench fails it too ("Never received a valid chunk").
             return f"finished ({self.finish_reason or 'no reason given'}) with no output tokens"
@@ -320,9 +324,10 @@ async def _send(
         stream.error = f"could not connect: {exc}"
     except httpx.HTTPError as exc:
         stream.error = f"{type(exc).__name__} after {record.output_tokens} tokens: {exc}"
+    if stream.done and stream.error is None and record.chunks:
+        stream.settle_count()  # before outcome(), which compares the count with max_tokens
     record.error = stream.outcome()
     if record.error is None and record.chunks:
-        stream.settle_count()
         record.finish_s = record.chunks[-1][0]
     details = (stream.final_usage or {}).get("prompt_tokens_details") or {}
     if isinstance(details.get("cached_tokens"), int):

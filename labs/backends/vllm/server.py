@@ -73,6 +73,10 @@ _WEIGHT_FLAGS: dict[str, list[str]] = {
     "fp8": ["--quantization", "fp8"],  # quantized on load, works with random weights
 }
 _LOG_TAIL_LINES = 40
+# Read for vLLM's first error line: a server's whole log, unless it grew past this.
+_LOG_SCAN_BYTES = 8 * 1024 * 1024
+# Seconds a server's group gets once its leader has exited (see stop_group).
+ORPHAN_GRACE_S = 2.0
 _KEEP_LOGS = 5
 
 
@@ -373,15 +377,39 @@ def build_plan(
 
 
 _ERROR_LINE = re.compile(r"\b(\w+(Error|Exception)): \S")
+# vLLM's line prefix: "(EngineCore_DP0 pid=7) ERROR 12-02 00:17:09 [core.py:1] " on a log record,
+# "(EngineCore_DP0 pid=7) " alone on a traceback line its subprocess printed.
+_PROCESS = r"(\([\w.-]+ pid=\d+\)\s+)?"
+_RECORD = re.compile(
+    _PROCESS + r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+[\d-]+ [\d:.]+\s+\[[^\]]*\]\s+"
+)
+_PREFIX = re.compile(_PROCESS)
+# Errors that only point at the cause above them, never the cause.
+_POINTERS = ("See stack trace (above)", "See root cause above")
+# The API server's word that its engine process died, logged as a warning.
+_ENGINE_DIED = re.compile(r"engine core (exited|died) unexpectedly|died unexpectedly", re.I)
 
 
 def vllm_error_line(lines: list[str]) -> str | None:
-    """The last `SomethingError: message` line of a server log (vLLM's own reason it stopped,
-    e.g. "ValueError: ... block_size ..."), or None."""
-    for line in reversed(lines):
-        if _ERROR_LINE.search(line):
-            return line.strip()
-    return None
+    """vLLM's own reason it stopped: the FIRST exception line of a server log ("ValueError: ...
+    block_size ...", which comes ~60 lines above the generic "Engine core initialization
+    failed"), else its first error record or its word that the engine died; warnings (a
+    start-up "Tokenizer not available" every server logs) never count. None if there is none."""
+    exception = record = None
+    for raw in lines:
+        line = raw.strip()
+        match = _RECORD.match(line)
+        level = match.group("level") if match else None
+        text = line[match.end() :] if match else line[_PREFIX.match(line).end() :]
+        if _ENGINE_DIED.search(text) and record is None:
+            record = text
+        if level in ("DEBUG", "INFO", "WARNING"):
+            continue
+        if _ERROR_LINE.search(text) and not any(p in text for p in _POINTERS):
+            exception = exception or text
+        elif level in ("ERROR", "CRITICAL") and record is None:
+            record = text
+    return exception or record
 
 
 class ServerError(BackendError):
@@ -435,24 +463,44 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def stop_group(pgid: int, leader: subprocess.Popen[bytes] | None, timeout_s: float) -> None:
+def stop_group(
+    pgid: int,
+    leader: subprocess.Popen[bytes] | None,
+    timeout_s: float,
+    grace_s: float = ORPHAN_GRACE_S,
+) -> None:
     """TERM the whole process group, wait up to `timeout_s` for every member to go, then KILL.
     vLLM's engine cores are children of the server; killing only the server would orphan them
-    with the GPU memory they hold."""
-    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, sig)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if leader is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    leader.wait(timeout=0.05)  # reap it, or it stays a member as a zombie
-            if not group_members(pgid):
-                return
-            time.sleep(0.05)
-    if leader is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            leader.wait(timeout=1)
+    with the GPU memory they hold. Once the leader (vLLM's API server, which shuts its own engine
+    down) is gone, what is left gets only `grace_s`: an engine its server left behind ignores
+    SIGTERM, and would otherwise hold a failed run for the whole timeout."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    orphaned_at: float | None = None
+    while time.monotonic() < deadline:
+        if leader is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                leader.wait(timeout=0.05)  # reap it, or it stays a member as a zombie
+        members = group_members(pgid)
+        if not members:
+            return
+        led = leader.poll() is None if leader is not None else pgid in members
+        if not led:
+            orphaned_at = orphaned_at or time.monotonic()
+            if time.monotonic() - orphaned_at >= grace_s:
+                break
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        if leader is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                leader.wait(timeout=0.05)
+        if not group_members(pgid):
+            return
+        time.sleep(0.05)
     if group_members(pgid):
         logger.error("process group %s survived SIGKILL: %s", pgid, group_members(pgid))
 
@@ -676,14 +724,22 @@ class ServerManager:
                     on_wait(time.monotonic() - started)
                 time.sleep(0.5)
 
-    def check(self) -> None:
-        """Raise ServerError (and clean up) if the current server has died."""
+    def check(self, *, health: bool = False) -> None:
+        """Raise ServerError (and clean up) if the current server has died; with `health`, also
+        if it no longer answers /health: vLLM's API server outlives a dead engine by seconds,
+        failing every request meanwhile, so a run can end before its server exits."""
         with self._lock:
             server = self.current
-            if server is None or server.process.poll() is None:
+            if server is None:
                 return
-            code = server.process.returncode
-            message = f"vllm serve exited with code {code} during the run. " + self.log_tail(server)
+            code = server.process.poll()
+            if code is not None:
+                message = f"vllm serve exited with code {code} during the run. "
+            elif health and not self._healthy(server):
+                message = "vLLM's engine stopped during the run (its server fails /health). "
+            else:
+                return
+            message += self.log_tail(server)
             self.stop()
             raise ServerError(message)
 
@@ -759,7 +815,7 @@ class ServerManager:
         try:
             with server.log_path.open("rb") as log:
                 log.seek(0, os.SEEK_END)
-                log.seek(max(0, log.tell() - 64 * 1024))
+                log.seek(max(0, log.tell() - _LOG_SCAN_BYTES))
                 text = log.read().decode("utf-8", "replace")
         except OSError as exc:
             return f"(its log {server.log_path} cannot be read: {exc})"

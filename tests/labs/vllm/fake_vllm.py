@@ -65,9 +65,11 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import time
 from http import HTTPStatus
@@ -169,6 +171,7 @@ class Engine:
         self.waiting: list[Stream] = []
         self.log: dict[str, dict[str, Any]] = {}
         self.arrivals = 0
+        self.dead = False  # its engine process died (die())
         spec = config.get("spec") or {}
         self.spec_k = int(spec.get("k", 0))
         # vLLM's conversion (v1/spec_decode/utils.py): conditional c_i = p_i / p_(i-1).
@@ -199,8 +202,19 @@ class Engine:
         self.counters["spec_decode_num_accepted_tokens"] += accepted
         return accepted
 
+    def die(self) -> None:
+        """What vLLM's API server does once its engine process died: every request in flight
+        or waiting ends on an error event (EngineDeadError), /health answers 503 and new
+        requests 500, until its watchdog shuts it down."""
+        self.dead = True
+        streams = [*self.running.values(), *self.waiting]
+        self.running.clear()
+        self.waiting.clear()
+        for stream in streams:
+            stream.engine_dead()
+
     def healthy(self) -> bool:
-        if self.config["never_healthy"]:
+        if self.dead or self.config["never_healthy"]:
             return False
         return time.monotonic() - self.started >= float(self.config["healthy_after_s"])
 
@@ -353,6 +367,8 @@ class Stream:
         return b"%x\r\n%s\r\n" % (len(data), data)
 
     def send_next(self) -> None:
+        if self.engine.dead:
+            return  # engine_dead() has answered it
         if self.conn.closed:
             self.engine.finish(self)
             return
@@ -448,6 +464,12 @@ class Stream:
     def stall(self) -> None:
         self.log["stalled"] = True
         self.engine.finish(self)
+
+    def engine_dead(self) -> None:
+        self.log["engine_dead"] = True
+        err = json.loads(error_json(ENGINE_DEAD, "InternalServerError", 500))
+        self.conn.write(self.event(err) + b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+        self.conn.response_done()
 
     def error(self) -> None:
         err = {"error": {"message": "fake engine failure", "type": "InternalServerError"}}
@@ -615,6 +637,9 @@ class Conn:
         if request is None:
             self.refuse(xid, arrived, status, answer)
             return
+        if engine.dead:
+            self.refuse(xid, arrived, 500, error_json(ENGINE_DEAD, "InternalServerError", 500))
+            return
         body = request.model_dump()
         refusal = _refusal(body, engine.config)
         if refusal is not None:
@@ -656,6 +681,19 @@ class RequestError(ValueError):
         if self.value is not None:
             extras.append(f"value={self.value}")
         return f"{super().__str__()} ({', '.join(extras)})"
+
+
+# vLLM's EngineDeadError (v1/engine/exceptions.py), a 500 (VLLMServerError).
+ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+# vLLM's API server checks its engine every 5 s and shuts down once it is dead
+# (entrypoints/launchers/launcher.py, watchdog_loop).
+WATCHDOG_S = 5.0
+
+
+def vllm_log(process: str, level: str, where: str, message: str) -> str:
+    """A line as vLLM's logger writes it (vllm/logger.py _FORMAT)."""
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    return f"({process} pid={os.getpid()}) {level} {stamp} [{where}] {message}"
 
 
 def error_json(message: str, err_type: str, code: int, param: str | None = None) -> bytes:
@@ -890,7 +928,42 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-async def serve(host: str, port: int, config: dict[str, Any], handle_term: bool = True) -> None:
+async def _watch_engine(
+    process: subprocess.Popen[bytes], current: dict[str, Engine], stop: asyncio.Event
+) -> None:
+    """Serve until the engine process dies, then answer as vLLM's API server does (Engine.die)
+    and log what it logs, and shut down after its watchdog's period."""
+    while process.poll() is None:
+        await asyncio.sleep(0.05)
+    running = len(current["engine"].running) + len(current["engine"].waiting)
+    lines = [
+        vllm_log(
+            "APIServer",
+            "WARNING",
+            "core_client.py:818",
+            "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup",
+        )
+    ]
+    for _ in range(running):
+        failed = "Error in completion stream generator."
+        lines.append(vllm_log("APIServer", "ERROR", "serving.py:500", failed))
+        lines.append("Traceback (most recent call last):")
+        lines.append(f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD}")
+    print("\n".join(lines), flush=True)
+    current["engine"].die()
+    await asyncio.sleep(WATCHDOG_S)
+    stop.set()
+
+
+async def serve(
+    host: str,
+    port: int,
+    config: dict[str, Any],
+    handle_term: bool = True,
+    engine_process: subprocess.Popen[bytes] | None = None,
+) -> None:
+    """Serve until SIGTERM; with `engine_process` (the stand-in's engine core), until its death
+    has been answered as vLLM answers it (_watch_engine)."""
     loop = asyncio.get_running_loop()
     current = {"engine": Engine(config)}
     listener = socket.create_server((host, port), backlog=1024)
@@ -909,7 +982,12 @@ async def serve(host: str, port: int, config: dict[str, Any], handle_term: bool 
     for sig in (signal.SIGTERM, signal.SIGINT) if handle_term else ():
         loop.add_signal_handler(sig, stop.set)
     print(f"fake vLLM {config['version']} serving on http://{host}:{port}", flush=True)
+    watcher = None
+    if engine_process is not None:
+        watcher = asyncio.ensure_future(_watch_engine(engine_process, current, stop))
     await stop.wait()
+    if watcher is not None:
+        watcher.cancel()
     loop.remove_reader(listener.fileno())
     listener.close()
 

@@ -5,9 +5,16 @@ lines file $STANDIN_RECORD (its pid, process group, session and arguments), star
 that only sleeps (as vLLM starts its engine-core processes), then serves the fake vLLM
 (fake_vllm.py) on H:P. $STANDIN_MODE changes that:
 
-- `die`: prints an error as vLLM would and exits with status 1 before serving;
+- `die`: fails to start as vLLM does, its cause ~60 lines above the generic "Engine core
+  initialization failed", and exits with status 1 before serving;
 - `never_healthy`: serves, but /health answers 503 forever;
-- `ignore_term`: it and its grandchild ignore SIGTERM, so only SIGKILL stops them.
+- `ignore_term`: it and its grandchild ignore SIGTERM, so only SIGKILL stops them;
+- `engine_ignores_term`: only the grandchild ignores SIGTERM.
+
+The grandchild stands for vLLM's engine core: when it dies (a test kills it), the fake answers
+as vLLM's API server does with a dead engine (fake_vllm.Engine.die), then exits after its
+watchdog's period. Like every vLLM server started with --skip-tokenizer-init, it logs a warning
+about the tokenizer at start.
 
 $STANDIN_FAKE_CONFIG (JSON) is passed to the fake. `vllm --version` prints the fake's version.
 
@@ -37,11 +44,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SLEEPER = """
 import signal, sys, time
-if sys.argv[1] == "ignore_term":
+if sys.argv[1] in ("ignore_term", "engine_ignores_term"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 while True:
     time.sleep(1)
 """
+
+
+# A failed start as vLLM 0.32 logs it: the engine core's cause first, then a long traceback
+# from the API server ending in the generic RuntimeError.
+FAILED_START = "\n".join(
+    [
+        "(EngineCore_DP0 pid={pid}) ERROR 12-02 00:17:09 [core.py:1000] EngineCore failed to "
+        "start.",
+        "(EngineCore_DP0 pid={pid}) Traceback (most recent call last):",
+        *['(EngineCore_DP0 pid={pid})   File "vllm/v1/engine/core.py", line 1, in run'] * 20,
+        "(EngineCore_DP0 pid={pid}) ValueError: No valid attention backend found",
+        "(APIServer pid=1) Traceback (most recent call last):",
+        *['(APIServer pid=1)   File "vllm/v1/engine/utils.py", line 1432, in wait'] * 40,
+        "(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause "
+        "above. Failed core proc(s): {{'EngineCore_DP0': 1}}",
+    ]
+)
 
 
 def option(argv: list[str], name: str, default: str) -> str:
@@ -143,13 +167,14 @@ def main() -> int:
             fh.write(json.dumps(entry) + "\n")
     print(f"INFO stand-in vllm {' '.join(argv[:2])}: loading model", flush=True)
     if mode == "die":
-        print("ERROR EngineCore failed to start.", file=sys.stderr, flush=True)
-        print("ValueError: No valid attention backend found", file=sys.stderr, flush=True)
+        print(FAILED_START.format(pid=grandchild.pid), file=sys.stderr, flush=True)
         return 1
     # Imported after the first log line: FastAPI takes a while to import on a busy machine, as
     # vLLM takes a while to load its model; the log should say something at once.
     import fake_vllm
 
+    warning = "ValueError: Tokenizer not available when `skip_tokenizer_init=True`"
+    print(fake_vllm.vllm_log("APIServer", "WARNING", "serving.py:222", warning), flush=True)
     config = fake_vllm.load_config(os.environ.get("STANDIN_FAKE_CONFIG"))
     config["model"] = option(argv, "--served-model-name", argv[1])
     config["block_size"] = int(option(argv, "--block-size", "16"))
@@ -161,7 +186,11 @@ def main() -> int:
         grandchild.kill()
         return 1
     host, port = option(argv, "--host", "127.0.0.1"), int(option(argv, "--port", "8000"))
-    asyncio.run(fake_vllm.serve(host, port, config, handle_term=mode != "ignore_term"))
+    asyncio.run(
+        fake_vllm.serve(
+            host, port, config, handle_term=mode != "ignore_term", engine_process=grandchild
+        )
+    )
     return 0
 
 

@@ -325,6 +325,35 @@ def test_a_server_that_dies_during_a_run_fails_it_with_its_log(
 
 
 @pytest.mark.usefixtures("fresh_backend_manager")
+def test_a_killed_engine_fails_its_run_with_its_reason(
+    standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The stand-in's grandchild is its engine: killed once some requests have finished, its
+    # server fails the rest at once and stays up (vLLM's watchdog takes 5 s), so the load ends
+    # while the server still runs, with some requests done.
+    monkeypatch.setenv("STANDIN_FAKE_CONFIG", json.dumps({"itl_ms": [100], "max_num_seqs": 4}))
+    killed: list[int] = []
+
+    def kill_engine(fraction: float, phase: Phase | None = None) -> None:
+        if not killed and fraction > 0 and vllm_backend.server_manager().current is not None:
+            killed.append(standin.starts()[0]["grandchild"])
+            os.kill(killed[0], 9)
+
+    with pytest.raises(ServerError) as caught:
+        VLLMBackend(metrics_poll_s=0).run(parse_lab_params(PARAMS), kill_engine)
+    message = str(caught.value)
+    assert killed and message.startswith("vLLM's engine stopped during the run")
+    # Its own first error line, not the start-up warning every server logs.
+    said = message.split("\n")[0]
+    assert said.endswith(
+        "vLLM said: [shutdown] MPClient: engine core exited unexpectedly; starting cleanup"
+    )
+    assert vllm_backend.server_manager().current is None
+    (start,) = standin.starts()
+    assert wait_gone([start["pid"]]) == []
+
+
+@pytest.mark.usefixtures("fresh_backend_manager")
 def test_a_cancelled_run_stops_the_load_but_keeps_the_server(
     standin: StandIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:

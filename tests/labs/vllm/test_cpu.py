@@ -128,6 +128,30 @@ def test_the_log_tail_names_vllms_own_error_line():
     assert vllm_error_line(["INFO all well"]) is None
 
 
+def test_vllms_error_line_is_its_first_cause_never_a_warning():
+    pid = "(APIServer pid=2)"
+    lines = [
+        f"{pid} WARNING 12-02 00:17:01 [serving.py:2] ValueError: Tokenizer not available",
+        "(EngineCore_DP0 pid=3) ERROR 12-02 00:17:09 [core.py:1] EngineCore failed to start.",
+        "(EngineCore_DP0 pid=3) ValueError: not enough memory for the KV cache",
+        *[f'{pid}   File "x.py", line 1, in <module>'] * 60,
+        f"{pid} RuntimeError: Engine core initialization failed. See root cause above.",
+    ]
+    assert vllm_error_line(lines) == "ValueError: not enough memory for the KV cache"
+    died = [
+        lines[0],
+        f"{pid} WARNING 12-02 00:18:00 [core_client.py:818] [shutdown] MPClient: engine core "
+        "exited unexpectedly; starting cleanup",
+        f"{pid} ERROR 12-02 00:18:00 [serving.py:500] Error in completion stream generator.",
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack "
+        "trace (above) for the root cause.",
+    ]
+    assert vllm_error_line(died) == (
+        "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup"
+    )
+    assert vllm_error_line(lines[:1]) is None
+
+
 def test_the_run_label_names_the_cpu_and_its_cores():
     assert (
         cpu.where_label("0.32.0+cpu", CPU_GPUS)

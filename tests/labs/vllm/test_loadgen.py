@@ -421,3 +421,13 @@ def test_a_completion_with_no_tokens_is_a_failure_that_says_so() -> None:
     )
     assert stream.done and record.chunks == []
     assert stream.outcome() == "finished (stop) with no output tokens"
+
+
+def test_a_stream_that_ends_early_on_length_is_counted_as_such(fake_server: Any) -> None:
+    # vLLM lowers max_tokens to what max_model_len leaves and ends on "length": 64 + 10 tokens
+    # asked of a 70-token context gives 6.
+    server = fake_server({"ttft_ms": 2, "itl_ms": [2], "max_model_len": 70})
+    options = LoadOptions(metrics_poll_s=0)
+    result = asyncio.run(run_load(server.base_url, "lab", planned(2, 10), options))
+    assert [r.error for r in result.requests] == ['ended on "length" after 6 of 10 tokens'] * 2
+    assert all(r.output_tokens == 6 and r.finish_s is None for r in result.requests)
