@@ -284,6 +284,7 @@ def test_a_batching_run_counts_the_tokens_the_server_counted(cpu_worker, learner
     _runs["batching"] = run
     assert_serves_the_learners_settings(run, BATCHING)
     meta = run.result["meta"]
+    print(f"vLLM server start (eager mode): {meta['server_start_s']:.1f} s")
     assert meta["server_reused"] is False  # a fresh server: its totals are this run's
     assert "--enforce-eager" in meta["engine_args"]
     assert run.where.startswith("vLLM 0.32.0 on CPU (") and " core" in run.where
