@@ -17,6 +17,7 @@ Pure functions of the parameters and of the memory of one GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -31,6 +32,12 @@ MAX_TP = 8  # the largest single-node worker the checks suggest
 # workspaces ("hundreds of MiB"). vLLM refuses to start when free memory is below
 # gpu_memory_utilization x total (v1/worker/utils.py request_memory).
 CUDA_CONTEXT_BYTES = 512 * 1024**2
+
+
+# vLLM's own processes on a CPU, before any weight or KV block: its API server and its engine
+# core, each a Python with torch and vLLM loaded (about 1-1.5 GB resident each on the 0.32 CPU
+# build), where a GPU's figure is its CUDA context.
+CPU_ENGINE_BYTES = 3 * 1024**3
 
 
 def in_gb(n: float) -> str:
@@ -199,3 +206,33 @@ def memory_problem(
         f"{in_gb(need.reserve)} + CUDA context {in_gb(need.context)} = {in_gb(need.total)}, but "
         f"{holds}; {' or '.join(advice)}"
     )
+
+
+def cpu_memory_refusals(params: LabParams, memory_bytes: int | None) -> dict[str, str]:
+    """What does not fit the memory a CPU worker announced (its machine's RAM): the weights,
+    the fixed KV pool (vLLM's CPU build allocates all of it at start) and vLLM's own processes,
+    by field ("model" when the weights alone do not fit, else "kv_capacity_tokens", with the
+    largest pool that would); {} when it fits, or the memory or the pool is not known."""
+    engine = params.engine
+    if not memory_bytes or engine.kv_capacity_tokens is None:
+        return {}
+    need = memory_need(params, 1, memory_bytes)
+    fixed = need.weights + need.draft + need.reserve + CPU_ENGINE_BYTES
+    total = fixed + need.kv
+    if total <= memory_bytes:
+        return {}
+    draft = f" + draft model {in_gb(need.draft)}" if need.draft else ""
+    reserve = f" + activation reserve {in_gb(need.reserve)}" if need.reserve else ""
+    parts = (
+        f"weights {in_gb(need.weights)} ({engine.weight_dtype}){draft} + "
+        f"{engine.kv_capacity_tokens:,}-token KV pool {in_gb(need.kv)} + vLLM's own processes "
+        f"about {in_gb(CPU_ENGINE_BYTES)}{reserve} = {in_gb(total)}, but the CPU worker has "
+        f"{in_gb(memory_bytes)}"
+    )
+    if fixed + 2 * engine.block_size * kv_bytes_per_token_per_gpu(params, 1) > memory_bytes:
+        return {"model": f"model {params.model.name} does not fit this CPU's memory: {parts}"}
+    room = _largest_pool(dataclasses.replace(need, context=CPU_ENGINE_BYTES), params)
+    return {
+        "kv_capacity_tokens": f"kv_capacity_tokens must fit this CPU's memory: {parts}; "
+        f"up to {room:,} tokens would fit"
+    }

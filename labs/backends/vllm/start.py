@@ -15,7 +15,9 @@ settings can break:
   available GPUs (1)");
 - then the rules of the device kind: DEVICE_RULES[kind], or for a GPU `gpu_refusals`: block
   sizes its CUDA kernels take, gpu_memory_utilization below what the CUDA context leaves, and
-  weights + draft + KV + activation reserve + CUDA context within each GPU's memory (fit.py).
+  weights + draft + KV + activation reserve + CUDA context within each GPU's memory (fit.py);
+  on a CPU the same sum with vLLM's own processes in place of the CUDA context, within the
+  machine's memory the CPU worker announced.
 
 With no device announced (a worker measuring a server elsewhere announces none) the lab is
 still checked against the catalog: its GPU kind, up to fit.MAX_TP of them.
@@ -32,6 +34,7 @@ from labs.backends.vllm.cpu import cpu_refusals
 from labs.backends.vllm.fit import (
     CUDA_CONTEXT_BYTES,
     MAX_TP,
+    cpu_memory_refusals,
     gpu_memory,
     in_gb,
     memory_need,
@@ -60,9 +63,14 @@ def register_device_rules(kind: str, rules: DeviceRules) -> None:
     DEVICE_RULES[kind] = rules
 
 
-# vLLM's CPU build (labs/backends/vllm/cpu.py): block sizes of its attention backend, the KV
-# cache sized from kv_capacity_tokens, ngram speculation only.
-register_device_rules(CPU_KIND, lambda params, device: cpu_refusals(params))
+def cpu_device_refusals(params: LabParams, device: Device) -> dict[str, str]:
+    """vLLM's CPU build (labs/backends/vllm/cpu.py): block sizes of its attention backend, the
+    KV cache sized from kv_capacity_tokens, ngram speculation only; and, as on a GPU, weights +
+    KV pool + the engine's own memory within what the worker announced."""
+    return {**cpu_memory_refusals(params, device.memory_bytes), **cpu_refusals(params)}
+
+
+register_device_rules(CPU_KIND, cpu_device_refusals)
 
 
 def max_gpu_memory_utilization(memory_bytes: float) -> float:

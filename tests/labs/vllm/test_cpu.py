@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from django.urls import reverse
 
 from labs import services
+from labs.backends.base import Device
 from labs.backends.vllm import cpu
 from labs.backends.vllm.server import build_plan, check_supported, vllm_error_line
+from labs.backends.vllm.start import check_can_start
 from labs.catalog import LAB_MODEL_SHAPES, MODELS, cpu_hardware
 from labs.models import LabRun
 from labs.params import ParamError, parse_lab_params
@@ -231,6 +234,32 @@ def test_eagle_speculation_on_this_cpu_is_refused_at_submit(alice_client, cpu_wo
     assert response.status_code == 400
     assert "no synthetic rejection sampler" in response.content.decode()
     assert not LabRun.objects.exists()
+
+
+def test_a_kv_pool_larger_than_the_workers_memory_is_refused_at_submit(
+    alice_client, cpu_worker_online
+):
+    with patch("labs.services.run_execute_task.apply_async") as queued:
+        response = _post(alice_client, kv_capacity_tokens=10**10)
+    assert response.status_code == 400
+    page = response.content.decode()
+    # The figures, in plain words: 4,096 bytes a token (K and V x 4 layers x 4 KV heads x 64).
+    assert (
+        "10,000,000,000-token KV pool 40,960.0 GB + vLLM&#x27;s own processes about 3.2 GB"
+    ) in page
+    assert "but the CPU worker has 17.2 GB; up to " in page
+    assert not LabRun.objects.exists() and not queued.called
+
+
+def test_a_model_larger_than_the_cpus_memory_is_refused_by_the_cpu_rules():
+    too_small = Device("cpu", 1, 8 * 1024**3)
+    with pytest.raises(ParamError) as caught:
+        check_can_start(cpu_params(model="llama-3-8b"), [too_small])
+    assert caught.value.errors["model"].startswith(
+        "model llama-3-8b does not fit this CPU's memory: weights 16.1 GB (bf16)"
+    )
+    # The machine's memory decides, not a GPU's: the same lab fits a CPU with 32 GiB.
+    assert check_can_start(cpu_params(model="llama-3-8b"), [Device("cpu", 1, 32 * 1024**3)])
 
 
 def test_a_cpu_run_is_queued_for_the_cpu_worker(alice_client, cpu_worker_online):
