@@ -145,11 +145,21 @@ class DeviceConstants:
         `gemm_efficiency` of peak, weight reads `bandwidth_efficiency`, a decode step pays
         `decode_step_overhead_s`. A knob the lab set away from its ideal default is the
         learner's choice and stays."""
-        changes: dict[str, float] = {}
-        if engine.compute_efficiency == 1.0:
-            changes["compute_efficiency"] = self.gemm_efficiency
-        if engine.bandwidth_efficiency == 1.0:
-            changes["bandwidth_efficiency"] = self.bandwidth_efficiency
-        if engine.step_overhead_s == 0.0:
-            changes["step_overhead_s"] = self.decode_step_overhead_s
-        return replace(engine, **changes)
+        return replace(
+            engine,
+            compute_efficiency=(
+                self.gemm_efficiency
+                if engine.compute_efficiency == 1.0
+                else engine.compute_efficiency
+            ),
+            bandwidth_efficiency=(
+                self.bandwidth_efficiency
+                if engine.bandwidth_efficiency == 1.0
+                else engine.bandwidth_efficiency
+            ),
+            step_overhead_s=(
+                self.decode_step_overhead_s
+                if engine.step_overhead_s == 0.0
+                else engine.step_overhead_s
+            ),
+        )
