@@ -7,17 +7,18 @@ message, a cancel and a reaper can race without one overwriting the other.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from config.choices import TextChoices
 from labs.device_calibration import DeviceConstants, check_constants
 
 
-class RunState(models.TextChoices):
+class RunState(TextChoices):
     QUEUED = "queued", "queued"
     RUNNING = "running", "running"
     DONE = "done", "done"
@@ -137,7 +138,7 @@ class LabRun(models.Model):
 
 
 class WorkerHeartbeatQuerySet(models.QuerySet["WorkerHeartbeat"]):
-    def online(self, now: object = None) -> WorkerHeartbeatQuerySet:
+    def online(self, now: datetime | None = None) -> WorkerHeartbeatQuerySet:
         now = now or timezone.now()
         return self.filter(last_seen__gte=now - timedelta(seconds=settings.LABS_WORKER_ONLINE_S))
 
