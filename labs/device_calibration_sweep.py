@@ -403,8 +403,9 @@ class Runs:
         say."""
         values = self.values(params, metric)
         text = f"{min(values):.3g} to {max(values):.3g} over {len(values)} runs"
-        stolen = [s.get("steal_share") for s in self.summaries(params)]
-        if stolen and all(x is not None for x in stolen):
+        shares = [s.get("steal_share") for s in self.summaries(params)]
+        stolen = [x for x in shares if x is not None]
+        if stolen and len(stolen) == len(shares):
             # The CPU time the hypervisor took in each run (labs.device_calibration_jobs,
             # calibrate_and_store).
             text += f"; steal {min(stolen):.1%} to {max(stolen):.1%}"
@@ -548,8 +549,10 @@ def simulate_point(m: Measured, device: DeviceConstants) -> float:
     return simulate(m.params, m.point.metric, device)
 
 
-def _constants(device: str, values: Mapping[str, float], on: date) -> DeviceConstants:
-    return DeviceConstants(device=device, **values, fitted_on=on, fit_error=0.0, held_out_error=0.0)
+def _constants(device: str, values: Mapping[str, float], on: date, where: str) -> DeviceConstants:
+    return DeviceConstants(
+        device=device, **values, fitted_on=on, fit_error=0.0, held_out_error=0.0, where=where
+    )
 
 
 def starting_values(measured: list[Measured]) -> dict[str, float]:
@@ -618,15 +621,15 @@ def fit_device(
     fitted = [m for m in measured if m.point.role == "fit"]
 
     def loss(values: dict[str, float]) -> float:
-        constants = _constants(device, values, on)
+        constants = _constants(device, values, on, where)
         return log_error_loss([(simulate_point(m, constants), m.value) for m in fitted])
 
     start = starting_values(measured)
     values, _ = coordinate_search(
         loss, start, searched_bounds(measured), rounds, log, step=0.5, max_moves=8
     )
-    found = _constants(device, values, on)
-    points = []
+    found = _constants(device, values, on, where)
+    points: list[dict[str, Any]] = []
     for m in measured:
         predicted = simulate_point(m, found)
         points.append(
