@@ -1,9 +1,11 @@
-"""Throttles for the two doors that cost a password hash: logging in and signing up.
+"""Throttles for the doors that cost a password hash: logging in, changing a password and
+signing up.
 
 Each attempt costs a PBKDF2 hash (about 0.3 s of CPU at Django 5.2's 10^6 iterations), so a
 script posting passwords can hold a web worker. Attempts are counted in the cache (Redis when
 CACHE_URL is set, so every gunicorn worker shares the counts) in fixed windows and checked
-*before* any hash is computed. Log-ins (the site's and the admin's, `login_throttled`) count:
+*before* any hash is computed. Log-ins (the site's and the admin's, `login_throttled`) and the
+old password on the password-change form (`password_change_throttled`) count:
 
 - failures per client address (LOGIN_FAILURES_PER_IP);
 - failures per (account, address) (LOGIN_FAILURES_PER_ACCOUNT): an attacker's address is
@@ -140,10 +142,52 @@ def hit(limit: Limit, who: str) -> None:
         logger.warning("throttle cache unavailable; attempt not counted", exc_info=True)
 
 
-# At most this many password hashes at once in one process. A log-in that finds no free slot
+# At most this many password hashes at once in one process. A check that finds no free slot
 # within LOGIN_HASH_WAIT_S is answered "busy, try again" at once: waiting longer would park the
 # worker's threads one by one until quiz requests and /healthz had none left.
-_hash_slots = threading.BoundedSemaphore(max(1, settings.LOGIN_HASH_CONCURRENCY))
+#
+# A freed slot goes to the most trusted waiter (`slot_tier`): a name from an address it logged
+# in from before, then an account with no failures from that address, then everyone else
+# (names of no account, addresses that failed, sign-ups). Guesses for random names from rotating
+# addresses then cost a learner at most the one hash in progress, not a place behind all of them.
+# The price: under such a flood, how soon a name is served hints that it is an account's.
+class _Slots:
+    def __init__(self, count: int) -> None:
+        self._free = max(1, count)
+        self._cond = threading.Condition()
+        self._waiting = [0, 0, 0]  # waiters per tier
+
+    def acquire(self, tier: int, timeout_s: float | None) -> bool:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            self._waiting[tier] += 1
+            try:
+                while self._free == 0 or any(self._waiting[:tier]):
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._cond.wait(left)
+                self._free -= 1
+                return True
+            finally:
+                self._waiting[tier] -= 1
+                self._cond.notify_all()  # a tier that stopped waiting may unblock the next
+
+    def release(self) -> None:
+        with self._cond:
+            self._free += 1
+            self._cond.notify_all()
+
+    # `with _hash_slots:` holds a slot (the tests stand in for another thread hashing).
+    def __enter__(self) -> None:
+        self.acquire(LOWEST_TIER, None)
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+LOWEST_TIER = 2
+_hash_slots = _Slots(settings.LOGIN_HASH_CONCURRENCY)
 
 
 class Busy(Exception):
@@ -151,8 +195,8 @@ class Busy(Exception):
 
 
 @contextmanager
-def hash_slot() -> Iterator[None]:
-    if not _hash_slots.acquire(timeout=settings.LOGIN_HASH_WAIT_S):
+def hash_slot(tier: int = LOWEST_TIER) -> Iterator[None]:
+    if not _hash_slots.acquire(tier, settings.LOGIN_HASH_WAIT_S):
         raise Busy("Many people are logging in right now. Try again in a few seconds.")
     try:
         yield
@@ -234,39 +278,40 @@ def _delay_key(attempt: LoginAttempt) -> str:
     return "throttle:login-delay:" + hashlib.sha256(attempt.account.encode()).hexdigest()[:32]
 
 
-def login_check(attempt: LoginAttempt) -> None:
+def login_check(attempt: LoginAttempt, what: str = "log-ins") -> None:
     """Raise Throttled if this attempt must not be hashed now; otherwise count it as a try of
     its address. (An account's successful log-ins are counted by login_record: counting its
-    failed ones too would let an attacker use up the owner's.)"""
+    failed ones too would let an attacker use up the owner's.) `what` names the checks in the
+    refusal: "log-ins", or "password checks" on the password-change form."""
     limits = _limits()
     check(
         limits["ip"],
         attempt.ip,
-        "Too many failed log-ins from your address. Try again in {minutes} min.",
+        f"Too many failed {what} from your address. Try again in {{minutes}} min.",
     )
     check(
         limits["tries-ip"],
         attempt.ip,
-        "Too many log-ins from your address. Try again in {minutes} min.",
+        f"Too many {what} from your address. Try again in {{minutes}} min.",
     )
     if attempt.account:
         check(
             limits["pair"],
             attempt.pair,
-            "Too many failed log-ins for this account from "
+            f"Too many failed {what} for this account from "
             "your address. Try again in {minutes} min.",
         )
         if not _cache_get(_known_key(attempt)):
             check(
                 limits["account"],
                 attempt.account,
-                "Too many failed log-ins for this account. "
+                f"Too many failed {what} for this account. "
                 "Try again in {minutes} min, or from an address you have logged in from before.",
             )
             if _cache_get(_delay_key(attempt)):
                 delay_s = settings.LOGIN_ACCOUNT_DELAY_S
                 raise Throttled(
-                    f"Several log-ins for this account failed just now. Wait {delay_s} s, "
+                    f"Several {what} for this account failed just now. Wait {delay_s} s, "
                     "then try again.",
                     retry_after_s=delay_s,
                 )
@@ -297,31 +342,89 @@ def login_record(attempt: LoginAttempt, *, succeeded: bool) -> None:
         _cache_set(_delay_key(attempt), settings.LOGIN_ACCOUNT_DELAY_S)
 
 
+def slot_tier(attempt: LoginAttempt) -> int:
+    """0: a name from an address it logged in from before; 1: an account with no failure from
+    this address in the window; 2: anything else (see _Slots)."""
+    if not attempt.account.startswith("user:"):
+        return LOWEST_TIER
+    if _cache_get(_known_key(attempt)):
+        return 0
+    key, _ = _key(_limits()["pair"], attempt.pair)
+    return 1 if _count(key) == 0 else LOWEST_TIER
+
+
+def _password_throttled(
+    view: Callable[..., HttpResponse],
+    refuse: Callable[[HttpRequest, Exception, int, int], HttpResponse],
+    attempt_of: Callable[[HttpRequest], LoginAttempt | None],
+    outcome: Callable[[HttpRequest, HttpResponse], bool | None],
+    what: str,
+) -> Callable[..., HttpResponse]:
+    """A view that checks a password: checked before the hash, waits for a hash slot, and is
+    counted after as a success or failure (`outcome`; None counts neither). `attempt_of` gives
+    None for a request that checks no password."""
+
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        attempt = attempt_of(request)
+        if attempt is None:
+            return view(request, *args, **kwargs)
+        try:
+            login_check(attempt, what)
+        except Throttled as exc:
+            return refuse(request, exc, 429, exc.retry_after_s)
+        try:
+            with hash_slot(slot_tier(attempt)):
+                response = view(request, *args, **kwargs)
+        except Busy as exc:
+            return refuse(request, exc, 503, 2)
+        succeeded = outcome(request, response)
+        if succeeded is not None:
+            login_record(attempt, succeeded=succeeded)
+        return response
+
+    return wrapped
+
+
 def login_throttled(
     view: Callable[..., HttpResponse],
     refuse: Callable[[HttpRequest, Exception, int, int], HttpResponse],
 ) -> Callable[..., HttpResponse]:
-    """Wrap a log-in view (the site's, the admin's): a POST is checked before its password is
-    hashed, waits for a hash slot, and is counted as a success or a failure after.
-    `refuse(request, reason, status, retry_after_s)` renders the refusal."""
+    """Wrap a log-in view (the site's, the admin's). `refuse(request, reason, status,
+    retry_after_s)` renders the refusal."""
 
-    @functools.wraps(view)
-    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def attempt_of(request: HttpRequest) -> LoginAttempt | None:
         if request.method != "POST" or request.user.is_authenticated:
-            return view(request, *args, **kwargs)
-        attempt = LoginAttempt(
+            return None
+        return LoginAttempt(
             ip=client_ip(request), account=account_key(request.POST.get("username", ""))
         )
-        try:
-            login_check(attempt)
-        except Throttled as exc:
-            return refuse(request, exc, 429, exc.retry_after_s)
-        try:
-            with hash_slot():
-                response = view(request, *args, **kwargs)
-        except Busy as exc:
-            return refuse(request, exc, 503, 2)
-        login_record(attempt, succeeded=request.user.is_authenticated)
-        return response
 
-    return wrapped
+    def outcome(request: HttpRequest, response: HttpResponse) -> bool:
+        return request.user.is_authenticated
+
+    return _password_throttled(view, refuse, attempt_of, outcome, "log-ins")
+
+
+def password_change_throttled(
+    view: Callable[..., HttpResponse],
+    refuse: Callable[[HttpRequest, Exception, int, int], HttpResponse],
+) -> Callable[..., HttpResponse]:
+    """Wrap the password-change view: its old password is a password check like a log-in's, so
+    a wrong one counts as the account's failed log-in from this address (a stolen session
+    cannot guess the password faster than the log-in form can) and hashes in the same slots."""
+
+    def attempt_of(request: HttpRequest) -> LoginAttempt | None:
+        if request.method != "POST" or not request.user.is_authenticated:
+            return None
+        return LoginAttempt(ip=client_ip(request), account=f"user:{request.user.pk}")
+
+    def outcome(request: HttpRequest, response: HttpResponse) -> bool | None:
+        if response.status_code == 302:
+            return True
+        form = (getattr(response, "context_data", None) or {}).get("form")
+        if form is not None and "old_password" in form.errors:
+            return False
+        return None  # the old password was right; the new one was refused
+
+    return _password_throttled(view, refuse, attempt_of, outcome, "password checks")

@@ -12,11 +12,7 @@ urlpatterns = [
     path("accounts/signup/", views.signup, name="signup"),
     path("accounts/login/", views.login, name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path(
-        "accounts/password/",
-        auth_views.PasswordChangeView.as_view(),
-        name="password_change",
-    ),
+    path("accounts/password/", views.password_change, name="password_change"),
     path(
         "accounts/password/done/",
         auth_views.PasswordChangeDoneView.as_view(),
@@ -24,7 +20,8 @@ urlpatterns = [
     ),
     path("quiz/", include("quiz.urls")),
     path("labs/", include("labs.urls")),
-    # Before the admin's own URLs, so its log-in is throttled as the site's is.
+    # Before the admin's own URLs, so its log-in and password change are throttled as the site's.
     path("admin/login/", views.admin_login),
+    path("admin/password_change/", views.admin_password_change),
     path("admin/", admin.site.urls),
 ]

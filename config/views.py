@@ -7,7 +7,8 @@ from django.contrib import admin
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import login as auth_login
 from django.contrib.auth import views as auth_views
-from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import AuthenticationForm, PasswordChangeForm, UserCreationForm
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
@@ -66,10 +67,27 @@ def _refuse_admin_login(
     return response
 
 
-# Django's log-in views, throttled before any password is hashed (config/throttle.py); hashes
-# wait for one of LOGIN_HASH_CONCURRENCY slots per process.
+def _refuse_password_change(
+    request: HttpRequest, reason: Exception, status: int, retry_after_s: int
+) -> HttpResponse:
+    context = {"form": PasswordChangeForm(request.user), "throttled": reason}
+    response = render(request, "registration/password_change_form.html", context, status=status)
+    response["Retry-After"] = str(retry_after_s)
+    return response
+
+
+# Django's log-in and password-change views, throttled before any password is hashed
+# (config/throttle.py); hashes wait for one of LOGIN_HASH_CONCURRENCY slots per process.
 login = throttle.login_throttled(LoginView.as_view(), _refuse_login)
 admin_login = throttle.login_throttled(admin.site.login, _refuse_admin_login)
+password_change = login_required(
+    throttle.password_change_throttled(
+        auth_views.PasswordChangeView.as_view(), _refuse_password_change
+    )
+)
+admin_password_change = admin.site.admin_view(
+    throttle.password_change_throttled(admin.site.password_change, _refuse_password_change)
+)
 
 
 @require_GET

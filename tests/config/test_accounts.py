@@ -1,8 +1,15 @@
+import functools
+import threading
+import time
+
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import MD5PasswordHasher
+from django.test import Client
 from django.urls import reverse
 
 from tests.conftest import make_user
+from tests.threads import race
 
 pytestmark = pytest.mark.django_db
 
@@ -282,3 +289,91 @@ def test_a_login_that_finds_every_hash_slot_taken_is_told_to_retry_at_once(
     assert response.status_code == 503 and response["Retry-After"] == "2"
     assert "Many people are logging in right now" in response.content.decode()
     assert _login(client, "alice", "a-long-passphrase-1").status_code == 302
+
+
+def _change_password(client, old, ip="10.0.0.1", url="/accounts/password/"):
+    new = "another-long-passphrase-2"
+    data = {"old_password": old, "new_password1": new, "new_password2": new}
+    return client.post(url, data, REMOTE_ADDR=ip)
+
+
+@pytest.mark.parametrize("url", ["/accounts/password/", "/admin/password_change/"])
+def test_wrong_old_passwords_on_the_password_change_form_are_throttled(client, fast_hash, url):
+    # It was not throttled: 27 of 27 wrong old passwords from 8 threads were hashed.
+    from unittest import mock
+
+    user = make_user("changer", is_staff=True)
+    client.force_login(user)
+    for _ in range(3):
+        response = _change_password(client, "wrong", url=url)
+        assert response.status_code == 200
+        assert "old password was entered incorrectly" in response.content.decode()
+    with mock.patch("django.contrib.auth.base_user.AbstractBaseUser.check_password") as checked:
+        response = _change_password(client, "a-long-passphrase-1", url=url)
+        assert response.status_code == 429 and int(response["Retry-After"]) > 0
+        html = response.content.decode()
+        assert "Too many failed password checks for this account from your address" in html
+        assert 'name="old_password"' in html
+        # The same account's failures: its log-in from this address waits too.
+        client.logout()
+        assert _login(client, "changer", "a-long-passphrase-1").status_code == 429
+    checked.assert_not_called()
+    user.refresh_from_db()
+    assert user.check_password("a-long-passphrase-1")
+
+
+def test_a_password_change_waits_for_the_log_ins_hash_slots(client, fast_hash):
+    from config import throttle
+
+    fast_hash.LOGIN_HASH_WAIT_S = 0.01
+    client.force_login(make_user("changer"))
+    with throttle._hash_slots:  # a log-in is hashing
+        response = _change_password(client, "a-long-passphrase-1")
+    assert response.status_code == 503 and response["Retry-After"] == "2"
+    assert "Many people are logging in right now" in response.content.decode()
+    assert _change_password(client, "a-long-passphrase-1").status_code == 302
+
+
+class SlowHasher(MD5PasswordHasher):
+    """MD5 that takes as long as a real hash would hold its slot (sleeping, not spinning)."""
+
+    algorithm = "slow_md5"
+
+    def encode(self, password, salt):
+        time.sleep(0.05)
+        return super().encode(password, salt)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_learner_logs_in_during_a_rotating_address_attack(fresh_throttle, monkeypatch):
+    # Wrong passwords for random names, a new address every 10 tries, kept a learner out 11
+    # times of 11 ("Many people are logging in right now"): every guess queued for the slot.
+    from config import throttle
+
+    fresh_throttle.PASSWORD_HASHERS = [f"{__name__}.SlowHasher"]
+    fresh_throttle.LOGIN_HASH_WAIT_S = 0.2  # four guesses' hashes
+    monkeypatch.setattr(throttle, "_hash_slots", throttle._Slots(1))
+    make_user("learner")
+    stop = threading.Event()
+
+    def attack(n):
+        client, tries = Client(), 0
+        while not stop.is_set():
+            _login(client, f"random-{n}-{tries}", "wrong", ip=f"10.77.{n}.{tries // 10}")
+            tries += 1
+        return tries
+
+    def learner():
+        time.sleep(0.3)  # the attack is under way
+        client, statuses = Client(), []
+        for i in range(5):
+            statuses.append(
+                _login(client, "learner", "a-long-passphrase-1", ip=f"192.0.2.{i}").status_code
+            )
+            client.logout()
+        stop.set()
+        return statuses
+
+    *tries, statuses = race(*[functools.partial(attack, n) for n in range(6)], learner)
+    assert statuses == [302] * 5
+    assert sum(tries) > 20  # the attack was hashing all along
