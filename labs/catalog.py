@@ -12,6 +12,7 @@ card.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 GB = 10**9
 TB = 10**12
@@ -198,8 +199,30 @@ def _dense(
     )
 
 
-_LLAMA3_8B = {"layers": 32, "hidden_size": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128}
-_LLAMA3_70B = {"layers": 80, "hidden_size": 8192, "heads": 64, "kv_heads": 8, "head_dim": 128}
+class _Shape(TypedDict):
+    """The layer shape two catalog models share (a model and its longer-context release)."""
+
+    layers: int
+    hidden_size: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+_LLAMA3_8B: _Shape = {
+    "layers": 32,
+    "hidden_size": 4096,
+    "heads": 32,
+    "kv_heads": 8,
+    "head_dim": 128,
+}
+_LLAMA3_70B: _Shape = {
+    "layers": 80,
+    "hidden_size": 8192,
+    "heads": 64,
+    "kv_heads": 8,
+    "head_dim": 128,
+}
 
 MODELS: dict[str, ModelSpec] = {
     model.name: model
@@ -382,20 +405,25 @@ for _slug, _shape in LAB_MODEL_SHAPES.items():
 CPU_KIND = "cpu"
 
 
+def _positive(value: object) -> int | float | None:
+    return value if isinstance(value, int | float) and value > 0 else None
+
+
 def cpu_hardware(gpus: dict[str, object] | None) -> Hardware | None:
     """The CPU a CPU vLLM worker announced (its heartbeat's `gpus`), as a Hardware the roofline
     formulas price: RAM for memory, the measured triad bandwidth and bf16 matmul FLOP/s. None
     when the worker announced no measurements."""
     gpus = gpus or {}
-    memory, bandwidth = gpus.get("memory_bytes"), gpus.get("bandwidth_bytes_per_s")
-    flops = gpus.get("matmul_flops_per_s")
-    if not all(isinstance(v, int | float) and v > 0 for v in (memory, bandwidth, flops)):
+    memory = _positive(gpus.get("memory_bytes"))
+    bandwidth = _positive(gpus.get("bandwidth_bytes_per_s"))
+    flops = _positive(gpus.get("matmul_flops_per_s"))
+    if memory is None or bandwidth is None or flops is None:
         return None
     return Hardware(
         name=CPU_KIND,
-        hbm_bytes=int(memory),  # type: ignore[arg-type]
-        bandwidth_bytes_per_s=float(bandwidth),  # type: ignore[arg-type]
-        bf16_flops_per_s=float(flops),  # type: ignore[arg-type]
+        hbm_bytes=int(memory),
+        bandwidth_bytes_per_s=float(bandwidth),
+        bf16_flops_per_s=float(flops),
         source=f"{gpus.get('name', 'CPU')}: RAM, and bandwidth (numpy triad) and bf16 matmul "
         f"FLOP/s on {gpus.get('engine_threads', '?')} engine thread(s), measured by its worker",
     )
