@@ -14,7 +14,13 @@ HTTP/1.1 (keep-alive, chunked server-sent events) and mimics what the vllm backe
   entrypoints/serve/utils/api_utils.py);
 - refuses a `cache_salt` that breaks vLLM 0.33's rules (a non-empty string of at most 128
   characters, without '@', '/', a backslash or NUL), and keeps prefix-cache blocks apart per salt;
-- refuses a prompt token id outside `vocab_size` when that is set, as vLLM's renderer does;
+- takes what vLLM takes and fails it where vLLM does: an empty prompt list on an error event
+  after the 200 ("The decoder prompt cannot be empty"); a token id outside `vocab_size` (when
+  set) kills its engine, as vLLM with --skip-tokenizer-init checks no id and its
+  embedding lookup fails (`die`); a non-streamed request gets one JSON response;
+- as vLLM's API server with a dead engine (`Engine.die`): error events on every open stream,
+  503 on /health, 500 on new requests;
+- shows the speculative-decoding counters only when it speculates, as vLLM registers them;
 - `GET /health`, `GET /version`, `GET /v1/models` (with `root` and `max_model_len`, as vLLM's
   model card has them), and `GET /metrics` in vLLM's Prometheus format, with counters that
   follow what it served (prefix-cache hits at block granularity, speculative drafts from
@@ -114,6 +120,8 @@ DEFAULTS: dict[str, Any] = {
     "server_style": "vllm",
     # Synthetic speculation as vLLM runs it: {"k": 3, "rates": [...], "seed": 0}.
     "spec": None,
+    # Started with a --speculative-config of another kind (ngram): its counters are shown.
+    "speculative": False,
     # Counter values before the first request, so the tests see that the backend subtracts them.
     "counters_start": {},
     "requests": {},
@@ -213,6 +221,10 @@ class Engine:
         for stream in streams:
             stream.engine_dead()
 
+    def speculates(self) -> bool:
+        config = self.config
+        return bool(config["spec"] or int(config["spec_k"]) > 0 or config["speculative"])
+
     def healthy(self) -> bool:
         if self.dead or self.config["never_healthy"]:
             return False
@@ -220,6 +232,29 @@ class Engine:
 
     def submit(self, stream: Stream) -> None:
         stream.log["queued_s"] = time.monotonic()
+        # What vLLM refuses only once the request is in the engine, after the 200 of a stream.
+        if not stream.prompt:  # v1/engine/input_processor.py
+            stream.fail(
+                400, error_json("The decoder prompt cannot be empty", "BadRequestError", 400)
+            )
+            return
+        vocab = self.config["vocab_size"]
+        if vocab is not None and max(stream.prompt) >= vocab:
+            # With --skip-tokenizer-init vLLM checks no token id (renderers/base.py
+            # validate_token_ids): the embedding lookup fails in the engine, which dies.
+            lines = [
+                vllm_log(
+                    "EngineCore_DP0",
+                    "ERROR",
+                    "core.py:1512",
+                    "EngineCore encountered a fatal error.",
+                ),
+                "IndexError: index out of range in self",
+            ]
+            print("\n".join(lines), flush=True)
+            self.running[stream.xid] = stream
+            self.die()
+            return
         if len(self.running) < int(self.config["max_num_seqs"]):
             self.admit(stream)
         else:
@@ -294,6 +329,8 @@ class Engine:
         emit("num_requests_waiting", "gauge", len(self.waiting))
         emit("kv_cache_usage_perc", "gauge", self.kv_usage())
         for name in COUNTERS:
+            if name.startswith("spec_decode") and not self.speculates():
+                continue  # vLLM registers them only with a speculative config
             extra = 'finished_reason="length",' if name == "request_success" else ""
             emit(name, "counter", self.start_values[name] + self.counters[name], extra)
         for pos, count in enumerate(self.accepted_per_pos):
@@ -329,6 +366,7 @@ class Stream:
         self.prompt: list[int] = list(body["prompt"])
         self.cache_salt: str | None = body.get("cache_salt")
         self.max_tokens = int(body["max_tokens"])
+        self.streaming = bool(body.get("stream"))
         options = body.get("stream_options") or {}
         self.include_usage = bool(options.get("include_usage"))
         config = self.engine.config
@@ -429,7 +467,8 @@ class Stream:
         # The chunk left at some moment between these two readings (the send call delivers it
         # on loopback; if this process is descheduled inside the call, the interval says so).
         before = time.monotonic()
-        self.conn.write(data)
+        if self.streaming:
+            self.conn.write(data)
         self.log["sends"].append([before, time.monotonic(), n])
         if self.sent >= self.max_tokens:
             self.end()
@@ -439,6 +478,9 @@ class Stream:
         asyncio.get_running_loop().call_at(self._loop_time(self.next_at), self.send_next)
 
     def end(self) -> None:
+        if not self.streaming:
+            self.end_whole()
+            return
         tail = b""
         if self.include_usage and not self.llamacpp:
             usage = {
@@ -456,6 +498,29 @@ class Stream:
         self.engine.finish(self)
         self.conn.response_done()
 
+    def end_whole(self) -> None:
+        """A non-streamed request's one response, as vLLM's CompletionResponse."""
+        usage = {
+            "prompt_tokens": len(self.prompt),
+            "total_tokens": len(self.prompt) + self.sent,
+            "completion_tokens": self.sent,
+            "prompt_tokens_details": None,
+        }
+        choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
+        choice.update(stop_reason=None, token_ids=None, prompt_token_ids=None)
+        response = {
+            "id": f"cmpl-{self.xid}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.engine.config["model"],
+            "choices": [choice],
+            "usage": usage,
+        }
+        self.engine.counters["request_success"] += 1
+        self.engine.observe_finished(self)
+        self.engine.finish(self)
+        self.conn.reply("200 OK", json.dumps(response).encode())
+
     def cut(self) -> None:
         self.log["cut"] = True
         self.engine.finish(self)
@@ -467,9 +532,18 @@ class Stream:
 
     def engine_dead(self) -> None:
         self.log["engine_dead"] = True
-        err = json.loads(error_json(ENGINE_DEAD, "InternalServerError", 500))
-        self.conn.write(self.event(err) + b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
-        self.conn.response_done()
+        self.fail(500, error_json(ENGINE_DEAD, "InternalServerError", 500))
+
+    def fail(self, status: int, answer: bytes) -> None:
+        """An error once the request was taken: a stream's error event, as vLLM sends it after
+        its 200, or the whole (non-streamed) response."""
+        if self.streaming:
+            event = self.event(json.loads(answer))
+            self.conn.write(event + b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+            self.conn.response_done()
+        else:
+            self.log["status"] = status
+            self.conn.reply(f"{status} {HTTPStatus(status).phrase}", answer)
 
     def error(self) -> None:
         err = {"error": {"message": "fake engine failure", "type": "InternalServerError"}}
@@ -654,10 +728,11 @@ class Conn:
             message = {"error": {"message": "fake internal error", "code": status}}
             self.refuse(xid, arrived, status, json.dumps(message).encode())
             return
-        self.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-            b"transfer-encoding: chunked\r\n\r\n"
-        )
+        if body.get("stream"):
+            self.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+                b"transfer-encoding: chunked\r\n\r\n"
+            )
         stream = Stream(self, xid, body, behaviour)
         stream.log["recv_s"] = arrived
         stream.log["ignored_fields"] = sorted(getattr(request, "model_extra", None) or {})
@@ -725,6 +800,8 @@ class CompletionRequest(_VLLMModel):
     that a lab request can touch, with vLLM's types, bounds and before-validators."""
 
     model: str | None = None
+    # Ids at least 0, and no upper bound: with --skip-tokenizer-init vLLM checks none against
+    # the vocabulary (Engine.submit).
     prompt: list[TokenId] | list[list[TokenId]] | str | list[str] | None = None
     echo: bool | None = False
     logprobs: int | None = None
@@ -740,6 +817,23 @@ class CompletionRequest(_VLLMModel):
     min_tokens: int = 0
     return_token_ids: bool | None = None
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_max_tokens_is_the_default(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("max_tokens") is None:
+            data = {**data, "max_tokens": cls.model_fields["max_tokens"].default}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_prompt_is_needed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("prompt") in (None, ""):
+            raise RequestError(
+                "Either prompt or prompt_embeds must be provided and non-empty.",
+                parameter="prompt",
+            )
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -863,7 +957,6 @@ def _refusal(body: dict[str, Any], config: dict[str, Any]) -> tuple[int, bytes] 
         return 404, error_json(message, "NotFoundError", 404, "model")
     try:
         _check_serving(body, int(config["max_model_len"]))
-        _check_vocabulary(body["prompt"], config["vocab_size"])
     except RequestError as exc:
         return 400, error_json(str(exc), "BadRequestError", 400, exc.parameter)
     return None
@@ -876,11 +969,7 @@ def _check_serving(body: dict[str, Any], max_model_len: int) -> None:
         raise RequestError(
             "prompt must be a list of token ids when the tokenizer is skipped", parameter="prompt"
         )
-    max_tokens = body.get("max_tokens")
-    if not body.get("stream") or not isinstance(max_tokens, int):
-        raise RequestError(
-            "this fake serves streaming requests with max_tokens only", parameter="stream"
-        )
+    max_tokens = int(body["max_tokens"])  # an int: the door sets vLLM's default for null
     if max_tokens < 1:
         raise RequestError(
             f"max_tokens must be at least 1, got {max_tokens}.", parameter="max_tokens"
@@ -905,14 +994,6 @@ def _check_serving(body: dict[str, Any], max_model_len: int) -> None:
         )
     if len(prompt) == max_model_len:
         raise RequestError("max_tokens must be at least 1, got 0.", parameter="max_tokens")
-
-
-def _check_vocabulary(prompt: list[int], vocab_size: int | None) -> None:
-    """vLLM's renderer (renderers/base.py validate_token_ids): every id below the vocabulary."""
-    if vocab_size is not None and prompt and max(prompt) >= vocab_size:
-        raise RequestError(
-            f"Token id {max(prompt)} is out of vocabulary", parameter="prompt", value=max(prompt)
-        )
 
 
 def load_config(text: str | None) -> dict[str, Any]:

@@ -137,6 +137,7 @@ def read_engine_args(argv: list[str], config: dict) -> None:
     if length is not None:
         config["max_model_len"] = length
     if "--speculative-config" in argv:
+        config["speculative"] = True
         spec = json.loads(option(argv, "--speculative-config", "{}"))
         if spec.get("rejection_sample_method") == "synthetic":
             rates = synthetic_rates(spec)

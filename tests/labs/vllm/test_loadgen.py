@@ -229,6 +229,45 @@ def test_a_body_vllm_refuses_gets_vllms_status_and_error_naming_the_field(
         assert error["message"]
 
 
+def events(response: httpx.Response) -> list[Any]:
+    return [
+        json.loads(line[len("data: ") :]) if line != "data: [DONE]" else "[DONE]"
+        for line in response.text.splitlines()
+        if line.startswith("data: ")
+    ]
+
+
+def test_the_fake_takes_and_fails_what_vllm_takes_and_fails(fake_server: Any) -> None:
+    # The cases of the contract test (test_real_cpu.py), on the fake alone.
+    server = fake_server({"ttft_ms": 1, "itl_ms": [1], "vocab_size": 32000})
+    url = server.base_url + "/v1/completions"
+
+    def post(**change: Any) -> httpx.Response:
+        return httpx.post(url, json={**GOOD, **change}, trust_env=False)
+
+    # An empty prompt list is taken, and fails in the engine: an error event after the 200.
+    empty = post(prompt=[])
+    assert empty.status_code == 200
+    assert events(empty)[0]["error"]["type"] == "BadRequestError"
+    assert events(empty)[-1] == "[DONE]"
+    # No prompt at all fails validation.
+    missing = post(prompt=None).json()["error"]
+    assert (missing["type"], missing["param"]) == ("Bad Request", "prompt")
+    # A null max_tokens is vLLM's default (16); a request need not stream.
+    assert events(post(max_tokens=None))[-2]["choices"][0]["finish_reason"] == "length"
+    whole = post(stream=False)
+    assert whole.status_code == 200 and whole.json()["usage"]["completion_tokens"] == 2
+    # No speculation, no speculation counters (vLLM registers them with a speculative config).
+    assert "spec_decode" not in httpx.get(server.base_url + "/metrics", trust_env=False).text
+    # An id beyond the vocabulary passes (no tokenizer to check it) and kills the engine.
+    assert httpx.get(server.base_url + "/health", trust_env=False).status_code == 200
+    beyond = post(prompt=[1000, 32000])
+    assert beyond.status_code == 200
+    assert events(beyond)[0]["error"]["type"] == "InternalServerError"
+    assert httpx.get(server.base_url + "/health", trust_env=False).status_code == 503
+    assert post().status_code == 500
+
+
 def test_the_learner_sees_what_vllm_refused_and_the_field(fake_server: Any) -> None:
     server = fake_server({"ttft_ms": 1, "itl_ms": [1]})
     bad = [PlannedRequest("0", [1000, -1], 4, 0.0), PlannedRequest("1", [1000, 1001], 0, 0.0)]

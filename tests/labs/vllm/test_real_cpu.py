@@ -33,6 +33,7 @@ from django.urls import reverse
 
 from labs.backends.vllm import cpu
 from labs.backends.vllm.prom import Snapshot, counters_between
+from labs.catalog import MODELS
 from labs.models import LabRun, RunState, WorkerHeartbeat
 from tests.conftest import make_user
 from tests.worker import WorkerProcess, start_worker
@@ -407,9 +408,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def fake_server(max_model_len: int = 1024) -> Iterator[str]:
+def fake_server(max_model_len: int = 1024, **more: Any) -> Iterator[str]:
     port = _free_port()
-    config = {"max_model_len": max_model_len}
+    config = {"max_model_len": max_model_len, **more}
     process = subprocess.Popen(
         [
             sys.executable,
@@ -435,12 +436,6 @@ def fake_server(max_model_len: int = 1024) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=15)
-
-
-@pytest.fixture
-def fake_url() -> Iterator[str]:
-    with fake_server() as url:
-        yield url
 
 
 def _stream_shape(response: httpx.Response) -> dict[str, Any]:
@@ -486,25 +481,35 @@ def _requests(model: str) -> dict[str, tuple[dict[str, str], bytes]]:
             json.dumps({"model": "nope", "prompt": [1000], "max_tokens": 2}).encode(),
         ),
         "bad_cache_salt": (json_headers, body(max_tokens=2, cache_salt="")),
+        "not_streamed": (json_headers, body(max_tokens=2, ignore_eos=True)),
+        "null_max_tokens": (json_headers, body(**{**stream, "max_tokens": None})),
+        "empty_prompt": (
+            json_headers,
+            json.dumps({"model": model, "prompt": [], **stream}).encode(),
+        ),
+        "no_prompt": (json_headers, json.dumps({"model": model, **stream}).encode()),
+        "negative_id": (
+            json_headers,
+            json.dumps({"model": model, "prompt": [1000, -1], **stream}).encode(),
+        ),
+        "max_tokens_0": (json_headers, body(**{**stream, "max_tokens": 0})),
     }
 
 
-def test_the_fake_answers_as_the_real_server_does(cpu_worker, learner_client, fake_url):
-    run = _runs.get("speculation") or _runs.get("batching")
-    assert run is not None, "runs after a run left the worker's real server up"
-    real_url = server_url(run)
-    compared = {}
-    for name, (headers, raw) in _requests("lab").items():
-        answers = []
-        for url in (real_url, fake_url):
-            response = httpx.post(
-                f"{url}/v1/completions", content=raw, headers=headers, timeout=120, trust_env=False
-            )
-            shape = _stream_shape(response) if name == "stream" else None
-            answers.append((response.status_code, shape))
-        compared[name] = answers
-    for name, (real, fake) in compared.items():
-        assert real == fake, f"{name}: real {real} vs fake {fake}"
+def _answer(name: str, response: httpx.Response) -> tuple[int, Any]:
+    """What a client can tell of an answer: its status and, for a stream, its shape or its error
+    events; for an error, its type and param; for a whole completion, its token count."""
+    if name == "stream":
+        return response.status_code, _stream_shape(response)
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+        bodies = [json.loads(e) for e in events if e != "[DONE]"]
+        errors = [(b["error"]["type"], b["error"]["code"]) for b in bodies if "error" in b]
+        return response.status_code, {"errors": errors, "done": events[-1:] == ["[DONE]"]}
+    body = response.json()
+    if "error" in body:
+        return response.status_code, (body["error"]["type"], body["error"]["param"])
+    return response.status_code, body.get("usage", {}).get("completion_tokens")
 
 
 def test_the_fake_answers_vllms_three_length_cases_as_the_real_one(cpu_worker, learner_client):
@@ -543,6 +548,61 @@ def test_the_fake_answers_vllms_three_length_cases_as_the_real_one(cpu_worker, l
             ]
             assert codes[0] == codes[1], f"{name}: real {codes[0]} vs fake {codes[1]}"
             assert codes[0] == (200 if name.endswith("(clamped)") else 400), name
+
+
+def test_the_fake_answers_as_the_real_server_does(cpu_worker, learner_client):
+    """Every case a client can meet, sent to the worker's real server and to the fake set up as
+    it is. Last, as it ends the real server: a token id beyond the vocabulary, which vLLM with
+    --skip-tokenizer-init does not check and its engine dies of."""
+    run = _runs.get("speculation") or _runs.get("batching")
+    assert run is not None, "runs after a run left the worker's real server up"
+    real_url = server_url(run)
+    vocab = MODELS[run.params["model"]].vocab_size
+    speculative = run.params.get("spec_method", "none") != "none"
+    compared = {}
+    with fake_server(vocab_size=vocab, speculative=speculative) as fake_url:
+        for name, (headers, raw) in _requests("lab").items():
+            compared[name] = [
+                _answer(
+                    name,
+                    httpx.post(
+                        f"{url}/v1/completions",
+                        content=raw,
+                        headers=headers,
+                        timeout=120,
+                        trust_env=False,
+                    ),
+                )
+                for url in (real_url, fake_url)
+            ]
+        # Speculation's counters are on /metrics only when the server speculates.
+        compared["spec_counters"] = [
+            "vllm:spec_decode_num_drafts" in httpx.get(f"{url}/metrics", trust_env=False).text
+            for url in (real_url, fake_url)
+        ]
+        beyond = json.dumps(
+            {"model": "lab", "prompt": [1000, vocab], "max_tokens": 4, "stream": True}
+        ).encode()
+        compared["out_of_vocabulary"] = [
+            _answer(
+                "out_of_vocabulary",
+                httpx.post(
+                    f"{url}/v1/completions",
+                    content=beyond,
+                    headers={"content-type": "application/json"},
+                    timeout=120,
+                    trust_env=False,
+                ),
+            )
+            for url in (real_url, fake_url)
+        ]
+        compared["health_after"] = [
+            httpx.get(f"{url}/health", timeout=30, trust_env=False).status_code
+            for url in (real_url, fake_url)
+        ]
+    print("real vs fake: " + json.dumps(compared, default=str))
+    for name, (real, fake) in compared.items():
+        assert real == fake, f"{name}: real {real} vs fake {fake}"
 
 
 # Ten minutes or more of sweeps: `make test-deep`, not `make test-vllm`.
