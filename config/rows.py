@@ -45,7 +45,10 @@ def from_row(model: type[M], values: Sequence[Any], alias: str) -> M:
     """A model instance from its columns' raw values (as select_list orders them)."""
     connection = connections[alias]
     converted = []
-    for (column, converters), value in zip(_converters(model, alias), values, strict=True):
+    # mypy does not see type[X] as Hashable (python/mypy#11470): a model passed to a cached
+    # helper needs an ignore, here and in insert() and update().
+    steps = _converters(model, alias)  # type: ignore[arg-type]  # mypy#11470
+    for (column, converters), value in zip(steps, values, strict=True):
         for convert in converters:
             value = convert(value, column, connection)
         converted.append(value)
@@ -82,7 +85,8 @@ def insert(obj: Model, *, unless_exists: tuple[str, ...] = (), alias: str = "def
     fields = [f for f in columns(type(obj)) if f is not meta.pk]
     params = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
     with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(type(obj), alias, unless_exists), params)
+        sql = _insert_sql(type(obj), alias, unless_exists)  # type: ignore[arg-type]  # mypy#11470
+        cursor.execute(sql, params)
         # RETURNING gives no row where the conflict left the row alone (SQLite counts rows
         # only once they are fetched).
         if connection.features.can_return_columns_from_insert:
@@ -134,7 +138,8 @@ def update(
     """UPDATE one row: set `values`, add 1 to each field in `increment`, only where the row still
     holds `expect` (an optimistic lock). Returns the rows changed (0 or 1)."""
     expect = expect or {}
-    sql = _update_sql(model, alias, tuple(values), tuple(increment), tuple(expect))
+    names = tuple(values), tuple(increment), tuple(expect)
+    sql = _update_sql(model, alias, *names)  # type: ignore[arg-type]  # mypy#11470
     params = [*db_values(model, values, alias), pk, *db_values(model, expect, alias)]
     with connections[alias].cursor() as cursor:
         cursor.execute(sql, params)
