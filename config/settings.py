@@ -259,6 +259,7 @@ PERMISSIONS_POLICY = (
 # --- Celery -----------------------------------------------------------------------------------
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", f"filesystem://{VAR_DIR / 'broker'}")
 _broker = urlsplit(CELERY_BROKER_URL)
+BROKER_DIR: Path | None  # the filesystem broker's folder (config.preflight checks it); else None
 if _broker.scheme == "filesystem":
     # One variable names the folder: filesystem:///abs/path (Celery itself takes no path here).
     _broker_dir = Path(_broker.path or str(VAR_DIR / "broker"))
