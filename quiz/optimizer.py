@@ -21,7 +21,7 @@ from quiz import scheduling
 # defaults below this many; Anki's manual asks for "a few hundred". Below it the fit is noise.
 MIN_REVIEWS = 512
 # Rows of the "how your intervals change" table: a new card answered with these buttons, each
-# review on the day it falls due.
+# when it falls due (learning steps included).
 INTERVAL_PATHS = (
     ("Good",),
     ("Good", "Good"),
@@ -79,20 +79,27 @@ def evaluate(parameters: Sequence[float], items: Sequence[fsrs_rs.FSRSItem]) -> 
 def interval_table(
     current: Sequence[float], fitted: Sequence[float], desired_retention: float
 ) -> list[dict[str, object]]:
-    """The interval (days) each path of INTERVAL_PATHS ends with, under both parameter sets."""
+    """The interval each path of INTERVAL_PATHS ends with, under both parameter sets: through the
+    app's own scheduler (scheduling.outcomes, no fuzz), so a learning step shows as the app gives
+    it ("10m"), not as the days FSRS alone would give. "current"/"fitted" are labels,
+    "current_s"/"fitted_s" the same in seconds."""
+    start = dt.datetime(2026, 1, 5, 12, tzinfo=dt.UTC)
     rows = []
     for path in INTERVAL_PATHS:
         row: dict[str, object] = {"path": ", ".join(path)}
         for name, parameters in (("current", current), ("fitted", fitted)):
-            model = fsrs_rs.FSRS(list(parameters))
-            memory, elapsed, interval = None, 0, 0
+            scheduler = scheduling.make_scheduler(
+                desired_retention, parameters=parameters, fuzz=False
+            )
+            state, pressed = scheduling.new_card_state(start), start
             for button in path:
-                state = getattr(
-                    model.next_states(memory, desired_retention, elapsed), button.lower()
-                )
-                memory, interval = state.memory, max(1, round(state.interval))
-                elapsed = interval
-            row[name] = interval
+                pressed = state.due  # each answer given when the card falls due
+                state = scheduling.outcomes(state, card_id=1, now=pressed, scheduler=scheduler)[
+                    _BUTTONS[button]
+                ]
+            interval = state.due - pressed
+            row[name] = scheduling.format_interval(interval)
+            row[f"{name}_s"] = interval.total_seconds()
         rows.append(row)
     return rows
 

@@ -202,7 +202,9 @@ def queue_today(
     learning_today = row[9]
     picks = row[10:] if pick_next else (None, None, None)
 
-    review_quota = max(0, settings.reviews_per_day - done_review)
+    # New cards answered today count against the review limit too, as in Anki (unless its "new
+    # cards ignore review limit"): otherwise "new left" said 3 while a 4th new card was shown.
+    review_quota = max(0, settings.reviews_per_day - done_review - done_new)
     review_left = min(review_due, review_quota)
     new_quota = max(0, min(settings.new_per_day - done_new, review_quota - review_left))
     new_left = min(new_cards, new_quota)

@@ -54,8 +54,22 @@ def test_the_interval_table_shows_a_forgetful_learner_shorter_intervals():
     rows = optimizer.interval_table(
         scheduling.DEFAULT_PARAMETERS, true_parameters("forgetful"), 0.9
     )
-    first_good = rows[0]
-    assert first_good["path"] == "Good" and first_good["fitted"] < first_good["current"]
+    graduated = rows[1]
+    assert graduated["path"] == "Good, Good" and graduated["fitted_s"] < graduated["current_s"]
+
+
+def test_the_interval_table_includes_the_learning_steps():
+    # It said a new card answered Good comes back in 2 days; the app gives it a 10-minute step.
+    rows = {
+        row["path"]: row
+        for row in optimizer.interval_table(
+            scheduling.DEFAULT_PARAMETERS, scheduling.DEFAULT_PARAMETERS, 0.9
+        )
+    }
+    assert rows["Good"]["current"] == rows["Good"]["fitted"] == "10m"
+    assert rows["Good"]["current_s"] == 600
+    assert rows["Good, Again, Good"]["current"] == "10m"  # Again restarts the steps
+    assert rows["Good, Good"]["current"].endswith("d") and rows["Easy"]["current"].endswith("d")
 
 
 def test_the_workload_grows_with_desired_retention():

@@ -52,6 +52,20 @@ def test_it_stops_reviews_at_the_daily_review_limit_and_new_cards_with_them(alic
     assert (queue.review_left, queue.new_left, queue.next_card_id) == (0, 0, None)
 
 
+def test_new_cards_answered_count_against_the_review_limit_so_the_counter_is_what_is_shown(alice):
+    # 4 new a day and 3 reviews: "new left" said 3 while 4 new cards were shown.
+    make_settings(alice, reviews_per_day=3, new_per_day=4)
+    cards = {card.pk: card for card in (make_card() for _ in range(5))}
+    counters, shown = [], 0
+    queue = selectors.queue_today(user=alice, now=NOW)
+    while queue.next_card_id is not None:
+        counters.append(queue.new_left)
+        review(alice, cards[queue.next_card_id], 4, NOW)  # Easy: no learning step
+        shown += 1
+        queue = selectors.queue_today(user=alice, now=NOW)
+    assert counters == [3, 2, 1] and shown == 3 and queue.new_left == 0
+
+
 def test_it_shows_learning_cards_early_only_when_nothing_else_is_left(alice):
     learning, other = make_card(), make_card()
     review(alice, learning, 3, NOW)  # due again in 10 minutes
