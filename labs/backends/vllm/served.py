@@ -10,6 +10,7 @@ model), so without a readable config nothing is predicted for it.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from labs.backends.vllm.server import MODELS_DIR
 from labs.catalog import MODELS
 from labs.params import LabParams, ParamError, parse_lab_params
 
@@ -89,11 +91,26 @@ def _shape_text(config: dict[str, Any]) -> str:
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _mlp_size(slug: str) -> int | None:
+    """The MLP width of catalog model `slug`, from its bundled config.json (the catalog keeps
+    only the parameter count it sets)."""
+    try:
+        config = json.loads((MODELS_DIR / slug / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    size = config.get("intermediate_size") if isinstance(config, dict) else None
+    return size if isinstance(size, int) else None
+
+
 def catalog_match(config: dict[str, Any]) -> str | None:
-    """The catalog model whose architecture the config describes, or None."""
+    """The catalog model whose architecture the config describes, or None. Its MLP width too:
+    two models alike in attention differ in weights, and so in time per token, by it."""
     shape = _shape(config)
     for slug, model in MODELS.items():
-        if all(shape[k] == getattr(model, k) for k in shape):
+        if all(shape[k] == getattr(model, k) for k in shape) and config.get(
+            "intermediate_size"
+        ) == _mlp_size(slug):
             return slug
     return None
 

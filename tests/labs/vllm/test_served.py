@@ -52,6 +52,7 @@ def lab_llama_20m_config() -> dict[str, Any]:
         "num_attention_heads": shape.heads,
         "num_key_value_heads": shape.kv_heads,
         "head_dim": shape.head_dim,
+        "intermediate_size": shape.intermediate_size,
         "vocab_size": shape.vocab_size,
         "max_position_embeddings": shape.max_context,
     }
@@ -149,6 +150,10 @@ def test_catalog_match_needs_every_architecture_fact() -> None:
     assert catalog_match(config) == "lab-llama-20m"
     assert catalog_match({**config, "vocab_size": 31999}) is None
     assert catalog_match({**config, "num_key_value_heads": 2}) is None
+    # Alike in all but the MLP: another model, with other weights and time per token.
+    assert catalog_match({**config, "intermediate_size": 4096}) is None
+    config.pop("intermediate_size")
+    assert catalog_match(config) is None
     assert catalog_match(MYSTERY) is None
 
 
