@@ -16,8 +16,11 @@
 
 Under the learner's load (`predict_load`): concurrency above the batch runs in waves and waits
 whole waves before its first step, a Poisson rate above the engine's capacity builds a queue that
-grows for the whole run, and a KV pool smaller than the batch caps the batch. The idle numbers
-(`ttft_s`, `e2e_s`: one request on an idle engine) stay as the deck's cards use them.
+grows for the whole run, and a KV pool smaller than the batch caps the batch. So does a step
+token budget (max_num_batched_tokens) that the batch's decodes and prompts fill: that engine
+admits as the simulator's scheduler does and starts requests one after another
+(`budget_steady`). The idle numbers (`ttft_s`, `e2e_s`: one request on an idle engine) stay as
+the deck's cards use them.
 
 Left out on purpose: attention FLOPs (small next to 2 x parameters below ~10k tokens), tensor-
 parallel communication, the kernels' real efficiencies, and that vLLM looks the input embedding
@@ -32,6 +35,7 @@ pages can call it on every step or slider change.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -418,6 +422,149 @@ def open_loop_wait_s(num_prompts: int, rate: float, capacity: float) -> float:
     return (num_prompts - 1) / 2 * (1 / capacity - 1 / rate)
 
 
+# -- the token budget ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BudgetSteady:
+    """What the step's token budget (max_num_batched_tokens) lets an engine with a queue run.
+
+    `running`: sequences in the engine at once, decoding or prefilling (Little's law: requests
+    admitted per step x steps each spends there); `per_step`: requests admitted per step;
+    `admit_share`: the share of steps that carry prompt tokens."""
+
+    running: float
+    per_step: float
+    admit_share: float
+
+    def caps(self, allowed: int) -> bool:
+        """Whether the budget runs fewer sequences than the `allowed` other limits let run."""
+        return math.ceil(self.running) < allowed
+
+
+def budget_steady(engine: EngineConfig, workload: Workload, cached_tokens: int = 0) -> BudgetSteady:
+    """The steady state of a queued engine's token budget, admitting as the scheduler does
+    (labs/sim/scheduler.py): running sequences take their tokens first, oldest first, and
+    waiting prompts get what is left.
+
+    With u uncached prompt tokens, d = (output - 1) / tokens per step decode steps of 1 + k
+    tokens each (k drafts) and budget B:
+
+    - chunked prefill fills every step: r = B / (u + d (1 + k)) requests start per step, about
+      r x d sequences decode and max(r, 1) prompts are part-way through;
+    - without it a prompt joins a step only whole. When m = floor(B / (u + d (1 + k))) >= 1,
+      r = m prompts join each step beside the r x d decodes they lead to (up to
+      (B - (m + 1) u) / (d (1 + k)) when m + 1 still fit beside fewer decodes). When not even
+      one does, a prompt waits until at most (B - u) / (1 + k) sequences decode:
+      floor((B - u) / (1 + k)) + 1 run, one at a time when the prompt needs the whole budget.
+    """
+    k = engine.spec_tokens
+    per_decode = 1 + k
+    budget = engine.max_num_batched_tokens
+    prompt = max(workload.prompt_tokens - cached_tokens, 1)
+    steps = (workload.output_tokens - 1) / spec_tokens_per_step(k, engine.acceptance)
+    per_request = prompt + steps * per_decode
+    if engine.chunked_prefill:
+        per_step = budget / per_request
+        return BudgetSteady(per_step * steps + max(per_step, 1.0), per_step, 1.0)
+    whole = budget // per_request
+    if whole >= 1:
+        per_step = float(whole)
+        if steps:
+            per_step = max(per_step, (budget - (whole + 1) * prompt) / (steps * per_decode))
+        return BudgetSteady(per_step * (steps + 1), per_step, min(per_step, 1.0))
+    running = max((budget - prompt) // per_decode + 1, 1)
+    per_step = running / (steps + 1)
+    return BudgetSteady(float(running), per_step, per_step)
+
+
+@dataclass(frozen=True)
+class BudgetTimes:
+    """Seconds of a budget-bound engine in its steady state (`budget_steady`)."""
+
+    first_token_s: float  # from a request's admission to its first token
+    tpot_s: float  # between a decoding sequence's tokens
+    plain_tpot_s: float  # the same, were its steps to carry no prompt tokens for others
+    requests_per_s: float
+    in_engine_s: float  # admission to last token: first_token_s + (output - 1) x tpot_s
+
+
+def budget_times(
+    hardware: Hardware,
+    model: ModelSpec,
+    engine: EngineConfig,
+    workload: Workload,
+    steady: BudgetSteady,
+    context_tokens: int,
+    cached_tokens: int = 0,
+) -> BudgetTimes:
+    """Price `steady`'s steps: a step that admits carries per_step / admit_share prompts beside
+    the r x d decodes of `context_tokens` each, the others the decodes alone.
+
+    With chunked prefill every step admits, so each token of a decoding sequence waits for
+    a full step and a prompt spans 1 / r of them. Without it the prompt is one step, and a
+    sequence decoding while fewer than one request is admitted per step sees the admissions
+    of the others that turn over during its decode (running - 1), not one per step."""
+    k, alpha = engine.spec_tokens, engine.acceptance
+    prompt = max(workload.prompt_tokens - cached_tokens, 1)
+    tokens_per_step = spec_tokens_per_step(k, alpha)
+    steps = (workload.output_tokens - 1) / tokens_per_step
+    share = steady.admit_share
+    decoding = steady.per_step * steps
+    decode_tokens = round(decoding * (1 + k))
+    kv_read = round(decoding * context_tokens)
+    prompts = round(steady.per_step / share * prompt)
+    admit = step_time_s(hardware, model, engine, prompts, decode_tokens, kv_read)
+    plain = step_time_s(hardware, model, engine, 0, decode_tokens, kv_read)
+    drafts = draft_time_s(hardware, model, engine, round(decoding), kv_read) if k else 0.0
+    if not steps:
+        seen = plain  # nothing decodes: no token waits on a prompt
+    elif engine.chunked_prefill or share >= 1:
+        seen = admit
+    else:
+        others = min(steps, max(steady.running - 1, 0.0))
+        seen = plain + others / steps * (admit - plain)
+    # A chunked prompt spans the 1 / r steps that fill with its tokens, a whole one its own.
+    spans = max(1.0, 1 / steady.per_step) if engine.chunked_prefill else 1.0
+    alone = prefill_time_s(hardware, model, engine, workload.prompt_tokens, cached_tokens)
+    first = max(spans * admit, alone)
+    tpot = (seen + drafts) / tokens_per_step
+    mean_step = share * admit + (1 - share) * plain + drafts
+    return BudgetTimes(
+        first_token_s=first,
+        tpot_s=tpot,
+        plain_tpot_s=(plain + drafts) / tokens_per_step,
+        requests_per_s=steady.per_step / mean_step,
+        in_engine_s=first + (workload.output_tokens - 1) * tpot,
+    )
+
+
+def pipeline_wait_s(
+    num_prompts: int, concurrency: int, running: float, requests_per_s: float
+) -> tuple[float, float]:
+    """(mean, median) wait before a request's first step when `concurrency` clients keep
+    requests in flight on an engine that starts `requests_per_s` of them one after another
+    and holds `running` (fewer than `concurrency`): the budget-bound engine, never in waves.
+
+    Request i starts at i / rate. The first `concurrency` are issued at 0; each later one when
+    the request `concurrency` ahead of it finishes, running / rate after it started (Little's
+    law), so it waits (concurrency - running) / rate. O(1), as closed_loop_wait_s."""
+    c = max(1, min(concurrency, num_prompts))
+    later = num_prompts - c
+    waits = max(c - running, 0.0)  # of a later request, in units of 1 / rate
+    mean = (c * (c - 1) / 2 + later * waits) / num_prompts
+    below = min(c, math.ceil(waits))  # first requests that wait less than a later one
+
+    def at(rank: int) -> float:
+        """The rank-th smallest wait: 0 .. below - 1, the later ones, then the rest."""
+        if rank < below:
+            return float(rank)
+        return waits if rank < below + later else float(rank - later)
+
+    middle = (at((num_prompts - 1) // 2) + at(num_prompts // 2)) / 2
+    return mean / requests_per_s, middle / requests_per_s
+
+
 @dataclass(frozen=True)
 class LoadPrediction:
     """What the learner's load does: the batch that runs, how long requests queue, TTFT and E2E
@@ -430,18 +577,41 @@ class LoadPrediction:
     ttft_s: float
     ttft_p50_s: float
     e2e_s: float
+    # From a request's first step to its first token (the rest of ttft_s is queueing): its
+    # lone prefill, or on a budget-bound engine (`budget_steady`) the full steps it spans.
+    own_prefill_s: float = 0.0
+    # Of e2e_s after the first token: the time its decode steps spend on others' prompt tokens,
+    # which only a budget-bound engine mixes into them.
+    prefill_interference_s: float = 0.0
 
 
 def predict_load(params: LabParams, batch: int, cached_tokens: int = 0) -> LoadPrediction:
     """Queueing under the lab's load: closed-loop `max_concurrency` (or `concurrency`) clients,
     or Poisson arrivals at `request_rate`, on an engine running at most `batch` sequences (the
-    smaller of max_num_seqs, the KV pool and the load)."""
+    smaller of max_num_seqs, the KV pool and the load), or fewer when the token budget allows
+    fewer (`budget_steady`): that engine starts requests one after another, never in waves."""
     model, hw, engine, work = params.model, params.hardware, params.engine, params.workload
     in_flight = work.max_concurrency if work.max_concurrency is not None else work.concurrency
     in_flight = max(1, min(in_flight, work.num_prompts))
     batch = max(1, min(batch, in_flight))
-    first, service = wave_service_s(hw, model, engine, batch, work, cached_tokens)
-    capacity = batch / service if service > 0 else math.inf
+    steady = budget_steady(engine, work, cached_tokens)
+    interference = 0.0
+    if steady.caps(batch):
+        context = work.prompt_tokens + work.output_tokens // 2
+        times = budget_times(hw, model, engine, work, steady, context, cached_tokens)
+        batch, capacity = math.ceil(steady.running), times.requests_per_s
+        first = own = times.first_token_s
+        after_first = times.in_engine_s - first
+        interference = (work.output_tokens - 1) * (times.tpot_s - times.plain_tpot_s)
+        closed = pipeline_wait_s(work.num_prompts, in_flight, steady.running, capacity)
+    else:
+        first, service = wave_service_s(hw, model, engine, batch, work, cached_tokens)
+        capacity = batch / service if service > 0 else math.inf
+        own = prefill_time_s(hw, model, engine, work.prompt_tokens, cached_tokens)
+        after_first = service - wave_prefill_s(
+            hw, model, engine, batch, work.prompt_tokens, cached_tokens
+        )
+        closed = closed_loop_wait_s(work.num_prompts, in_flight, batch, service)
     if work.request_rate is not None and work.request_rate <= capacity:
         running, first, e2e = open_loop_batch(
             hw, model, engine, batch, work, work.request_rate, cached_tokens
@@ -454,15 +624,13 @@ def predict_load(params: LabParams, batch: int, cached_tokens: int = 0) -> LoadP
             ttft_s=first,
             ttft_p50_s=first,
             e2e_s=e2e,
+            own_prefill_s=first,
         )
     if work.request_rate is None:
-        mean_wait, p50_wait = closed_loop_wait_s(work.num_prompts, in_flight, batch, service)
+        mean_wait, p50_wait = closed
     else:
         mean_wait = open_loop_wait_s(work.num_prompts, work.request_rate, capacity)
         p50_wait = mean_wait
-    decode_part = service - wave_prefill_s(
-        hw, model, engine, batch, work.prompt_tokens, cached_tokens
-    )
     return LoadPrediction(
         batch=batch,
         capacity_requests_per_s=capacity,
@@ -470,7 +638,9 @@ def predict_load(params: LabParams, batch: int, cached_tokens: int = 0) -> LoadP
         queue_wait_p50_s=p50_wait,
         ttft_s=first + mean_wait,
         ttft_p50_s=first + p50_wait,
-        e2e_s=mean_wait + first + decode_part,
+        e2e_s=mean_wait + first + after_first,
+        own_prefill_s=own,
+        prefill_interference_s=interference,
     )
 
 
@@ -518,6 +688,9 @@ class Prediction:
     loaded_ttft_s: float | None = None
     loaded_ttft_p50_s: float | None = None
     loaded_e2e_s: float | None = None
+    # What max_num_seqs, the KV pool and the load would let run when the token budget lets
+    # fewer (`budget_steady`); None when the budget is not what caps running_seqs.
+    running_seqs_without_budget: int | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -550,13 +723,15 @@ def predict(params: LabParams, device: DeviceConstants | None = None) -> Predict
     paged_seqs = concurrent_seqs(capacity, work.context_tokens, bs)
     max_seqs = contiguous_seqs if engine.kv_allocation == "contiguous" else paged_seqs
     per_replica = min(max_seqs, engine.max_num_seqs)
-    running = min(work.concurrency, per_replica)
-    fits = running >= 1
+    allowed = min(work.concurrency, per_replica)
+    fits = allowed >= 1
+    cached = prefix_cached_tokens(engine, work)
+    steady = budget_steady(engine, work, cached)
+    running = math.ceil(steady.running) if steady.caps(allowed) else allowed
     batch = max(running, 1)
 
-    cached = prefix_cached_tokens(engine, work)
     decode_s = decode_step_time(hw, model, engine, batch, work.context_tokens)
-    tpot = token_time_s(hw, model, engine, batch, work.context_tokens)
+    tpot, _, tokens_per_s = steady_decode(hw, model, engine, work, allowed, cached)
     k, alpha = engine.spec_tokens, engine.acceptance
     ttft = prefill_time_s(hw, model, engine, work.prompt_tokens, cached)
     single = decode_step_time(hw, model, engine, 1, work.context_tokens)
@@ -598,11 +773,13 @@ def predict(params: LabParams, device: DeviceConstants | None = None) -> Predict
         decode_step_s=decode_s if fits else None,
         tpot_s=tpot if fits else None,
         e2e_s=e2e_time_s(ttft, tpot, work.output_tokens) if fits else None,
-        output_tokens_per_s=batch / tpot if fits else None,
+        output_tokens_per_s=tokens_per_s if fits else None,
         batch_speedup_vs_batch1=batch * single / decode_s if fits else None,
         spec_tokens_per_step=spec_tokens_per_step(k, alpha),
         spec_speedup=spec_speedup(k, alpha, engine.draft_cost),
-        spec_speedup_at_batch=decode_s / tpot if fits else None,
+        spec_speedup_at_batch=(
+            decode_s / token_time_s(hw, model, engine, batch, work.context_tokens) if fits else None
+        ),
         bound=bound,
         fits=fits,
         capacity_requests_per_s=load.capacity_requests_per_s if load else None,
@@ -610,14 +787,42 @@ def predict(params: LabParams, device: DeviceConstants | None = None) -> Predict
         loaded_ttft_s=load.ttft_s if load else None,
         loaded_ttft_p50_s=load.ttft_p50_s if load else None,
         loaded_e2e_s=load.e2e_s if load else None,
+        running_seqs_without_budget=allowed if fits and running < allowed else None,
     )
+
+
+def steady_decode(
+    hardware: Hardware,
+    model: ModelSpec,
+    engine: EngineConfig,
+    workload: Workload,
+    allowed: int,
+    cached_tokens: int = 0,
+) -> tuple[float, float, float]:
+    """(TPOT, the same without others' prompt tokens in its steps, output tokens/s) of the
+    sequences running together at workload.context_tokens.
+
+    `allowed` of them decode together on pure decode steps (`token_time_s`), each making a
+    token per TPOT. When the token budget runs fewer (`budget_times`), their steps carry
+    prompts too, and some of the running sequences are still prefilling: the output is what
+    the requests finished per second take away, not running / TPOT."""
+    steady = budget_steady(engine, workload, cached_tokens)
+    if not steady.caps(allowed):
+        batch = max(allowed, 1)
+        tpot = token_time_s(hardware, model, engine, batch, workload.context_tokens)
+        return tpot, tpot, batch / tpot
+    context = workload.context_tokens
+    times = budget_times(hardware, model, engine, workload, steady, context, cached_tokens)
+    tokens_per_s = times.requests_per_s * workload.output_tokens
+    return times.tpot_s, times.plain_tpot_s, tokens_per_s
 
 
 # -- the prediction's parts ------------------------------------------------------------------------
 
 # The parts of a run's breakdown (labs/sim/breakdown.py) and of the prediction's. The formulas
-# have no tensor-parallel communication, no prefill sharing a decode step, no preemption: those
-# are 0 on the predicted side by assumption.
+# have no tensor-parallel communication and no preemption, and share decode steps with prompts
+# only where the token budget caps the batch (`budget_steady`): the rest is 0 on the predicted
+# side by assumption.
 BREAKDOWN_PARTS = (
     "ideal",
     "efficiency",
@@ -645,29 +850,37 @@ def predicted_breakdown(params: LabParams) -> dict[str, object] | None:
     1 as well (`efficiency`); what is left is the roofline (`ideal`), except that speculation's
     drafts and its extra verified tokens count as `speculation`, as the simulator counts them.
     `queueing` is the load's mean wait for a slot and, in a wave admitted together, for the
-    prefill of the prompts ahead of it. Each section's parts add up to its total.
-    Also `batch`: the sequences the formula decodes together.
+    prefill of the prompts ahead of it. Where the token budget caps the batch, the time a
+    decode step spends on others' prompt tokens is `prefill_interference`, as the simulator
+    counts it. Each section's parts add up to its total.
+    Also `batch`: the sequences the formula decodes together, output tokens/s x TPOT (fewer
+    than running_seqs where the token budget leaves some of them prefilling).
     """
     model, hw, engine, work = params.model, params.hardware, params.engine, params.workload
     prediction = predict(params)
     if not prediction.fits:
         return None
     per_replica = min(prediction.max_concurrent_seqs, engine.max_num_seqs)
+    allowed = min(work.concurrency, per_replica)
     cached = prediction.prefix_cached_tokens
     batch = max(prediction.running_seqs, 1)
     no_overhead = replace(engine, step_overhead_s=0.0)
     at_peak = replace(no_overhead, compute_efficiency=1.0, bandwidth_efficiency=1.0)
 
     def figures(e: EngineConfig) -> tuple[float, float, float, LoadPrediction]:
-        """(own prefill, decode after the first token, TPOT, the load) priced with `e`."""
+        """(own prefill, decode after the first token, TPOT, the load) priced with `e`, the
+        last two without the time their steps spend on others' prompts."""
         load = predict_load(replace(params, engine=e), per_replica, cached)
-        tpot = token_time_s(hw, model, e, batch, work.context_tokens)
-        # A request's own prefill is the lone one: the load's first token never comes sooner
-        # (wave_service_s), and what it adds is waiting behind the wave's other prompts.
-        own = prefill_time_s(hw, model, e, work.prompt_tokens, cached)
-        return own, load.e2e_s - load.ttft_s, tpot, load
+        tpot = steady_decode(hw, model, e, work, allowed, cached)[1]
+        # What the load's first token adds to the request's own prefill is waiting: behind the
+        # wave's other prompts (wave_service_s), or for the budget (budget_times).
+        own = load.own_prefill_s
+        decode = load.e2e_s - load.ttft_s - load.prefill_interference_s
+        return own, decode, tpot, load
 
     full, bare, peak = figures(engine), figures(no_overhead), figures(at_peak)
+    tpot_total, _, tokens_per_s = steady_decode(hw, model, engine, work, allowed, cached)
+    decoding = tokens_per_s * tpot_total
     # Waiting behind the other prompts of its wave is queueing, as the simulator counts the
     # time before the first step that schedules a request.
     load = full[3]
@@ -691,12 +904,14 @@ def predicted_breakdown(params: LabParams) -> dict[str, object] | None:
         "ideal": peak[0],
     }
     decode = {
+        "prefill_interference": load.prefill_interference_s,
         "overhead": full[1] - bare[1],
         "efficiency": bare[1] - peak[1],
         "ideal": peak[1] * decode_plain,
         "speculation": peak[1] * (1 - decode_plain),
     }
     tpot = {
+        "prefill_interference": tpot_total - full[2],
         "overhead": full[2] - bare[2],
         "efficiency": bare[2] - peak[2],
         "ideal": peak[2] * tpot_plain,
@@ -708,7 +923,7 @@ def predicted_breakdown(params: LabParams) -> dict[str, object] | None:
         "ttft_s": _section(ttft),
         "tpot_s": _section(tpot),
         "e2e_s": _section(e2e),
-        "batch": batch,
+        "batch": batch if prediction.running_seqs_without_budget is None else decoding,
     }
 
 
@@ -732,3 +947,43 @@ def lab_prediction(params: LabParams, device: DeviceConstants | None = None) -> 
         ) / engine.spec_tokens
     values["breakdown"] = predicted_breakdown(params)
     return values
+
+
+def _seconds_words(seconds: float) -> str:
+    return f"{seconds:,.1f} s" if seconds >= 1 else f"{seconds * 1000:,.0f} ms"
+
+
+def budget_notice(params: LabParams, predicted: Mapping[str, object]) -> str:
+    """In plain words, when the token budget runs fewer sequences than max_num_seqs, the KV pool
+    and the load allow (`predicted`: a `lab_prediction`): what it does and the figures that
+    follow; "" when it is not what caps the batch. The lab page shows it before a run."""
+    allowed = predicted.get("running_seqs_without_budget")
+    if not isinstance(allowed, int):
+        return ""
+    engine, work = params.engine, params.workload
+    budget = f"max_num_batched_tokens ({engine.max_num_batched_tokens:,})"
+    prompt = f"{work.prompt_tokens:,}-token prompt"
+    running = int(predicted["running_seqs"])  # type: ignore[call-overload]
+    if not engine.chunked_prefill and running == 1:
+        what = (
+            f"{budget} serialises the engine: with chunked prefill off, a {prompt} needs the "
+            "whole step's budget, so it never joins a step that carries a decode and requests "
+            f"run one at a time, not {allowed:,} together."
+        )
+    else:
+        why = (
+            f"with chunked prefill off, a {prompt} joins a step only whole, in the room its "
+            "decodes leave"
+            if not engine.chunked_prefill
+            else f"every step is full, each decode taking a token of it and {prompt}s the rest"
+        )
+        what = (
+            f"{budget} lets only about {running:,} sequences run at once, not the {allowed:,} "
+            f"that max_num_seqs, the KV pool and the load allow: {why}."
+        )
+    tokens_per_s = float(predicted["output_tokens_per_s"])  # type: ignore[arg-type]
+    ttft = float(predicted["loaded_ttft_s"])  # type: ignore[arg-type]
+    return (
+        f"{what} Predicted under this load: {tokens_per_s:,.0f} output tokens/s, "
+        f"time to first token {_seconds_words(ttft)}."
+    )
