@@ -379,9 +379,10 @@ def build_plan(
 _ERROR_LINE = re.compile(r"\b(\w+(Error|Exception)): \S")
 # vLLM's line prefix: "(EngineCore_DP0 pid=7) ERROR 12-02 00:17:09 [core.py:1] " on a log record,
 # "(EngineCore_DP0 pid=7) " alone on a traceback line its subprocess printed.
-_PROCESS = r"(\([\w.-]+ pid=\d+\)\s+)?"
+_PROCESS = r"\([\w.-]+ pid=\d+\)\s+"
 _RECORD = re.compile(
-    _PROCESS + r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+[\d-]+ [\d:.]+\s+\[[^\]]*\]\s+"
+    f"({_PROCESS})?"
+    + r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+[\d-]+ [\d:.]+\s+\[[^\]]*\]\s+"
 )
 _PREFIX = re.compile(_PROCESS)
 # Errors that only point at the cause above them, never the cause.
@@ -400,7 +401,8 @@ def vllm_error_line(lines: list[str]) -> str | None:
         line = raw.strip()
         match = _RECORD.match(line)
         level = match.group("level") if match else None
-        text = line[match.end() :] if match else line[_PREFIX.match(line).end() :]
+        prefix = match or _PREFIX.match(line)
+        text = line[prefix.end() :] if prefix else line
         if _ENGINE_DIED.search(text) and record is None:
             record = text
         if level in ("DEBUG", "INFO", "WARNING"):
@@ -785,7 +787,7 @@ class ServerManager:
             return
         cmdline = _cmdline(pid)
         # A console script runs as `python .../vllm serve ...`: compare what follows the program.
-        running = bool(cmdline) and len(argv) > 1 and cmdline[-(len(argv) - 1) :] == argv[1:]
+        running = bool(cmdline and len(argv) > 1 and cmdline[-(len(argv) - 1) :] == argv[1:])
         if running and owner and owner != os.getpid() and _process_alive(owner):
             # Stopping it would fail that process's run mid-way; two servers cannot share GPUs.
             raise ServerError(
