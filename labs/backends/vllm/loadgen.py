@@ -295,7 +295,7 @@ async def _send(
         prompt_tokens=len(planned.prompt),
         max_tokens=planned.output_tokens,
         arrival_s=issued - t0,
-        chunks=[],
+        chunks=Chunks(),
         finish_s=None,
         issued_s=issued - t0,
     )
