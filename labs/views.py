@@ -24,6 +24,7 @@ from labs.backends import check_can_start, device_lab_settings, requirement
 from labs.catalog import CPU_KIND
 from labs.forms import LabParamsForm, SweepForm
 from labs.params import FIELDS_BY_NAME, ParamError
+from labs.predict import budget_notice
 from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
 from labs.workers import cpu_worker_hardware, devices_online, gpu_offer
 
@@ -44,10 +45,15 @@ def _lab_or_404(slug: str) -> Lab:
         raise Http404("No such lab") from None
 
 
-def _prediction(lab: Lab, form: LabParamsForm) -> list[dict[str, str]]:
+def _prediction(lab: Lab, form: LabParamsForm) -> dict[str, Any]:
+    """The live panel: the lab's predicted figures, and what the token budget does to them."""
     if form.params is None:
-        return []
-    return results.predicted_items(selectors.device_prediction(form.params), lab.predicted)
+        return {"prediction": [], "budget_notice": ""}
+    values = selectors.device_prediction(form.params)
+    return {
+        "prediction": results.predicted_items(values, lab.predicted),
+        "budget_notice": budget_notice(form.params, values),
+    }
 
 
 def _prediction_calibration(form: LabParamsForm) -> str:
@@ -80,7 +86,7 @@ def _lab_page(
         "lab": lab,
         "labs": LABS.values(),
         "form": form,
-        "prediction": _prediction(lab, form),
+        **_prediction(lab, form),
         "prediction_calibration": _prediction_calibration(form),
         "load": _load(form),
         "refusal": refusal,
@@ -176,7 +182,7 @@ def lab_predict(request: HttpRequest, lab: str) -> HttpResponse:
     context = {
         "lab": the_lab,
         "form": form,
-        "prediction": _prediction(the_lab, form),
+        **_prediction(the_lab, form),
         "prediction_calibration": _prediction_calibration(form),
         "load": _load(form),
     }
