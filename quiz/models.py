@@ -18,6 +18,7 @@ from django.db.models import Q
 from django.utils.html import strip_tags
 from django.utils.text import Truncator
 
+from config.choices import IntegerChoices, TextChoices
 from quiz import numeric
 
 # The deck of personal cards (quiz/personal.py): never written to content/ or exported.
@@ -67,7 +68,7 @@ def card_title(prompt: str) -> str:
 
 
 class Card(models.Model):
-    class Kind(models.TextChoices):
+    class Kind(TextChoices):
         CHOICE = "choice", "Multiple choice"
         NUMERIC = "numeric", "Numeric"
         RECALL = "recall", "Recall"
@@ -200,7 +201,7 @@ class ChoiceOption(models.Model):
         return self.text[:60]
 
 
-class FsrsState(models.IntegerChoices):
+class FsrsState(IntegerChoices):
     # The values are fsrs.State's, so they can be passed straight to the scheduler.
     LEARNING = 1, "Learning"
     REVIEW = 2, "Review"
@@ -269,7 +270,7 @@ class ReviewState(models.Model):
 
 
 class ReviewLog(models.Model):
-    class Kind(models.IntegerChoices):
+    class Kind(IntegerChoices):
         # The state before the review (Anki revlog "type"); NEW counts against the new-card limit.
         NEW = 0, "New"
         LEARNING = 1, "Learning"
@@ -396,7 +397,7 @@ class PersonalCardRequest(models.Model):
     row is the learner's lock (one in flight at a time, enforced by the database) and the page's
     progress; the worker fills in the card or the reason it could not be made."""
 
-    class State(models.TextChoices):
+    class State(TextChoices):
         QUEUED = "queued"
         RUNNING = "running"
         DONE = "done"
@@ -435,7 +436,7 @@ class ParameterFit(models.Model):
     """One run of "Optimize my parameters": queued, running (with progress), then done or failed.
     The figures compare the fitted parameters with the ones in force on the same reviews."""
 
-    class Status(models.TextChoices):
+    class Status(TextChoices):
         QUEUED = "queued", "Queued"
         RUNNING = "running", "Running"
         DONE = "done", "Done"
