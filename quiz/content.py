@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -442,7 +443,9 @@ def render_decks(decks: list[DeckSpec]) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_tree(tree: ContentTree, root: Path, *, retired: set[str] = frozenset()) -> list[Path]:
+def write_tree(
+    tree: ContentTree, root: Path, *, retired: AbstractSet[str] = frozenset()
+) -> list[Path]:
     """Write decks.yaml and one file per card; remove the files of `retired` cards.
 
     Files whose text is unchanged are not rewritten. Returns the paths that changed.
