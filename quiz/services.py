@@ -356,8 +356,9 @@ def review_grade(
     """Apply the stored outcome for `rating` to the learner's card and log the review.
 
     Raises Showing.DoesNotExist (not this learner's token), ValueError (rating outside 1-4),
-    ShowingExpired (answer shown more than an hour ago), QuizConflict (not revealed yet, undone,
-    or the card changed since it was shown).
+    ShowingExpired (answer shown more than an hour ago, or on another study day or with other
+    settings: the shown intervals would not be the ones applied), QuizConflict (not revealed
+    yet, undone, or the card changed since it was shown).
     """
     if rating not in (1, 2, 3, 4):
         raise ValueError("rating must be 1, 2, 3 or 4")
@@ -384,11 +385,14 @@ def review_grade(
             context, context.study_date(now)
         ):
             # The study day turned, or the zone, rollover, retention or parameters changed, since
-            # the reveal: as Anki, schedule from the press (its instant and its study day).
-            showing.outcomes = _compute_outcomes(showing, state, context, now, last_day)
-            rows.update(Showing, showing.pk, {"outcomes": showing.outcomes})
+            # the reveal: the buttons' intervals are no longer what a press would apply, so
+            # nothing is applied; the caller shows the buttons again with fresh intervals.
+            raise ShowingExpired(
+                "The study day changed (or your settings did) since the answer was shown, so the "
+                "intervals were updated: press again."
+            )
         # One instant for the state and the log: the one the applied outcome was computed at (the
-        # reveal, or the press when recomputed), so the log replays exactly.
+        # reveal, on the press's study day), so the log replays exactly.
         reviewed_at = dt.datetime.fromisoformat(showing.outcomes[CONTEXT_KEY]["at"])
         before = _snapshot(state)
         after = CardState.from_json(showing.outcomes[str(rating)])

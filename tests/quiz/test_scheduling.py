@@ -27,6 +27,15 @@ def _state(user, card) -> ReviewState:
     return ReviewState.objects.get(user=user, card=card)
 
 
+def _press_again(user, token: str, rating: int, now: dt.datetime) -> ReviewLog:
+    """A press the reveal's outcomes no longer fit (another study day or settings) applies
+    nothing; the buttons come back with fresh intervals (as the view does) and are pressed."""
+    with pytest.raises(services.ShowingExpired):
+        services.review_grade(user=user, token=token, rating=rating, now=now)
+    services.showing_reveal(user=user, token=token, answer=services.Answer(), now=now, refresh=True)
+    return services.review_grade(user=user, token=token, rating=rating, now=now).log
+
+
 @pytest.mark.django_db
 def test_it_walks_a_card_through_learning_graduation_a_lapse_and_relearning(alice):
     card = make_card("recall")
@@ -397,7 +406,7 @@ def test_it_honours_a_retention_change_between_reveal_and_press(alice, no_fuzz):
     showing = show(alice, card, now)
     shown_at_90 = CardState.from_json(showing.outcomes["3"])
     make_settings(alice, desired_retention=0.8)
-    services.review_grade(user=alice, token=showing.token, rating=3, now=now)
+    _press_again(alice, showing.token, 3, now)
     state = _state(alice, card)
     expected = scheduling.outcomes(
         CardState(FsrsState.REVIEW, None, 30.0, 5.0, now, now - dt.timedelta(30)),
@@ -504,14 +513,14 @@ def test_a_card_state_round_trips_through_json_with_every_field():
 
 
 @pytest.mark.django_db
-def test_it_schedules_from_the_study_day_of_the_press_when_the_rollover_passed_since_reveal(alice):
+def test_a_press_past_the_rollover_is_scheduled_from_the_press_once_the_buttons_refresh(alice):
     # Berlin, rollover 04:00 (02:00 UTC in June): due 03:59, revealed 03:59:30, Good at 04:00:30.
     make_settings(alice, time_zone="Europe/Berlin", rollover_hour=4)
     card = _relearning_card(alice, at(2026, 6, 10, 1, 59))
     before = services._state_columns(_state(alice, card))
     showing = show(alice, card, at(2026, 6, 10, 1, 59, 30))
     press = at(2026, 6, 10, 2, 0, 30)
-    log = services.review_grade(user=alice, token=showing.token, rating=3, now=press).log
+    log = _press_again(alice, showing.token, 3, press)
     state = _state(alice, card)
     expected = scheduling.outcomes(
         before,
@@ -541,7 +550,7 @@ def test_a_zone_change_between_reveal_and_press_dates_the_log_and_the_outcome_al
     showing = show(alice, card, reveal)
     make_settings(alice, time_zone="Asia/Tokyo")
     press = reveal + dt.timedelta(minutes=2)
-    log = services.review_grade(user=alice, token=showing.token, rating=3, now=press).log
+    log = _press_again(alice, showing.token, 3, press)
     state = _state(alice, card)
     assert (log.time_zone, log.rollover_hour, log.study_date) == (
         "Asia/Tokyo",
@@ -653,7 +662,11 @@ def test_replay_reproduces_every_stored_state_for_learners_who_change_their_sett
             if rng.random() < 0.2:  # between the reveal and the press
                 _change_something(rng, user)
                 changes += 1
-            services.review_grade(user=user, token=showing.token, rating=rng.randint(1, 4), now=now)
+            rating = rng.randint(1, 4)
+            try:
+                services.review_grade(user=user, token=showing.token, rating=rating, now=now)
+            except services.ShowingExpired:
+                _press_again(user, showing.token, rating, now)
         stored = services._state_columns(_state(user, card))
         assert selectors.card_replayed(user=user, card_id=card.pk) == stored, n
         histories += 1

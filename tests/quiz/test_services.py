@@ -83,6 +83,39 @@ def test_it_recomputes_stale_outcomes_instead_of_applying_them(alice):
     assert log.reviewed_at == later
 
 
+@pytest.mark.parametrize("rating", [2, 3, 4])
+def test_a_press_after_the_rollover_applies_the_interval_the_button_showed(alice, rating):
+    # 34 of 66 presses past the rollover applied another interval than the button's (Easy
+    # labelled 16d gave 27d): the outcomes were silently recomputed at the press.
+    from quiz import scheduling
+    from quiz.selectors import learner_settings_get
+
+    card = make_card()
+    make_review_state(alice, card, due=at(2026, 6, 1, 2), last_review=at(2026, 5, 20, 9))
+    before = _row(alice, card)
+    revealed, pressed = at(2026, 6, 1, 3, 59), at(2026, 6, 1, 4, 1)  # the rollover is 04:00
+    showing = show(alice, card, revealed)
+    with pytest.raises(services.ShowingExpired, match="study day changed"):
+        services.review_grade(user=alice, token=showing.token, rating=rating, now=pressed)
+    assert _row(alice, card) == before and not ReviewLog.objects.exists()
+
+    shown = services.showing_reveal(
+        user=alice, token=showing.token, answer=services.Answer(), now=pressed, refresh=True
+    )
+    context = services.learner_context(learner_settings_get(user=alice))
+    hour, tz = context.rollover_hour, context.tz
+    outcome = scheduling.CardState.from_json(shown.outcomes[str(rating)])
+    label = scheduling.interval_label(outcome, shown.revealed_at, tz, hour)
+    press = pressed + dt.timedelta(seconds=20)
+    services.review_grade(user=alice, token=showing.token, rating=rating, now=press)
+    applied = ReviewState.objects.get(user=alice, card=card)
+    assert scheduling.interval_label(_state(applied), press, tz, hour) == label
+
+
+def _state(state: ReviewState):
+    return services._state_columns(state)
+
+
 def test_it_undoes_a_review_restoring_every_column_exactly(alice):
     card = make_card()
     make_review_state(
