@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from labs.backends.base import RequestRecord, RunRecord
+from labs.backends.base import EngineSample, RequestRecord, RunRecord
 
 PERCENTILES = (50, 90, 95, 99)
 SLO_KEYS = ("ttft", "tpot", "e2el")
@@ -200,7 +200,10 @@ def _series(
     - ttft_s, itl_s: samples for histograms (thinned to evenly spaced quantiles if many).
     - tokens_per_s: output tokens per second in THROUGHPUT_BUCKETS equal buckets over the run;
       t_s is each bucket's start, from the start of the run (t = 0, where the duration starts).
-    - engine: running, waiting and kv_usage over time, from the record's samples.
+    - engine: running, waiting and kv_usage over time, from the record's samples, and
+      scheduled_tokens (tokens per step) where the backend reports it. Thinned like the
+      simulator's samples: each point holds the first time and the maxima of its group, so a cap
+      reached in any sample is still reached in the series.
     """
     # Times count from the start of the run, where bench's duration starts too.
     start = 0.0
@@ -225,17 +228,25 @@ def _series(
             "value": (counts / bucket).tolist(),
             "bucket_s": bucket,
         }
-    samples = record.samples
-    step = max(1, math.ceil(len(samples) / MAX_SERIES_POINTS))
-    shown = samples[::step]
     return {
         "ttft_s": _thin(ttft),
         "itl_s": _thin(itl),
         "tokens_per_s": tokens_per_s,
-        "engine": {
-            "t_s": [s.t_s - start for s in shown],
-            "running": [s.running for s in shown],
-            "waiting": [s.waiting for s in shown],
-            "kv_usage": [s.kv_usage for s in shown],
-        },
+        "engine": _engine_series(record.samples, start),
     }
+
+
+def _engine_series(samples: list[EngineSample], start: float) -> dict[str, list[Any]]:
+    """At most MAX_SERIES_POINTS points: groups of consecutive samples, each its first time
+    and the maxima of the rest (peak detect, as labs.sim.recording thins)."""
+    step = max(1, math.ceil(len(samples) / MAX_SERIES_POINTS))
+    groups = [samples[i : i + step] for i in range(0, len(samples), step)]
+    engine: dict[str, list[Any]] = {
+        "t_s": [g[0].t_s - start for g in groups],
+        "running": [max(s.running for s in g) for g in groups],
+        "waiting": [max(s.waiting for s in g) for g in groups],
+        "kv_usage": [max(s.kv_usage for s in g) for g in groups],
+    }
+    if samples and all(s.scheduled_tokens is not None for s in samples):
+        engine["scheduled_tokens"] = [max(s.scheduled_tokens or 0 for s in g) for g in groups]
+    return engine

@@ -9,6 +9,9 @@ import numpy as np
 
 from labs.backends.base import Chunks, EngineSample
 
+# A sample's columns: t_s, running, waiting, blocks used, tokens scheduled.
+_COLUMNS = 5
+
 
 class SampleRecorder:
     """Engine samples, one per step until `max_samples`; then neighbours are merged pairwise and
@@ -16,9 +19,10 @@ class SampleRecorder:
     for a run of skipped steps (`add_many`); they are folded into the samples every few thousand
     steps, so memory stays bounded however long the run.
 
-    NOTE: a merged sample holds the earlier time and the maxima of running, waiting and KV
-    usage over the steps it stands for (like an oscilloscope's peak detect), so the peaks that
-    `max_running_seqs` and `kv_usage_peak` read survive thinning exactly.
+    NOTE: a merged sample holds the earlier time and the maxima of running, waiting, KV usage
+    and tokens scheduled over the steps it stands for (like an oscilloscope's peak detect), so
+    the peaks that `max_running_seqs` and `kv_usage_peak` read, and a token budget reached in any
+    of its steps, survive thinning exactly.
     """
 
     _FOLD_EVERY = 8192
@@ -27,14 +31,15 @@ class SampleRecorder:
         self.max_samples = max(2, max_samples + max_samples % 2)  # even: merged in pairs
         self.num_blocks = num_blocks
         self._stride = 1
-        # Folded samples, columns t_s, running, waiting, blocks used (all exact in float64).
-        self._samples = np.empty((0, 4))
+        # Folded samples, columns t_s, running, waiting, blocks used, tokens scheduled (all
+        # exact in float64).
+        self._samples = np.empty((0, _COLUMNS))
         self._raw: list[np.ndarray] = []  # steps not folded yet, in order
-        self._row: list[tuple[float, int, int, int]] = []
+        self._row: list[tuple[float, int, int, int, int]] = []
         self._num_raw = 0
 
-    def add(self, t_s: float, running: int, waiting: int, blocks_used: int) -> None:
-        self._row.append((t_s, running, waiting, blocks_used))
+    def add(self, t_s: float, running: int, waiting: int, blocks_used: int, tokens: int) -> None:
+        self._row.append((t_s, running, waiting, blocks_used, tokens))
         self._num_raw += 1
         if self._num_raw >= self._FOLD_EVERY:
             self._fold()
@@ -45,10 +50,12 @@ class SampleRecorder:
         running: int | np.ndarray,
         waiting: int | np.ndarray,
         blocks_used: np.ndarray,
+        tokens: int | np.ndarray,
     ) -> None:
         self._flush_rows()
-        block = np.empty((len(t_s), 4))
+        block = np.empty((len(t_s), _COLUMNS))
         block[:, 0], block[:, 1], block[:, 2], block[:, 3] = t_s, running, waiting, blocks_used
+        block[:, 4] = tokens
         self._raw.append(block)
         self._num_raw += len(t_s)
         if self._num_raw >= self._FOLD_EVERY:
@@ -62,14 +69,14 @@ class SampleRecorder:
     @staticmethod
     def _peak(rows: np.ndarray, stride: int) -> np.ndarray:
         """Merge every `stride` consecutive rows: the first time, the maxima of the rest."""
-        groups = rows.reshape(-1, stride, 4)
+        groups = rows.reshape(-1, stride, _COLUMNS)
         merged = groups.max(axis=1)
         merged[:, 0] = groups[:, 0, 0]
         return merged
 
     def _fold(self, final: bool = False) -> None:
         self._flush_rows()
-        raw = np.concatenate(self._raw) if self._raw else np.empty((0, 4))
+        raw = np.concatenate(self._raw) if self._raw else np.empty((0, _COLUMNS))
         samples, stride, top = self._samples, self._stride, self.max_samples
         while True:
             complete = len(raw) // stride
@@ -96,13 +103,19 @@ class SampleRecorder:
         rows = self._samples
         return [
             EngineSample(
-                t_s=t, running=r, waiting=w, kv_usage=b / self.num_blocks, kv_blocks_used=b
+                t_s=t,
+                running=r,
+                waiting=w,
+                kv_usage=b / self.num_blocks,
+                kv_blocks_used=b,
+                scheduled_tokens=n,
             )
-            for t, r, w, b in zip(
+            for t, r, w, b, n in zip(
                 rows[:, 0].tolist(),
                 rows[:, 1].astype(np.int64).tolist(),
                 rows[:, 2].astype(np.int64).tolist(),
                 rows[:, 3].astype(np.int64).tolist(),
+                rows[:, 4].astype(np.int64).tolist(),
                 strict=True,
             )
         ]

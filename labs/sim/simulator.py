@@ -215,7 +215,13 @@ class Simulator:
             if out.req_indices.size == 0:
                 raise RuntimeError("the scheduler found nothing to run: the simulation is stuck")
             blocks_used = sched.pool.num_used_blocks
-            recorder.add(loop.now, sched.num_running, sched.num_waiting, blocks_used)
+            recorder.add(
+                loop.now,
+                sched.num_running,
+                sched.num_waiting,
+                blocks_used,
+                out.total_num_scheduled_tokens,
+            )
             start = loop.now
             parts, prefill_share = step_parts_s(cost, out)
             if loop.contention_due_s:
@@ -399,6 +405,7 @@ class Simulator:
             m,
             sched.num_waiting,
             blocks_used + used_per_step[:num_steps],
+            want,
         )
         if k:
             chunks.add_steps(ends, run, tokens)

@@ -235,6 +235,7 @@ def advance_steady(
     running_log: list[int] = []
     waiting_log: list[int] = []
     used_log: list[int] = []
+    tokens_log: list[int] = []
     finished: list[tuple[int, int, int]] = []  # request, step, computed tokens at the end
     segments: list[tuple[int, int, int]] = []  # request, first step, last step of its tokens
     cost = sim.cost_model
@@ -351,6 +352,7 @@ def advance_steady(
         running_log.append(num_running)
         waiting_log.append(len(waiting))
         used_log.append(num_blocks - free)
+        tokens_log.append(num_prefill + num_decode)
 
         # The step's outcome: prefills advance (and sample once they catch up), decoders finish.
         num_done = 0
@@ -460,7 +462,13 @@ def advance_steady(
     assert pool.num_free_blocks == free, "steady steps lost count of the free blocks"
     seg = np.array(segments, dtype=np.int64).reshape(-1, 3)
     chunks.add_runs(seg[:, 0], end_s, seg[:, 1], seg[:, 2])
-    recorder.add_many(start_s, np.array(running_log), np.array(waiting_log), np.array(used_log))
+    recorder.add_many(
+        start_s,
+        np.array(running_log),
+        np.array(waiting_log),
+        np.array(used_log),
+        np.array(tokens_log),
+    )
     in_order = np.array(order, dtype=np.int64)
     sched.running = in_order[t.status[in_order] == _RUNNING]
     sim.num_steps += s

@@ -147,6 +147,24 @@ def test_series_hold_every_token_and_sample():
     assert json.loads(json.dumps(m)) == m
 
 
+def test_a_long_engine_series_is_thinned_keeping_each_groups_peaks_and_tokens_per_step():
+    """A cap reached in one sample stays reached in the series the explanations read
+    (labs/limits.py); tokens per step appear only where every sample reports them."""
+    from labs.metrics import MAX_SERIES_POINTS
+
+    n = 3 * MAX_SERIES_POINTS
+    samples = [
+        EngineSample(float(i), i % 3, 0, 0.0, scheduled_tokens=2048 * (i % 3 == 1))
+        for i in range(n)
+    ]
+    engine = summarize(make_record(samples=samples))["series"]["engine"]
+    assert len(engine["t_s"]) == MAX_SERIES_POINTS and engine["t_s"][:2] == [0.0, 3.0]
+    assert set(engine["running"]) == {2} and set(engine["scheduled_tokens"]) == {2048}
+    # vLLM's polls: no tokens per step, no such series.
+    polled = [EngineSample(float(i), 1, 0, 0.0) for i in range(5)]
+    assert "scheduled_tokens" not in summarize(make_record(samples=polled))["series"]["engine"]
+
+
 def test_a_record_survives_json_and_summarizes_the_same():
     record = make_record()
     again = RunRecord.from_dict(json.loads(json.dumps(record.to_dict())))

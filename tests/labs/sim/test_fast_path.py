@@ -115,6 +115,7 @@ def assert_same_record(fast: RunRecord, slow: RunRecord) -> None:
     assert len(fast.samples) == len(slow.samples)
     for x, y in zip(fast.samples, slow.samples, strict=True):
         assert (x.running, x.waiting, x.kv_blocks_used) == (y.running, y.waiting, y.kv_blocks_used)
+        assert x.scheduled_tokens == y.scheduled_tokens
         assert x.kv_usage == y.kv_usage
         assert x.t_s == pytest.approx(y.t_s, abs=1e-9)
     assert fast.duration_s == pytest.approx(slow.duration_s, abs=1e-9)
