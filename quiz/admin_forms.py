@@ -9,7 +9,7 @@ that was edited.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib.admin.widgets import AutocompleteSelect
@@ -29,7 +29,13 @@ def normalise_newlines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-class ExactTextMixin:
+if TYPE_CHECKING:
+    from django.forms import BaseForm as _MixedInto  # the checker's view; a plain mixin at run time
+else:
+    _MixedInto = object
+
+
+class ExactTextMixin(_MixedInto):
     """Keep multi-line text exactly as typed: no stripping (a trailing newline is part of a `|`
     block in the file), and LF line ends."""
 
