@@ -119,9 +119,13 @@ LABS: dict[str, Lab] = {
                 "max_num_seqs caps the batch; concurrency is how many requests are in flight. "
                 "Time per output token grows slowly with the batch, and a request that waits "
                 "for a slot shows it in its TTFT.",
+                "Each step also has a token budget, max_num_batched_tokens: running sequences "
+                "take their tokens first and waiting prompts get what is left, so long prompts "
+                "can keep the batch well below max_num_seqs.",
             ),
             fields=(
                 "max_num_seqs",
+                "max_num_batched_tokens",
                 "concurrency",
                 "num_prompts",
                 "prompt_tokens",
