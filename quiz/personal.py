@@ -205,7 +205,7 @@ def _sweep_answer(run: LabRun, key: str) -> tuple[Any, _Answer | None]:
     value = sweep.values[index]
     point = labs_api.finished_points(sweep).get(index)
     measured = labs_api.dig(point.result, key) if point else None
-    if not isinstance(measured, int | float):
+    if point is None or not isinstance(measured, int | float):
         return value, None
     where = labs_api.short_where_label(point.where)
     return value, _Answer(float(measured), f"your sweep's run #{point.pk} ({where})", None)
@@ -265,6 +265,16 @@ def _predictor_steps(
     return steps
 
 
+def _predicted_pair(
+    here: Mapping[str, Any], there: Mapping[str, Any], key: str | None
+) -> tuple[float, float] | None:
+    """The predictor's figure at both settings, if it has one to scale by (positive here)."""
+    before, after = (here.get(key), there.get(key)) if key else (None, None)
+    if isinstance(before, int | float) and isinstance(after, int | float) and before > 0:
+        return before, after
+    return None
+
+
 def _content(
     run: LabRun, field: str, neighbour: Any, figure: Figure, measured: float, answer: _Answer
 ) -> _Content:
@@ -277,10 +287,8 @@ def _content(
     label = _phrase(figure.label)
     here = _predicted(params)
     there = _predicted({**params, field: neighbour})
-    key = figure.predicted_key
-    before, after = (here.get(key), there.get(key)) if key else (None, None)
-    has_ratio = isinstance(before, int | float) and isinstance(after, int | float) and before > 0
-    ratio = round(after / before, 3) if has_ratio else None
+    predicted = _predicted_pair(here, there, figure.predicted_key)
+    ratio = round(predicted[1] / predicted[0], 3) if predicted is not None else None
     observed = answer.value * scale
     decimals = _decimals((measured * ratio if ratio else answer.value) * scale)
     mine = round(measured * scale, decimals)
@@ -290,7 +298,8 @@ def _content(
         f"Your run #{run.pk} at {field} {current}: {figure.label} = {_fmt(mine, decimals)} {unit}."
     ]
     steps += _predictor_steps(here, there, current, neighbour)
-    if ratio is not None:
+    if predicted is not None:
+        before, after = predicted
         p_decimals = _decimals(after * scale)
         steps += [
             f"Predicted {label}: {_fmt(before * scale, p_decimals)} at {current} → "
