@@ -72,6 +72,10 @@ class NothingToUndo(QuizConflict):
     pass
 
 
+class UndoRefused(NothingToUndo):
+    """The latest answer's card was changed since (by staff): undo would drop that change."""
+
+
 # --- Showing a card ------------------------------------------------------------------------------
 
 
@@ -440,7 +444,7 @@ def review_grade(
 def review_undo(*, user: AbstractBaseUser, now: dt.datetime) -> int:
     """Undo the learner's latest review (today's, or one graded minutes before the rollover):
     restore the state exactly as it was before and delete the log (the quota reopens). Returns
-    the card id to show again."""
+    the card id to show again. Raises UndoRefused when the card was changed after the review."""
     settings = learner_settings_get(user=user)
     day = study_day_for(settings, now)
     with transaction.atomic():
@@ -451,6 +455,19 @@ def review_undo(*, user: AbstractBaseUser, now: dt.datetime) -> int:
         if log is None:  # undone by a second request meanwhile
             raise NothingToUndo("There is no answer to undo.")
         state = ReviewState.objects.select_for_update().get(user=user, card_id=log.card_id)
+        graded_from = (
+            Showing.objects.filter(user=user, token=log.token)
+            .values_list("state_version", flat=True)
+            .first()
+        )
+        if graded_from is None or state.version != graded_from + 1:
+            # Written since the grade (a staff edit, an unsuspension): restoring the state before
+            # the answer would silently drop that change.
+            raise UndoRefused(
+                "That answer cannot be undone: the card's schedule was changed after it (by "
+                "staff, or by unsuspending the card), and undoing would overwrite that change. "
+                "The answer and the change both stay."
+            )
         before = CardState.from_json(log.state_before)
         ReviewState.objects.filter(pk=state.pk).update(
             **_fsrs_values(before),

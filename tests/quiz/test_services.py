@@ -154,6 +154,19 @@ def test_it_undoes_the_latest_review_only_and_then_says_nothing_is_left(alice):
         services.review_undo(user=alice, now=NOW)
 
 
+def test_undo_refuses_to_drop_a_staff_edit_made_after_the_answer_and_says_so(alice):
+    # Undoing an answer made before a staff edit silently wiped the edit.
+    card = make_card()
+    review(alice, card, 3, NOW)
+    edited = ReviewState.objects.get(user=alice, card=card)
+    edited.due, edited.stability = NOW + dt.timedelta(days=40), 33.0
+    edited.save()  # as the admin saves it (the version moves on)
+    staff_state = _row(alice, card)
+    with pytest.raises(services.UndoRefused, match="changed after it \\(by staff"):
+        services.review_undo(user=alice, now=NOW + dt.timedelta(minutes=1))
+    assert _row(alice, card) == staff_state and ReviewLog.objects.count() == 1
+
+
 def test_it_does_not_undo_someone_elses_review(alice, bob):
     review(alice, make_card(), 3, NOW)
     with pytest.raises(services.NothingToUndo):

@@ -106,6 +106,22 @@ def test_it_undoes_and_shows_that_card_again(alice_client, alice):
     assert alice_client.post(reverse("quiz:review-undo"), **HX).status_code == 409
 
 
+def test_undo_after_a_staff_edit_says_why_it_is_refused(alice_client, alice):
+    card = make_card()
+    token = open_card(alice_client)
+    reveal(alice_client, token)
+    grade(alice_client, token, 3, **HX)
+    state = ReviewState.objects.get(user=alice, card=card)
+    state.stability = 50.0
+    state.save()  # a staff edit
+    response = alice_client.post(reverse("quiz:review-undo"), **HX)
+    assert response.status_code == 409
+    assert "cannot be undone: the card&#x27;s schedule was changed after it" in (
+        response.content.decode()
+    )
+    assert ReviewState.objects.get(user=alice, card=card).stability == 50.0
+
+
 # --- Another learner, anonymous, forged input ----------------------------------------------------
 
 
