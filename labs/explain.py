@@ -3,11 +3,15 @@
 Both sides of a run's table have the same parts: the measured breakdown (labs/sim/breakdown.py,
 step by step on the simulator, or the engine model's expected parts plus "unexplained" for a
 vLLM run) and the predicted one (labs.predict.predicted_breakdown, under the formulas'
-assumptions). A metric's difference is split over those parts; the explanation names the
-parts that moved it most in the direction it went, each with its size, until they cover at
-least half of it, and says "not explained by the model" for the rest when they do not. Counters
-(prefix-cache hit rate, preemptions, KV usage, time spent ramping up or draining) are cited only
-when they are non-zero and push the way the difference went.
+assumptions). A metric's difference is split over those parts; the explanation names them largest
+first, whichever way they push, until they cover the difference, so that no part left out is
+larger than one named, and says what the rest adds up to. Where a queueing or occupancy part is
+named, the cap that held admission (labs/limits.py, from the run's engine series) is said with its
+figures; ramp-up and drain are a part of their own only where the running series shows them.
+Counters are explained where the run holds their cause (preemptions, a cold first request) and
+cited beside the parts when they are non-zero and push the way the difference went. On a real
+engine whose device has no calibration, the engine model's parts are not sized for that device:
+no part is named, only the difference.
 
 Pure functions over the stored JSON (`LabRun.result`, `LabRun.predicted`); no Django.
 """
@@ -19,12 +23,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from labs.limits import Caps, Limit, Ramp, binding_limit, formula_batch_reason, ramp
 from labs.sim.breakdown import PART_LABELS as BREAKDOWN_LABELS
 
-# A part is named when it moves the difference by at least this share of it.
+# Parts are named largest first until what is left is at most COVER of the difference; after
+# that, a part moving it by NAME_SHARE or more is still named (a large part is never left out
+# because others happen to net it away). A part under MIN_SHARE is never named on its own.
+COVER = 0.1
+NAME_SHARE = 0.2
 MIN_SHARE = 0.05
-# At most this many parts per explanation.
-MAX_CAUSES = 3
+# At most this many parts per explanation; what the rest add up to is said as one figure.
+MAX_CAUSES = 6
+# A rest under this share of the difference is rounding, not said.
+SHOWN_REST = 0.005
 
 PART_LABELS = {**BREAKDOWN_LABELS, "unexplained": "not explained by the engine model"}
 NO_PARTS = {"unexplained": "not explained by the model"}
@@ -37,14 +48,53 @@ FORMULA_HAS_NONE = {
 FORMULA_NOTE = {
     "queueing": ", for a slot and behind the prompts admitted with it",
 }
-# Throughput is in flight x tokens / time: these two causes are not parts of a time.
-OCCUPANCY, OUTPUT_LENGTH = "occupancy", "output_length"
+# Throughput is in flight x tokens / time: these causes are not parts of a time.
+OCCUPANCY, RAMP, OUTPUT_LENGTH = "occupancy", "ramp", "output_length"
+LIMIT = "limit"  # a counter's cause: the cap that held admission
+UNCALIBRATED = (
+    "the engine model is not calibrated on this device, so it sizes none of the parts; "
+    "measured against predicted only"
+)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a run's explanations read besides the two breakdowns: the caps its admission
+    obeyed and the one that held (labs.limits), its ramp, what sets the formulas' batch, the
+    workload's shape, and whether the engine model is calibrated on the device (False only
+    for a real engine on a device without a calibration)."""
+
+    caps: Caps | None = None
+    limit: Limit | None = None
+    ramp: Ramp | None = None
+    formula_batch: str = ""
+    num_prompts: int = 0
+    uniform_prompts: bool = False  # every prompt the same length
+    calibrated: bool = True
+
+
+def evidence(
+    summary: Mapping[str, Any], prediction: Mapping[str, Any], params: Mapping[str, Any]
+) -> Evidence:
+    """The evidence of one stored run (`LabRun.result`, its prediction and parameters)."""
+    caps = Caps.of_run(params, prediction, summary.get("meta"))
+    breakdown = summary.get("breakdown") or {}
+    return Evidence(
+        caps=caps,
+        limit=binding_limit(summary, caps) if caps else None,
+        ramp=ramp(summary),
+        formula_batch=formula_batch_reason(prediction, caps) if caps else "",
+        num_prompts=int(_finite(params.get("num_prompts")) or 0),
+        uniform_prompts=not _finite(params.get("input_range_ratio")),
+        calibrated=breakdown.get("calibrated") is not False,
+    )
 
 
 @dataclass(frozen=True)
 class Cause:
-    """One named part: `key` (a breakdown part, or OCCUPANCY / OUTPUT_LENGTH for throughput),
-    `size` (its share of measured - predicted, in the metric's unit) and the words."""
+    """One named part: `key` (a breakdown part, OCCUPANCY / RAMP / OUTPUT_LENGTH for
+    throughput, or LIMIT for a counter), `size` (its share of measured - predicted, in the
+    metric's unit) and the words."""
 
     key: str
     size: float
@@ -67,9 +117,10 @@ class Explanation:
     difference: float  # measured - predicted, in the metric's unit
     causes: tuple[Cause, ...]
     counters: tuple[Counter, ...]
-    unexplained: float  # the part of the difference the named causes leave, when said
+    rest: float  # the difference less the named causes: the parts not named, summed
     says_not_explained: bool
     text: str
+    limit: Limit | None = None  # the cap the text says held admission
 
 
 def _finite(value: Any) -> float | None:
@@ -83,6 +134,15 @@ def _signed(value: float, fmt: Any) -> str:
     return f"+{text}" if value >= 0 else f"−{text}"
 
 
+def _negligible(measured: float, predicted: float) -> bool:
+    """A difference that is only floating-point rounding of two equal figures."""
+    return abs(measured - predicted) <= 1e-9 * max(abs(measured), abs(predicted))
+
+
+def _none() -> Explanation:
+    return Explanation(0.0, (), (), 0.0, False, "")
+
+
 def _section(breakdown: Mapping[str, Any] | None, key: str) -> Mapping[str, float] | None:
     section = (breakdown or {}).get(key)
     if not isinstance(section, Mapping) or not isinstance(section.get("parts"), Mapping):
@@ -90,27 +150,32 @@ def _section(breakdown: Mapping[str, Any] | None, key: str) -> Mapping[str, floa
     return section["parts"]
 
 
-def _pick(contributions: dict[str, float], difference: float) -> list[str]:
-    """The parts to name: those pushing the way `difference` went, largest first, until they
-    cover half of it (then any other that moves it by a fifth or more), at most MAX_CAUSES."""
-    sign = 1.0 if difference > 0 else -1.0
-    same = sorted(
-        (
-            k
-            for k, v in contributions.items()
-            if v * sign > 0 and abs(v) >= MIN_SHARE * abs(difference)
-        ),
-        key=lambda k: -abs(contributions[k]),
+def _pick(contributions: Mapping[str, float], difference: float) -> list[str]:
+    """The parts to name: largest first, whichever way they push, until the rest is within
+    COVER of the difference and the next part is under NAME_SHARE of it; at most MAX_CAUSES.
+    Every part left out is thus no larger than the smallest one named."""
+    scale = abs(difference)
+    ordered = sorted(
+        (k for k, v in contributions.items() if v), key=lambda k: -abs(contributions[k])
     )
     chosen: list[str] = []
-    covered = 0.0
-    for key in same[:MAX_CAUSES]:
-        if covered >= 0.5 * abs(difference) and abs(contributions[key]) < 0.2 * abs(difference):
+    named = 0.0
+    for key in ordered:
+        size = abs(contributions[key])
+        if len(chosen) == MAX_CAUSES or (chosen and size < MIN_SHARE * scale):
+            break
+        if chosen and abs(difference - named) <= COVER * scale and size < NAME_SHARE * scale:
             break
         chosen.append(key)
-        # What the model does not explain covers nothing: go on naming the parts it has.
-        covered += abs(contributions[key]) if key != "unexplained" else 0.0
+        named += contributions[key]
     return chosen
+
+
+def _sentence(clause: str) -> str:
+    """A clause as a sentence of its own (a setting's name keeps its case)."""
+    if clause.startswith("max_num_"):
+        return clause + "."
+    return clause[:1].upper() + clause[1:] + "."
 
 
 def _assemble(
@@ -119,34 +184,49 @@ def _assemble(
     words: Mapping[str, str],
     fmt: Any,
     counters: list[Counter],
+    *,
+    limit: Limit | None = None,
+    limit_parts: tuple[str, ...] = (),
 ) -> Explanation:
-    """Name the parts `_pick` chooses, say what is left when they cover less than half, and
-    append the counters."""
+    """Name the parts `_pick` chooses with their sizes, then what the others add up to, so that
+    the sentence sums to the difference; the cap that held admission when a part in
+    `limit_parts` is named; then the counters."""
     if difference == 0:
-        return Explanation(0.0, (), (), 0.0, False, "")
+        return _none()
     chosen = _pick(contributions, difference)
     causes = tuple(
         Cause(key, contributions[key], f"{_signed(contributions[key], fmt)} {words[key]}")
         for key in chosen
     )
-    explained = sum(c.size for c in causes if c.key != "unexplained")
-    rest = difference - explained
-    names_unexplained = any(c.key == "unexplained" for c in causes)
-    short = abs(explained) < 0.5 * abs(difference) and not names_unexplained
+    rest = difference - sum(c.size for c in causes)
     pieces = [c.text for c in causes]
-    if short:
-        pieces.append(f"{_signed(rest, fmt)} not explained by the model")
-    text = "; ".join(pieces) if pieces else f"{_signed(difference, fmt)} not explained by the model"
+    if abs(rest) > SHOWN_REST * abs(difference):
+        pieces.append(f"{_signed(rest, fmt)} in the other parts")
+    text = "; ".join(pieces) + "."
+    named_limit = limit if limit is not None and set(chosen) & set(limit_parts) else None
+    if named_limit is not None:
+        text += " " + _sentence(named_limit.text)
     if counters:
-        text += ". " + "; ".join(c.text for c in counters)
+        text += " " + "; ".join(c.text for c in counters) + "."
     return Explanation(
         difference=difference,
         causes=causes,
         counters=tuple(counters),
-        unexplained=rest if (short or not causes) else 0.0,
-        says_not_explained=short or not causes or names_unexplained,
-        text=text + ".",
+        rest=rest,
+        says_not_explained=any(c.key == "unexplained" for c in causes),
+        text=text,
+        limit=named_limit,
     )
+
+
+def _uncalibrated(difference: float, fmt: Any, counters: list[Counter]) -> Explanation:
+    """A real engine's device without a calibration: the difference, no parts."""
+    if difference == 0:
+        return _none()
+    text = f"{_signed(difference, fmt)}: {UNCALIBRATED}."
+    if counters:
+        text += " " + "; ".join(c.text for c in counters) + "."
+    return Explanation(difference, (), tuple(counters), difference, False, text)
 
 
 def _part_words(
@@ -165,8 +245,37 @@ def _part_words(
 # -- counters ----------------------------------------------------------------------------------
 
 
+def hit_rate_cause(
+    measured: float, predicted: float, summary: Mapping[str, Any], ev: Evidence
+) -> str:
+    """Why the prefix-cache hit rate is off the formula's, where the run shows it: recomputed
+    prompts after preemptions find their own blocks cached (more hits), or the first requests
+    found the cache cold (fewer, by exactly their share); "" otherwise."""
+    preempted = _finite(summary.get("preemptions")) or 0.0
+    if measured > predicted and preempted:
+        return (
+            f"{_count(preempted, 'preemption')}: a preempted sequence finds its own blocks still "
+            "cached when it is recomputed, and the formula never preempts"
+        )
+    n = ev.num_prompts
+    if measured >= predicted or preempted or not (n and predicted > 0 and ev.uniform_prompts):
+        return ""
+    cold = round(n * (1 - measured / predicted))
+    if not 1 <= cold < n or abs(predicted * (n - cold) / n - measured) > 0.002:
+        return ""
+    first = "the first request" if cold == 1 else f"the first {cold:,} requests"
+    return (
+        f"{first} found the cache cold: the formula's {predicted * 100:.3g}% on the other "
+        f"{n - cold:,} of {n:,} requests is {predicted * (n - cold) / n * 100:.3g}%"
+    )
+
+
 def _counters(
-    summary: Mapping[str, Any], predicted: Mapping[str, Any], slower: bool, metric: str
+    summary: Mapping[str, Any],
+    predicted: Mapping[str, Any],
+    slower: bool,
+    metric: str,
+    ev: Evidence,
 ) -> list[Counter]:
     """Counters that push the metric the way it went (`slower`: the run took longer, or made
     fewer tokens per second, than predicted), each non-zero."""
@@ -177,12 +286,14 @@ def _counters(
         # More hits than the formula's warm cache is less to prefill.
         fewer = hits < expected_hits
         if hits != expected_hits and fewer == slower:
+            why = hit_rate_cause(hits, expected_hits, summary, ev)
             found.append(
                 Counter(
                     "prefix_cache_hit_rate",
                     hits,
                     1 if fewer else -1,
-                    f"Prefix-cache hit rate {hits * 100:.0f}% (formula {expected_hits * 100:.0f}%)",
+                    f"Prefix-cache hit rate {hits * 100:.3g}% (formula "
+                    f"{expected_hits * 100:.3g}%{'; ' + why if why else ''})",
                 )
             )
     preemptions = _finite(summary.get("preemptions"))
@@ -198,22 +309,6 @@ def _counters(
     return found
 
 
-def ramp_fraction(summary: Mapping[str, Any]) -> float:
-    """The share of the run's duration with fewer sequences running than at its peak (ramp-up
-    at the start, drain at the end, or a queue that ran dry), from the engine samples."""
-    engine = (summary.get("series") or {}).get("engine") or {}
-    times, running = engine.get("t_s") or [], engine.get("running") or []
-    duration = _finite(summary.get("duration_s"))
-    if len(times) < 2 or len(times) != len(running) or not duration:
-        return 0.0
-    peak = max(running)
-    below = 0.0
-    for i in range(len(times) - 1):
-        if running[i] < peak:
-            below += times[i + 1] - times[i]
-    return min(1.0, max(0.0, below / duration))
-
-
 # -- the metrics -------------------------------------------------------------------------------
 
 
@@ -224,16 +319,22 @@ def explain_time(
     summary: Mapping[str, Any],
     prediction: Mapping[str, Any],
     fmt: Any,
+    ev: Evidence | None = None,
 ) -> Explanation:
     """A latency (`key` one of ttft_s, tpot_s, e2e_s; its mean): the difference split over the
     parts of the two breakdowns, the rest of it (a stored breakdown that does not add up to the
     mean) counted as not explained."""
+    ev = ev or Evidence()
+    if _negligible(measured, predicted):
+        return _none()
     difference = measured - predicted
     breakdown = summary.get("breakdown")
     ran = _section(breakdown, key)
     formula = _section(prediction.get("breakdown"), key)
     slower = difference > 0
-    counters = _counters(summary, prediction, slower, key)
+    counters = _counters(summary, prediction, slower, key, ev)
+    if not ev.calibrated:
+        return _uncalibrated(difference, fmt, counters)
     if ran is None or formula is None:
         return _assemble(difference, {"unexplained": difference}, NO_PARTS, fmt, counters)
     expected = (breakdown or {}).get("source") == "expected"
@@ -245,7 +346,9 @@ def explain_time(
         n: _part_words(n, ran.get(n) or 0.0, formula.get(n) or 0.0, fmt, expected) for n in names
     }
     words["unexplained"] = PART_LABELS["unexplained"]
-    return _assemble(difference, contributions, words, fmt, counters)
+    return _assemble(
+        difference, contributions, words, fmt, counters, limit=ev.limit, limit_parts=("queueing",)
+    )
 
 
 def explain_throughput(
@@ -255,16 +358,23 @@ def explain_throughput(
     prediction: Mapping[str, Any],
     output_tokens: float | None,
     fmt: Any,
+    ev: Evidence | None = None,
 ) -> Explanation:
     """Output tokens/s. Measured, it is exactly L x n / S (Little's law): L the sequences in the
     engine on average (sum of each request's time after queueing over the run's duration), n
     the mean output tokens, S the mean time a request spends in the engine. The formula's is
     batch x n / (n x TPOT): a steady batch of pure decodes. The log of the ratio splits into
     L / batch, n / n and the parts of S against those of n x TPOT; each share is then scaled to
-    tok/s."""
+    tok/s. Where the running series shows ramp-up and drain, L / batch splits once more: the
+    plateau against the batch, and L against the plateau (what the two ends lost)."""
+    ev = ev or Evidence()
+    if _negligible(measured, predicted):
+        return _none()
     difference = measured - predicted
     slower = difference < 0
-    counters = _counters(summary, prediction, slower, "output_tokens_per_s")
+    counters = _counters(summary, prediction, slower, "output_tokens_per_s", ev)
+    if not ev.calibrated:
+        return _uncalibrated(difference, fmt, counters)
     ran = _section(summary.get("breakdown"), "e2e_s")
     formula = _section(prediction.get("breakdown"), "tpot_s")
     batch = _finite((prediction.get("breakdown") or {}).get("batch"))
@@ -281,10 +391,29 @@ def explain_throughput(
     per_request_formula = sum(formula_time.values())
     if per_request <= 0 or per_request_formula <= 0 or occupancy <= 0:
         return _assemble(difference, {"unexplained": difference}, NO_PARTS, fmt, counters)
-    logs = {
-        OCCUPANCY: math.log(occupancy / batch),
-        OUTPUT_LENGTH: math.log(n_run / n_formula),
+    reason = f" ({ev.formula_batch})" if ev.formula_batch else ""
+    ramped = ev.ramp if ev.ramp is not None and ev.ramp.shown else None
+    words = {
+        OUTPUT_LENGTH: f"output tokens per request: {n_run:,.0f}, formula {n_formula:,.0f}",
+        "unexplained": PART_LABELS["unexplained"],
     }
+    logs = {OUTPUT_LENGTH: math.log(n_run / n_formula)}
+    plain_occupancy = (
+        f"sequences in the engine on average: {occupancy:,.1f}, formula a steady "
+        f"{batch:,.0f}{reason}"
+    )
+    if ramped is not None:
+        plateau = occupancy + ramped.lost
+        logs[OCCUPANCY] = math.log(plateau / batch)
+        logs[RAMP] = math.log(occupancy / plateau)
+        words[OCCUPANCY] = (
+            f"sequences in the engine on average past ramp-up and drain: {plateau:,.1f}, "
+            f"formula a steady {batch:,.0f}{reason}"
+        )
+        words[RAMP] = ramped.words()
+    else:
+        logs[OCCUPANCY] = math.log(occupancy / batch)
+        words[OCCUPANCY] = plain_occupancy
     time_log = math.log(per_request / per_request_formula)
     gap = per_request - per_request_formula
     names = list(dict.fromkeys([*in_engine, *formula_time]))
@@ -298,21 +427,11 @@ def explain_throughput(
     contributions["unexplained"] = contributions.get("unexplained", 0.0) + (
         difference - sum(contributions.values())
     )
+    if RAMP in contributions and RAMP not in _pick(contributions, difference):
+        # A ramp too small to name stays inside occupancy (the logs add up either way).
+        contributions[OCCUPANCY] += contributions.pop(RAMP)
+        words[OCCUPANCY] = plain_occupancy
     expected = (summary.get("breakdown") or {}).get("source") == "expected"
-    ramp = ramp_fraction(summary)
-    ramp_note = (
-        f", fewer than at the peak for {ramp * 100:.0f}% of the run (ramp-up and drain)"
-        if ramp > 0 and occupancy < batch
-        else ""
-    )
-    words = {
-        OCCUPANCY: (
-            f"sequences in the engine on average: {occupancy:,.1f}, formula a steady "
-            f"{batch:,.0f}{ramp_note}"
-        ),
-        OUTPUT_LENGTH: f"output tokens per request: {n_run:,.0f}, formula {n_formula:,.0f}",
-        "unexplained": PART_LABELS["unexplained"],
-    }
     for name in names:
         words[name] = _part_words(
             name,
@@ -322,15 +441,37 @@ def explain_throughput(
             expected,
             per=" per request",
         )
-    return _assemble(difference, contributions, words, fmt, counters)
+    return _assemble(
+        difference, contributions, words, fmt, counters, limit=ev.limit, limit_parts=(OCCUPANCY,)
+    )
 
 
 def explain_counter(
-    key: str, measured: float, predicted: float, summary: Mapping[str, Any], fmt: Any
+    key: str,
+    measured: float,
+    predicted: float,
+    summary: Mapping[str, Any],
+    fmt: Any,
+    ev: Evidence | None = None,
 ) -> Explanation:
-    """A count or rate the breakdown has no parts for: the size is not explained by the model;
-    a full KV pool with preemptions is cited where fewer sequences ran than predicted."""
+    """A count or rate the breakdown has no parts for. The running peak is explained by the cap
+    that held admission (and what sets the formulas' batch), the prefix-cache hit rate by
+    preemptions or a cold first request where the run shows them; otherwise the size is not
+    explained by the model."""
+    ev = ev or Evidence()
+    if _negligible(measured, predicted):
+        return _none()
     difference = measured - predicted
+    why = ""
+    if key == "max_running_seqs" and ev.limit is not None:
+        why = _running_reason(measured, predicted, summary, ev)
+    elif key == "prefix_cache_hit_rate":
+        why = hit_rate_cause(measured, predicted, summary, ev)
+    if why:
+        text = f"{_signed(difference, fmt)}: {why}" + ("" if why.endswith(".") else ".")
+        limit = ev.limit if key == "max_running_seqs" else None
+        cause = Cause(LIMIT if limit else key, difference, text)
+        return Explanation(difference, (cause,), (), 0.0, False, text, limit)
     counters: list[Counter] = []
     usage = _finite(summary.get("kv_usage_peak")) or 0.0
     preemptions = _finite(summary.get("preemptions")) or 0.0
@@ -356,6 +497,27 @@ def explain_counter(
             )
         )
     return _assemble(difference, {"unexplained": difference}, NO_PARTS, fmt, counters)
+
+
+def _running_reason(
+    measured: float, predicted: float, summary: Mapping[str, Any], ev: Evidence
+) -> str:
+    """The running peak against the formulas' batch: the cap that held admission, then what
+    sets the formulas' batch."""
+    assert ev.limit is not None
+    text = ev.limit.text + "."
+    if ev.formula_batch:
+        text += f" The formula's {predicted:,.0f} is {ev.formula_batch}"
+        preempted = _finite(summary.get("preemptions")) or 0.0
+        if measured > predicted and ev.formula_batch.startswith("the sequences that fit"):
+            text += (
+                "; a sequence is admitted with only its prompt's blocks, so more ran while they "
+                "were short"
+            )
+            if preempted:
+                text += f", and {_count(preempted, 'preemption')} followed as they grew"
+        text += "."
+    return text
 
 
 def _count(value: float, noun: str) -> str:

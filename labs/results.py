@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from labs import explain
-from labs.explain import Explanation
+from labs.explain import Evidence, Explanation
 
-# Within this fraction, measured and predicted "agree".
+# Within this fraction, measured and predicted "agree"; a rate within this many points.
 AGREE = 0.15
+AGREE_POINTS = 5.0
 
 Summary = Mapping[str, Any]
 
@@ -222,10 +223,16 @@ class Row:
     reading: str
     ratio: float | None
     explanation: Explanation | None = None
+    # The difference as `diff` shows it: percent, or points for a rate; None: from `ratio`.
+    shown: float | None = None
+    evidence: Evidence | None = None  # the run's, the same for every row
 
     @property
     def shown_percent(self) -> float | None:
-        """The difference as the page shows it, in percent (what "differs most" ranks by)."""
+        """The difference as the page shows it, in percent or, for a rate, in points (what
+        "differs most" ranks by)."""
+        if self.shown is not None:
+            return self.shown
         return None if self.ratio is None else (self.ratio - 1) * 100
 
 
@@ -238,6 +245,23 @@ def percent_diff(measured: float | None, predicted: float | None) -> tuple[str, 
     return f"{sign}{abs(pct):,.0f}%", ratio
 
 
+def points(value: float) -> str:
+    """A difference of two rates in percentage points: '1.6 pt'."""
+    return f"{abs(value) * 100:.3g} pt"
+
+
+def _shown_diff(
+    measured: float, predicted: float | None, unit: str
+) -> tuple[str, float | None, float | None]:
+    """(Diff column, the number it shows, measured / predicted). A rate's difference is in
+    points, as its "why they differ" says it; anything else's in percent."""
+    diff, ratio = percent_diff(measured, predicted)
+    if unit != "ratio" or predicted is None:
+        return diff, None if ratio is None else (ratio - 1) * 100, ratio
+    delta = measured - predicted
+    return f"{'+' if delta >= 0 else '−'}{points(delta)}", delta * 100, ratio
+
+
 def compare(
     summary: Summary | None, predicted: Mapping[str, Any], params: Mapping[str, Any]
 ) -> list[Row]:
@@ -246,6 +270,7 @@ def compare(
     if not summary:
         return []
     expected = derived_predictions(predicted, params)
+    evidence = explain.evidence(summary, expected, params)
     rows = []
     for m in METRICS:
         measured = _finite(dig(summary, m.measured))
@@ -256,21 +281,26 @@ def compare(
                 rows.append(_not_observed(m.label))
             continue
         want = _finite(expected.get(m.predicted)) if m.predicted else None
-        diff, ratio = percent_diff(measured, want)
+        diff, shown, ratio = _shown_diff(measured, want, m.unit)
         explanation = None
         if m.derive and want is not None:
-            explanation = _explain(m, measured, want, summary, expected, params)
-        agree = ratio is not None and abs(ratio - 1) <= AGREE
+            explanation = _explain(m, measured, want, summary, expected, params, evidence)
+        if m.unit == "ratio" and shown is not None:
+            agree = abs(shown) <= AGREE_POINTS
+        else:
+            agree = ratio is not None and abs(ratio - 1) <= AGREE
         rows.append(
             Row(
                 label=m.label,
                 measured=format_value(measured, m.unit),
                 predicted=format_value(want, m.unit) if m.predicted else "",
                 diff=diff,
-                diff_class="" if ratio is None else ("agree" if agree else "off"),
+                diff_class="" if shown is None else ("agree" if agree else "off"),
                 reading=explanation.text if explanation else "",
                 ratio=ratio,
                 explanation=explanation,
+                shown=shown,
+                evidence=evidence,
             )
         )
     return rows
@@ -283,17 +313,22 @@ def _explain(
     summary: Summary,
     prediction: Mapping[str, Any],
     params: Mapping[str, Any],
+    evidence: Evidence,
 ) -> Explanation:
     def fmt(value: float) -> str:
         return format_value(value, m.unit)
 
     if m.derive == "time":
         key = m.measured.split(".", 1)[0]
-        return explain.explain_time(key, measured, predicted, summary, prediction, fmt)
+        return explain.explain_time(key, measured, predicted, summary, prediction, fmt, evidence)
     if m.derive == "throughput":
         n = _finite(params.get("output_tokens"))
-        return explain.explain_throughput(measured, predicted, summary, prediction, n, fmt)
-    return explain.explain_counter(m.measured, measured, predicted, summary, fmt)
+        return explain.explain_throughput(
+            measured, predicted, summary, prediction, n, fmt, evidence
+        )
+    # A rate's difference in points, as the Diff column shows it.
+    unit_fmt = points if m.unit == "ratio" else fmt
+    return explain.explain_counter(m.measured, measured, predicted, summary, unit_fmt, evidence)
 
 
 # Peaks read from the server's polled gauges (labs.metrics: gauges_unobserved).
@@ -330,13 +365,19 @@ def _not_reported(label: str) -> Row:
 
 
 def headline(rows: list[Row], breakdown: Mapping[str, Any] | None = None) -> str:
-    """One line: the row whose shown difference is largest and why (or that all agree), then
-    where the time went when the run has a breakdown."""
+    """One line: on a device the engine model is not calibrated on, that first; the row whose
+    shown difference is largest and why (or that all agree), then where the time went when the
+    run has a breakdown."""
     compared = [r for r in rows if r.shown_percent is not None]
-    where = breakdown_sentence(breakdown)
-    if not compared:
+    evidence = next((r.evidence for r in rows if r.evidence is not None), None)
+    worst = max(compared, key=lambda r: abs(r.shown_percent or 0.0)) if compared else None
+    # The cap that held admission is said once: by the row, or else by the breakdown.
+    said = worst is not None and worst.explanation is not None and worst.explanation.limit
+    where = breakdown_sentence(breakdown, None if said else evidence)
+    if evidence is not None and not evidence.calibrated:
+        where = f"{UNCALIBRATED_NOTE} {where}".strip()
+    if worst is None:
         return where
-    worst = max(compared, key=lambda r: abs(r.shown_percent or 0.0))
     if worst.diff_class == "agree":
         line = (
             "Measured and predicted agree within 15%: the run behaved like the formulas "
@@ -355,7 +396,7 @@ PART_WHY: dict[str, str] = {
     "efficiency": "kernels running below the device's peak bandwidth and FLOP/s",
     "overhead": "fixed per-step costs (scheduling, launches, sampling) and per-sequence work",
     "communication": "all-reduces between the tensor-parallel GPUs",
-    "queueing": "requests waited for a free slot (max_num_seqs, KV blocks) while others ran",
+    "queueing": "requests waited before their first step while others ran",
     "prefill_interference": "decode steps that also carried other requests' prompts",
     "preemption": "recomputing sequences the KV pool evicted",
     "speculation": "drafting and verifying speculative tokens",
@@ -421,13 +462,28 @@ def breakdown_bars(
     return bars
 
 
-def breakdown_sentence(breakdown: Mapping[str, Any] | None) -> str:
-    """'Most of the mean E2E (62%) went to queueing before the first step: ...'"""
+# Said once on the page of a real engine's run on a device without a calibration.
+UNCALIBRATED_NOTE = (
+    "This device has no calibration of its own (neither its runs nor published vLLM runs of its "
+    "kind): the engine model's parts are not sized for it, so the rows compare measured with "
+    "predicted and name no part."
+)
+
+
+def breakdown_sentence(
+    breakdown: Mapping[str, Any] | None, evidence: Evidence | None = None
+) -> str:
+    """'Most of the mean E2E (62%) went to queueing before the first step: ...', naming the cap
+    that held admission where the largest part is queueing (`evidence`); nothing on a device
+    the engine model is not calibrated on."""
     from labs.sim.breakdown import PART_LABELS, largest_part
 
     name, share = largest_part(breakdown)
-    if not name:
+    if not name or (evidence is not None and not evidence.calibrated):
         return ""
+    why = PART_WHY.get(name, name)
+    if name == "queueing" and evidence is not None and evidence.limit is not None:
+        why = evidence.limit.text
     expected = (breakdown or {}).get("source") == "expected"
     section = (breakdown or {})["e2e_s"]
     over = -float(section["parts"].get("unexplained", 0.0))
@@ -440,10 +496,10 @@ def breakdown_sentence(breakdown: Mapping[str, Any] | None) -> str:
             f"The engine model expected {format_value(model, 's')} for the mean end-to-end "
             f"latency, {model / total:.1f}× the {format_value(total, 's')} measured; the "
             f"largest part it expected ({section['parts'][name] / model * 100:.0f}%) is "
-            f"{PART_LABELS.get(name, name)}: {PART_WHY.get(name, name)}."
+            f"{PART_LABELS.get(name, name)}: {why}."
         )
     verb = "is expected to have gone" if expected and name != "unexplained" else "went"
     return (
         f"The largest part of the mean end-to-end latency ({share * 100:.0f}%) {verb} to "
-        f"{PART_LABELS.get(name, name)}: {PART_WHY.get(name, name)}."
+        f"{PART_LABELS.get(name, name)}: {why}."
     )

@@ -21,6 +21,7 @@ from labs.device_calibration import DeviceConstants
 from labs.params import LabParams, ParamError
 from labs.predict import kv_capacity_tokens
 from labs.sim.cost_model import build_cost_model
+from labs.sim.engine_model import load_calibration
 from labs.sim.scheduler import SchedulerConfig
 from labs.sim.simulator import SimConfigError, Simulator, StepInfo
 from labs.sim.workload import lab_workload
@@ -91,7 +92,9 @@ def run_breakdown(
     A simulated run knows its parts step by step (record.meta["breakdown"]). For a real run the
     same workload is simulated on the realistic profile to get the expected parts (priced with
     `device`, the GPU's own calibration, when it has one), and what the measurement has beyond
-    them is shown as "unexplained" (negative when the GPU beat the model).
+    them is shown as "unexplained" (negative when the GPU beat the model). `calibrated` says
+    whether those parts were priced by constants fitted to this kind of device at all (its own
+    calibration, or published vLLM runs of its kind): "why they differ" sizes no part when not.
     """
     if record.simulated:
         return record.meta.get("breakdown")
@@ -111,4 +114,5 @@ def run_breakdown(
         parts["unexplained"] = value - section["total"]
         result[key] = {"total": value, "parts": parts}
     result["parts"] = [*expected["parts"], "unexplained"]
+    result["calibrated"] = device is not None or load_calibration().gpu(params.hardware).calibrated
     return result

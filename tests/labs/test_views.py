@@ -696,6 +696,103 @@ def test_the_batch_32_presets_run_explains_itself_with_its_own_table(
     assert "efficiency loss" in rows["Output tokens/s"].reading
 
 
+def _run_lab(alice_client, lab: str, values: dict[str, object]):
+    """Submit `values` over the lab page's own form, run it in-process, return the run page."""
+    make_heartbeat("sim")
+    page = alice_client.get(reverse("labs:lab-detail", args=[lab]))
+    form = {**dict(page.context["form"].data.items()), **values, "backend": "sim"}
+    assert alice_client.post(reverse("labs:run-create", args=[lab]), form).status_code == 302
+    run = LabRun.objects.order_by("-pk").first()
+    assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
+    return alice_client.get(run.get_absolute_url())
+
+
+def _rows_and_reading(response) -> tuple[dict, str]:
+    html = response.content.decode()
+    reading = html.split('class="headline"', 1)[1].split("</p>", 1)[0]
+    return {r.label: r for r in response.context["rows"]}, reading.replace("&#x27;", "'")
+
+
+def test_the_batching_lab_shows_the_token_budget_and_a_run_it_holds_names_it(
+    alice_client, no_broker
+):
+    """Issue 50's first run, with 400 prompts instead of 2,000: 4,096-token prompts on a
+    2,048-token budget run 64 at once of max_num_seqs 256, the KV pool at 62.5%. The page said
+    requests "waited for a free slot (max_num_seqs, KV blocks)"."""
+    lab_page = alice_client.get(reverse("labs:lab-detail", args=["batching"])).content.decode()
+    assert 'name="max_num_batched_tokens"' in lab_page
+    values = {"max_num_seqs": 256, "concurrency": 256, "num_prompts": 400, "prompt_tokens": 4096}
+    response = _run_lab(alice_client, "batching", {**values, "output_tokens": 128})
+    rows, reading = _rows_and_reading(response)
+    held = (
+        "the step's token budget (max_num_batched_tokens 2,048) admits half a 4,096-token "
+        "prompt per step: 64 ran at once; max_num_seqs 256 and the KV pool (peak 62.5%) never "
+        "bound"
+    )
+    running = rows["Running sequences, peak"]
+    assert held in running.reading and running.explanation.limit.key == "token_budget"
+    assert held[1:] in rows["TTFT, mean"].reading and held[1:] in reading
+    assert "free slot" not in response.content.decode()
+    assert ("max_num_batched_tokens", 2048) in response.context["shown_params"]
+
+
+def test_chunked_prefill_off_names_the_budget_that_takes_a_prompt_only_whole(
+    alice_client, no_broker
+):
+    """Issue 50's second run: chunked prefill off at max_num_batched_tokens 4,096, the lab's
+    4,096-token prompts: one request at a time (running peak 1 of 256, KV 0.99%)."""
+    values = {"chunked_prefill": "false", "max_num_batched_tokens": 4096, "num_prompts": 16}
+    rows, reading = _rows_and_reading(_run_lab(alice_client, "chunked-prefill", values))
+    held = (
+        "he step's token budget (max_num_batched_tokens 4,096, chunked prefill off) takes a "
+        "4,096-token prompt only whole, so only into a step with nothing else: 1 ran at once; "
+        "max_num_seqs 256 and the KV pool (peak 0.99%) never bound"
+    )
+    assert held in rows["TTFT, mean"].reading and held in reading
+    assert "ramp-up and drain" not in rows["Output tokens/s"].reading
+
+
+def test_a_real_run_on_a_device_without_a_calibration_says_so_and_sizes_no_part(
+    alice_client, alice
+):
+    """Issue 50: a CPU vLLM run before its own calibration named parts 5-12x the gap they
+    explained, and nothing said the device was not calibrated."""
+    from labs.metrics import summarize
+    from labs.params import parse_lab_params
+    from labs.predict import lab_prediction
+    from labs.results import UNCALIBRATED_NOTE
+    from labs.sim.lab import run_breakdown
+    from tests.labs.factories import gpu_record_slower_than_the_model
+
+    cpu = {"gpu": "cpu", "hbm_gb": 16, "bandwidth_tbs": 0.0112, "tflops": 0.0197}
+    params = parse_lab_params(
+        {**SMALL, **cpu, "model": "lab-llama-20m", "concurrency": 4, "max_num_seqs": 8}
+    )
+    record = gpu_record_slower_than_the_model(params, 1.5)
+    for sample in record.samples:
+        sample.scheduled_tokens = None  # vLLM's gauges do not report it
+    summary = summarize(record)
+    summary["breakdown"] = run_breakdown(params, record, summary)
+    assert summary["breakdown"]["calibrated"] is False
+    run = make_run(
+        alice,
+        backend="vllm",
+        params=params.as_dict(),
+        state=RunState.DONE,
+        result=summary,
+        predicted=lab_prediction(params),
+        where="vLLM on CPU",
+    )
+    response = alice_client.get(run.get_absolute_url())
+    rows, reading = _rows_and_reading(response)
+    assert UNCALIBRATED_NOTE in reading
+    for label in ("TTFT, mean", "TPOT, mean", "E2E latency, mean", "Output tokens/s"):
+        row = rows[label]
+        assert row.measured and row.predicted and row.diff, label
+        assert not row.explanation.causes and "not calibrated on this device" in row.reading
+        assert row.explanation.rest == pytest.approx(row.explanation.difference)
+
+
 # -- staff: calibrate a device -------------------------------------------------------------------
 
 
