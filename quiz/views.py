@@ -112,10 +112,10 @@ def _panel(
         or selectors.undo_available(user=request.user, day=queue.day, now=now),
         "side": "done",
     }
-    if showing is None:
-        card_id = card_id or queue.next_card_id
-    if showing is not None or card_id:
-        card = selectors.card_for_quiz(card_id=showing.card_id if showing else card_id)
+    # The card to show: the showing's (never null), else the one asked for, else the next.
+    card_id = showing.card_id if showing is not None else card_id or queue.next_card_id
+    if card_id:
+        card = selectors.card_for_quiz(card_id=card_id)
         if showing is None:
             showing = services.showing_open(user=request.user, card=card, now=now)
         context.update(_card_context(card, showing, queue.day))
