@@ -451,7 +451,7 @@ def stats_for(*, user: AbstractBaseUser, now: dt.datetime, days: int = 30) -> St
     dues = ReviewState.objects.filter(
         user=user, suspended=False, card__is_active=True, last_review__isnull=False
     ).values_list("due", flat=True)
-    horizon = Counter()
+    horizon: Counter[int] = Counter()
     for due in dues:
         offset = max(0, (scheduling.study_date(due, day.tz, day.rollover_hour) - day.date).days)
         if offset < 30:
