@@ -374,18 +374,20 @@ def headline(rows: list[Row], breakdown: Mapping[str, Any] | None = None) -> str
     # The cap that held admission is said once: by the row, or else by the breakdown.
     said = worst is not None and worst.explanation is not None and worst.explanation.limit
     where = breakdown_sentence(breakdown, None if said else evidence)
-    if evidence is not None and not evidence.calibrated:
-        where = f"{UNCALIBRATED_NOTE} {where}".strip()
+    uncalibrated = evidence is not None and not evidence.calibrated
+    note = UNCALIBRATED_NOTE if uncalibrated else ""
     if worst is None:
-        return where
-    if worst.diff_class == "agree":
+        line = ""
+    elif worst.diff_class == "agree":
         line = (
             "Measured and predicted agree within 15%: the run behaved like the formulas "
             f"(largest difference: {worst.label}, {worst.diff})."
         )
+    elif uncalibrated and worst.explanation is not None and not worst.explanation.causes:
+        line = f"{worst.label} differs most ({worst.diff})."  # the note says why no part
     else:
         line = f"{worst.label} differs most ({worst.diff}): {worst.reading}"
-    return f"{line} {where}".strip()
+    return " ".join(p for p in (note, line, where) if p)
 
 
 # -- where the time went -----------------------------------------------------------------------
@@ -396,7 +398,7 @@ PART_WHY: dict[str, str] = {
     "efficiency": "kernels running below the device's peak bandwidth and FLOP/s",
     "overhead": "fixed per-step costs (scheduling, launches, sampling) and per-sequence work",
     "communication": "all-reduces between the tensor-parallel GPUs",
-    "queueing": "requests waited before their first step while others ran",
+    "queueing": "waiting to be admitted while others ran",
     "prefill_interference": "decode steps that also carried other requests' prompts",
     "preemption": "recomputing sequences the KV pool evicted",
     "speculation": "drafting and verifying speculative tokens",
