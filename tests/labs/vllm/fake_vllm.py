@@ -14,10 +14,9 @@ HTTP/1.1 (keep-alive, chunked server-sent events) and mimics what the vllm backe
   entrypoints/serve/utils/api_utils.py);
 - refuses a `cache_salt` that breaks vLLM 0.33's rules (a non-empty string of at most 128
   characters, without '@', '/', a backslash or NUL), and keeps prefix-cache blocks apart per salt;
-- takes what vLLM takes and fails it where vLLM does: an empty prompt list on an error event
-  after the 200 ("The decoder prompt cannot be empty"); a token id outside `vocab_size` (when
-  set) kills its engine, as vLLM with --skip-tokenizer-init checks no id and its
-  embedding lookup fails (`die`); a non-streamed request gets one JSON response;
+- takes what vLLM takes and fails it where vLLM does: an empty prompt list with 400; a token id
+  outside `vocab_size` (when set) kills its engine, as vLLM with --skip-tokenizer-init checks
+  no id and its embedding lookup fails (`die`); a non-streamed request gets one JSON response;
 - as vLLM's API server with a dead engine (`Engine.die`): error events on every open stream,
   503 on /health, 500 on new requests;
 - shows the speculative-decoding counters only when it speculates, as vLLM registers them;
@@ -232,12 +231,7 @@ class Engine:
 
     def submit(self, stream: Stream) -> None:
         stream.log["queued_s"] = time.monotonic()
-        # What vLLM refuses only once the request is in the engine, after the 200 of a stream.
-        if not stream.prompt:  # v1/engine/input_processor.py
-            stream.fail(
-                400, error_json("The decoder prompt cannot be empty", "BadRequestError", 400)
-            )
-            return
+        # What vLLM fails only once the request is in the engine, after the 200 of a stream.
         vocab = self.config["vocab_size"]
         if vocab is not None and max(stream.prompt) >= vocab:
             # With --skip-tokenizer-init vLLM checks no token id (renderers/base.py
@@ -743,9 +737,12 @@ class Conn:
 # -- the door: vLLM 0.33's request model and route, in FastAPI ------------------------------------
 
 
-class RequestError(ValueError):
+class RequestError(Exception):
     """A refusal that names the request field it is about, as vLLM's VLLMValidationError does:
-    its text ends with "(parameter=..., value=...)" and the error JSON's `param` is the field."""
+    its text ends with "(parameter=..., value=...)" and the error JSON's `param` is the field.
+    Not a ValueError, as vLLM 0.32's is not: raised in a validator, pydantic does not wrap it,
+    so it reaches the app's handler as itself (400 "BadRequestError"), not as a validation
+    error ("Bad Request")."""
 
     def __init__(self, message: str, *, parameter: str, value: Any = None) -> None:
         super().__init__(message)
@@ -877,6 +874,15 @@ async def validate_json_request(raw_request: Request) -> None:
 DOOR = FastAPI()
 
 
+@DOOR.exception_handler(RequestError)
+async def _refused(_: Request, exc: RequestError) -> Response:
+    return Response(
+        error_json(str(exc), "BadRequestError", 400, exc.parameter),
+        status_code=400,
+        media_type="application/json",
+    )
+
+
 @DOOR.exception_handler(RequestValidationError)
 async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
     """vLLM's handler: 400 whatever failed, `param` from the error that names its field, else from
@@ -969,6 +975,8 @@ def _check_serving(body: dict[str, Any], max_model_len: int) -> None:
         raise RequestError(
             "prompt must be a list of token ids when the tokenizer is skipped", parameter="prompt"
         )
+    if not prompt:  # v1/engine/input_processor.py, before the stream starts
+        raise RequestError("The decoder prompt cannot be empty", parameter="prompt")
     max_tokens = int(body["max_tokens"])  # an int: the door sets vLLM's default for null
     if max_tokens < 1:
         raise RequestError(
