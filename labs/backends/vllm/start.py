@@ -169,8 +169,9 @@ def _s(n: int) -> str:
     return "" if n == 1 else "s"
 
 
-def check_can_start(params: LabParams, devices: Sequence[Device]) -> Placement:
-    """Where the lab starts: tp devices of its GPU kind, on the smallest worker that can.
+def check_can_start(params: LabParams, devices: Sequence[Device]) -> Placement | None:
+    """Where the lab starts: tp devices of its GPU kind, on the smallest worker that can; None
+    when no device was announced (any worker of the backend's queue).
 
     Args:
         params: validated lab parameters.
@@ -219,7 +220,9 @@ def check_can_start(params: LabParams, devices: Sequence[Device]) -> Placement:
         errors.setdefault(field, message)
     if errors:
         raise ParamError(errors)
-    return Placement(kind, tp)
+    # With no device announced, the online workers measure servers elsewhere
+    # (LABS_VLLM_BASE_URL): no kind queue, the backend's own queue, which every one consumes.
+    return Placement(kind, tp) if devices else None
 
 
 def requirement(params: LabParams) -> str:

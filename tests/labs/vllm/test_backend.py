@@ -459,6 +459,21 @@ def iid_tokens_per_step(k: int, alpha: float) -> tuple[float, float]:
 
 
 @pytest.mark.usefixtures("fresh_backend_manager")
+def test_a_worker_measuring_a_server_elsewhere_receives_the_runs(db: Any) -> None:
+    from labs import services
+    from labs.workers import served_queues
+    from tests.labs.factories import make_heartbeat
+
+    # LABS_VLLM_BASE_URL, no GPU: it announces no device and consumes the backend's queue only.
+    make_heartbeat("vllm", hostname="remote@box", queue="labs.gpu", gpus={})
+    queue = services._precheck("vllm", parse_lab_params({**PARAMS, "gpu": "h100-sxm"}))
+    assert queue in served_queues("vllm", "labs.gpu", {}) and queue == "labs.gpu"
+    # Still held to the catalog: what no GPU of the kind could start is refused.
+    with pytest.raises(ParamError, match="tp 2 would fit"):
+        services._precheck("vllm", parse_lab_params({"model": "llama-3.1-70b", "gpu": "h100-sxm"}))
+
+
+@pytest.mark.usefixtures("fresh_backend_manager")
 def test_speculation_on_the_stand_in_is_independent_acceptance_at_alpha(
     standin: StandIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
