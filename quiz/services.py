@@ -134,7 +134,9 @@ def showing_open(*, user: AbstractBaseUser, card: Card, now: dt.datetime) -> Sho
     order and revealed answer), or issue a new token. The first showing creates the (new) state."""
     since = now - SHOWING_REUSE
     found = _open_showing(user_id=user.pk, card_id=card.pk, since=since)
-    if found is None:
+    # A loop: the state another request made can be deleted (staff can, in the admin) before
+    # this one reads it back; then there is none again, and this request makes it.
+    while found is None:
         fresh = scheduling.new_card_state(now)
         state = ReviewState(
             user_id=user.pk, card_id=card.pk, state=fresh.state, step=fresh.step, due=fresh.due

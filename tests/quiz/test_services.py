@@ -257,6 +257,31 @@ def test_it_shuffles_options_per_showing_and_keeps_the_order_on_reload(alice):
     assert len(orders) >= 1  # 12 shuffles of 3 options: a second order is all but certain
 
 
+def test_a_showing_opens_when_the_state_another_request_made_is_deleted_meanwhile(
+    alice, monkeypatch
+):
+    card = make_card()
+    real = services._open_showing
+    calls = []
+
+    def racing(**kwargs):
+        found = real(**kwargs)
+        calls.append(found)
+        if len(calls) == 1:  # another request makes the state: this one's insert conflicts
+            make_review_state(alice, card, due=NOW)
+        elif len(calls) == 2:  # ... and it is deleted before this one reads it back
+            assert found is not None
+            ReviewState.objects.filter(user=alice, card=card).delete()
+            return None
+        return found
+
+    monkeypatch.setattr(services, "_open_showing", racing)
+    showing = services.showing_open(user=alice, card=card, now=NOW)
+    state = ReviewState.objects.get(user=alice, card=card)
+    assert len(calls) == 2 and showing.card_id == card.pk
+    assert showing.state_version == state.version and state.state == FsrsState.LEARNING
+
+
 def test_a_reveal_judges_an_option_added_since_this_process_read_the_card(alice, settings):
     from quiz import selectors
     from quiz.models import Card, ChoiceOption
