@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from labs.catalog import Hardware, ModelSpec
 from labs.device_calibration import DeviceConstants
@@ -36,22 +37,36 @@ class CostModel(Protocol):
         """Seconds the step `out` takes."""
         ...
 
+    def steps_time_s(
+        self, out: SchedulerOutput, kv_tokens_read: ArrayLike, spec_kv_tokens_read: ArrayLike
+    ) -> np.ndarray:
+        """Seconds of len(kv_tokens_read) steps composed like `out` except for their KV totals
+        (the simulator's runs of plain decode steps, unless it goes step by step)."""
+        ...
+
 
 @runtime_checkable
-class PartsCostModel(Protocol):
+class PartsCostModel(CostModel, Protocol):
     """A cost model that can say what each step's time is made of."""
 
-    def step_time_s(self, out: SchedulerOutput) -> float: ...
-
-    def steps_time_s(
-        self, out: SchedulerOutput, kv_tokens_read: np.ndarray, spec_kv_tokens_read: np.ndarray
-    ) -> np.ndarray: ...
-
     def steps_parts_s(
-        self, out: SchedulerOutput, kv_tokens_read: np.ndarray, spec_kv_tokens_read: np.ndarray
+        self, out: SchedulerOutput, kv_tokens_read: ArrayLike, spec_kv_tokens_read: ArrayLike
     ) -> np.ndarray: ...
 
     def prefill_share_s(self, out: SchedulerOutput) -> float: ...
+
+
+class CompositionCostModel(CostModel, Protocol):
+    """A cost model that prices a step without drafts from its totals alone (what steady steps
+    need: labs/sim/steady.py)."""
+
+    def composition_parts_s(
+        self, num_tokens: int, num_prefill_tokens: int, num_seqs: int, kv: int, pairs: int
+    ) -> tuple[float, ...]: ...
+
+    def composition_share_s(
+        self, step_s: float, num_decode_tokens: int, num_alone: int, kv_alone: int
+    ) -> float: ...
 
 
 class RooflineCostModel(EngineModel):

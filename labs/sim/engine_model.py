@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 import yaml
+from numpy.typing import ArrayLike
 
 from labs.catalog import CPU_KIND, WEIGHT_DTYPE_BYTES, Hardware, ModelSpec
 from labs.device_calibration import DeviceConstants
@@ -443,7 +444,7 @@ class EngineModel:
         }
         self._bandwidth = hardware.bandwidth_bytes_per_s * engine.tp
         self._attention_rate = hardware.bf16_flops_per_s * engine.tp * self.cal.attention_efficiency
-        self._token_terms: dict[int, _TokenTerms] = {}
+        self._token_terms: dict[tuple[int, int], _TokenTerms] = {}
 
     def _terms(self, num_tokens: int, num_logits: int) -> _TokenTerms:
         """The token-count terms of a step of `num_tokens` tokens sampled at `num_logits`
@@ -470,7 +471,7 @@ class EngineModel:
         weight_read = memory_read_s(
             weights, self._bandwidth, gpu.bandwidth_efficiency, reads, cal.kernel_latency_s
         )
-        linear = linear_s(hw, gemm, weight_read) * (
+        linear = linear_s(hw, float(gemm), float(weight_read)) * (  # one step: scalars
             1 + dequant_overhead(cal, hw, engine.weight_dtype)
         )
         terms = _TokenTerms(
@@ -478,9 +479,7 @@ class EngineModel:
             knob_compute_s=flops / compute_rate(hw, engine),
             weight_bytes=weights,
             linear_s=float(linear),
-            communication_s=float(
-                tp_communication_s(cal, gpu, model, engine.tp, num_tokens)  # type: ignore[arg-type]
-            ),
+            communication_s=float(tp_communication_s(cal, gpu, model, engine.tp, num_tokens)),
         )
         self._token_terms[key] = terms
         return terms
@@ -528,7 +527,7 @@ class EngineModel:
         )
 
     def steps_parts_s(
-        self, out: SchedulerOutput, kv_tokens_read: np.ndarray, spec_kv_tokens_read: np.ndarray
+        self, out: SchedulerOutput, kv_tokens_read: ArrayLike, spec_kv_tokens_read: ArrayLike
     ) -> np.ndarray:
         """Parts (columns PARTS) of len(kv_tokens_read) steps composed like `out` except for
         their KV totals. Rows sum to each step's time; every part is >= 0.
@@ -604,7 +603,7 @@ class EngineModel:
         return max(0.0, step_s - parts_total(alone))
 
     def steps_time_s(
-        self, out: SchedulerOutput, kv_tokens_read: np.ndarray, spec_kv_tokens_read: np.ndarray
+        self, out: SchedulerOutput, kv_tokens_read: ArrayLike, spec_kv_tokens_read: ArrayLike
     ) -> np.ndarray:
         """Seconds of len(kv_tokens_read) steps composed like `out` except for their KV totals."""
         return self.steps_parts_s(out, kv_tokens_read, spec_kv_tokens_read).sum(axis=1)
