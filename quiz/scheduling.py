@@ -138,7 +138,8 @@ def outcomes(
       (DST-safe), not a multiple of 24 h after `now`;
     - passing intervals grow with the button: Hard < Good < Easy in days (capped at the maximum);
       Easy from a (re)learning step is longer than Good's interval would be (at least 2 days);
-    - fuzz never makes a passing Review interval shorter than the card's previous interval.
+    - a passing Review interval is not shorter than the card's previous one unless it shrank by
+      more than its fuzz range (`no_shrink_minimum`, Anki's rule, fuzz or not).
     """
     review_at = to_utc(now)
     today = study_date(review_at, tz, rollover_hour)
@@ -162,10 +163,9 @@ def outcomes(
             low, high = days, days
             if scheduler.enable_fuzzing and days >= FUZZ_FROM_DAYS:
                 low, high = fuzz_bounds(days, scheduler.maximum_interval)
-                if days >= previous_interval:
-                    # Anki: fuzz never takes a passing interval below the one the card had.
-                    low = max(low, min(previous_interval, high))
-            low = min(max(low, floor + 1, 1), scheduler.maximum_interval)
+            minimum = no_shrink_minimum(days, previous_interval, scheduler.maximum_interval)
+            low = min(max(low, minimum, floor + 1, 1), scheduler.maximum_interval)
+            high = max(high, low)
             days = rng.randint(low, max(low, high))
             floor = days
             result.due = day_start(today + dt.timedelta(days=days), tz, rollover_hour)
@@ -176,6 +176,17 @@ def outcomes(
         result.last_review = review_at
         out[rating] = CardState.from_fsrs(result)
     return out
+
+
+def no_shrink_minimum(days: int, previous: int, maximum: int) -> int:
+    """Anki's floor for a passing review interval (minimum_review_fuzz_interval), fuzz or not:
+    one that grew stays above the card's previous interval; one that shrank by no more than its
+    fuzz range (Hard, often) keeps the previous interval; one that shrank further (new
+    parameters or retention) may shrink."""
+    if days > previous:
+        return previous + 1
+    upper = fuzz_bounds(days, maximum)[1] if days >= FUZZ_FROM_DAYS else days
+    return previous if previous <= upper else 0
 
 
 def fuzz_bounds(days: int, maximum: int) -> tuple[int, int]:
