@@ -19,7 +19,7 @@ requests and registers newly full blocks in the prefix cache.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -98,6 +98,25 @@ class StepResult:
     finished: np.ndarray
 
 
+@dataclass
+class SimCounters:
+    """The run's totals as the scheduler counts them: every one known (EngineCounters allows
+    None for a counter a vLLM server did not report)."""
+
+    num_gpu_blocks: int
+    block_size: int
+    preemptions: int = 0
+    prefix_cache_queries: int = 0  # tokens looked up
+    prefix_cache_hits: int = 0  # tokens found
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+
+    def engine_counters(self) -> EngineCounters:
+        """The totals for the run record."""
+        return EngineCounters(**asdict(self))
+
+
 class Scheduler:
     """FCFS token-budget scheduler over one replica's KV pool.
 
@@ -117,7 +136,7 @@ class Scheduler:
         self.kv = KVCacheManager(self.pool, table, config.block_size, contiguous=contiguous)
         self.waiting: deque[int] = deque()
         self.running: np.ndarray = _EMPTY  # request indices, oldest admission first
-        self.counters = EngineCounters(
+        self.counters = SimCounters(
             num_gpu_blocks=config.num_gpu_blocks, block_size=config.block_size
         )
 

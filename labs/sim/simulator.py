@@ -256,7 +256,7 @@ class Simulator:
             simulated=True,
             requests=requests,
             samples=recorder.finish(),
-            counters=sched.counters,
+            counters=sched.counters.engine_counters(),
             duration_s=float(np.nanmax(table.finish_s)) - arrival_start,
             wall_s=time.perf_counter() - wall_start,
             meta={
@@ -380,9 +380,10 @@ class Simulator:
                 rng.bit_generator.state = state  # as if nothing had been drawn
             return now
         if k:
+            assert state is not None and accepted is not None  # both drawn above when k
             rng.bit_generator.state = state
             again = np.minimum(rng.geometric(p_reject, size=(num_steps, m)) - 1, k)
-            assert np.array_equal(again, accepted[:num_steps])  # type: ignore[index]
+            assert np.array_equal(again, accepted[:num_steps])
             tokens = 1 + again
             c = sched.counters
             c.spec_drafts += num_steps * m
