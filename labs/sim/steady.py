@@ -38,7 +38,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 import numpy as np
 
@@ -48,7 +48,7 @@ from labs.sim.recording import ChunkStore, SampleRecorder
 
 if TYPE_CHECKING:
     from labs.sim.breakdown import BreakdownAccumulator
-    from labs.sim.cost_model import CostModel
+    from labs.sim.cost_model import CompositionCostModel, CostModel
     from labs.sim.entities import RequestTable
     from labs.sim.scheduler import Scheduler, SchedulerConfig
     from labs.sim.workload import GeneratedWorkload
@@ -158,6 +158,11 @@ class _Prefill:
         self.held = held  # blocks
 
 
+def prices_totals(cost: CostModel) -> TypeGuard[CompositionCostModel]:
+    """Whether `cost` prices a step from its totals (what steady steps need)."""
+    return hasattr(cost, "composition_parts_s")
+
+
 def steady_applies(sim: Simulator) -> bool:
     """Whether the run's settings allow steady steps at all (see the module docstring).
 
@@ -169,8 +174,7 @@ def steady_applies(sim: Simulator) -> bool:
     cfg, kv = sim.config, sim.scheduler.kv
     if cfg.num_spec_tokens or cfg.kv_allocation != "paged":
         return False
-    cost = sim.cost_model
-    if not hasattr(cost, "composition_parts_s"):
+    if not prices_totals(sim.cost_model):
         return False
     return not (kv.caching and (kv.num_shared_blocks or kv.pool.has_cached_blocks))
 
@@ -199,8 +203,8 @@ def advance_steady(
 
     # Decoders: before step s, request r has computed base[r] + s tokens and output obase[r] + s.
     dec, c, o = run[:d], computed[:d], output[:d]
-    pairs = zip(c.tolist(), o.tolist(), strict=True)
-    dec_base: dict[int, tuple[int, int]] = dict(zip(dec.tolist(), pairs, strict=True))
+    computed_output = zip(c.tolist(), o.tolist(), strict=True)
+    dec_base: dict[int, tuple[int, int]] = dict(zip(dec.tolist(), computed_output, strict=True))
     seg_first: dict[int, int] = {}  # the step of a joiner's first token (0 for the others)
     target = t.num_output_tokens_target
     # The step at which each decoder finishes: those decoding on entry in one sorted array, those
@@ -239,6 +243,7 @@ def advance_steady(
     finished: list[tuple[int, int, int]] = []  # request, step, computed tokens at the end
     segments: list[tuple[int, int, int]] = []  # request, first step, last step of its tokens
     cost = sim.cost_model
+    assert prices_totals(cost)  # steady_applies checked it
     # The time breakdown (labs/sim/breakdown.py), fed as BreakdownAccumulator.add_step would be:
     # decoders get each step's parts x scale and its prefill share, summed over their span of
     # steps at write-back as a difference of running sums (O(changes), not O(batch) per step);
