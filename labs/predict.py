@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
 
@@ -63,8 +63,17 @@ def kv_replication(model: ModelSpec, tp: int) -> int:
     return max(1, tp // model.kv_heads)
 
 
-def blocks_for_tokens(tokens: int, block_size: int) -> int:
-    """ceil(tokens / block_size): the blocks a sequence of `tokens` occupies (numpy ints too)."""
+@overload
+def blocks_for_tokens(tokens: int, block_size: int) -> int: ...
+
+
+@overload
+def blocks_for_tokens(tokens: np.ndarray, block_size: int) -> np.ndarray: ...
+
+
+def blocks_for_tokens(tokens: int | np.ndarray, block_size: int) -> int | np.ndarray:
+    """ceil(tokens / block_size): the blocks a sequence of `tokens` occupies (numpy ints, and
+    arrays of sequences element-wise, too)."""
     return -(-tokens // block_size)
 
 
