@@ -371,6 +371,10 @@ LABS_SWEEP_MAX_VALUES = env_int("LABS_SWEEP_MAX_VALUES", 12)
 # Soft time limits (prefork pool); both below the Redis visibility timeout above.
 LABS_SIM_TIME_LIMIT_S = env_int("LABS_SIM_TIME_LIMIT_S", 900)
 LABS_GPU_TIME_LIMIT_S = env_int("LABS_GPU_TIME_LIMIT_S", 3600)
+# A vLLM worker whose device has no calibration queues a short one to itself when it starts
+# (labs.device_calibration_jobs.calibration_self_request), bounded by its own time limit.
+LABS_SELF_CALIBRATE = env_bool("LABS_SELF_CALIBRATE", True)
+LABS_SELF_CALIBRATE_TIME_LIMIT_S = env_int("LABS_SELF_CALIBRATE_TIME_LIMIT_S", 900)
 # Memory one simulated run may use (estimated in O(1) at submit, checked again in the worker,
 # which also caps its own growth while the run lasts). Each field's limit follows from it.
 LABS_SIM_MAX_RUN_MB = env_int("LABS_SIM_MAX_RUN_MB", 1024)

@@ -5,7 +5,8 @@ from the staff's devices page.
 measured on the vLLM backend, its fit, and a `labs.models.DeviceCalibration` row. `manage.py lab
 calibrate` calls it in its own process; the devices page queues a `CalibrationJob` and the Celery
 task `labs.calibrate_device` calls it on the vLLM worker that has the device
-(`calibration_execute`).
+(`calibration_execute`). A vLLM worker whose device has no calibration queues a shorter one to
+itself when it starts (`calibration_self_request`, from labs.worker_signals).
 
 A job's state changes are conditional UPDATEs, as a lab run's are (labs.services): a duplicate
 message does not calibrate twice, and a dead worker's job is failed, not left running.
@@ -14,6 +15,7 @@ message does not calibrate twice, and a dead worker's job is failed, not left ru
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -61,11 +63,20 @@ CPU_BASE: dict[str, Any] = {
 }
 REPEATS = 5
 ROUNDS = 6
+# A worker's own first calibration (calibration_self_request): two repeats and four rounds, a
+# few minutes on a 2-core CPU worker rather than the staff sweep's quarter hour; a staff
+# calibration later replaces it.
+SELF_REPEATS = 2
+SELF_ROUNDS = 4
 WHERE = "this worker"  # the label's "calibrated on this worker, <date>, ..."
 _ERROR_LINE = 300
 
 
 # -- the core: measure, fit, store -------------------------------------------------------------
+
+
+class CalibrationTimeout(Exception):
+    """The calibration ran past its deadline; raised before the next run starts."""
 
 
 @dataclass(frozen=True)
@@ -85,13 +96,18 @@ def calibrate_and_store(
     where: str,
     log: Callable[[str], None],
     base_url: str | None = None,
+    deadline: float | None = None,
 ) -> Calibrated:
     """Run SWEEP (and the lessons' changes) on the vLLM backend with `base` settings, fit the
     device's constants, store them as `device`'s newest DeviceCalibration, and check the changes
-    with them. `base_url`: a vLLM server already running; else the backend starts its own."""
+    with them. `base_url`: a vLLM server already running; else the backend starts its own.
+    `deadline` (time.monotonic()): no run starts after it (CalibrationTimeout)."""
     backend = get_backend("vllm", **({"base_url": base_url} if base_url else {}))
 
     def measured_run(params: LabParams) -> dict[str, Any]:
+        # The GPU worker's solo pool enforces no Celery time limit: the sweep keeps its own.
+        if deadline is not None and time.monotonic() > deadline:
+            raise CalibrationTimeout
         before = cpu_times()
         summary = run_summary(backend.run(params))
         summary["steal_share"] = steal_share(before, cpu_times())
@@ -257,13 +273,20 @@ def _busy(device: str) -> CalibrationRefused:
     )
 
 
-def _enqueue(job_id: int, queue: str) -> None:
+def _time_limit(self_started: bool) -> int:
+    # A staff calibration is a series of GPU-worker runs; a worker's own first one is shorter.
+    if self_started:
+        return int(settings.LABS_SELF_CALIBRATE_TIME_LIMIT_S)
+    return int(settings.LABS_GPU_TIME_LIMIT_S)
+
+
+def _enqueue(job_id: int, queue: str, *, self_started: bool = False) -> None:
     """Send the job to its device's worker.
 
     Raises:
         QueueUnavailable: the broker did not take it (down, refused, timed out).
     """
-    limit = settings.LABS_GPU_TIME_LIMIT_S  # a calibration is a series of GPU-worker runs
+    limit = _time_limit(self_started)
     try:
         calibrate_device_task.apply_async(
             args=[job_id], queue=queue, soft_time_limit=limit, time_limit=limit + 60
@@ -316,6 +339,66 @@ def calibration_request(*, device: str, user: Any) -> CalibrationJob:
     return created[0]
 
 
+def calibration_self_request(*, hostname: str) -> CalibrationJob | None:
+    """On a vLLM worker's start: queue a short calibration of its own device (SELF_REPEATS,
+    SELF_ROUNDS, LABS_SELF_CALIBRATE_TIME_LIMIT_S) when the device has no DeviceCalibration and
+    no job queued or running, so its predictions stop resting on the start-up probe. Returns the
+    job, or None when nothing was queued (off, calibrated, busy, or nothing to calibrate)."""
+    if not settings.LABS_SELF_CALIBRATE:
+        return None
+    beat = WorkerHeartbeat.objects.filter(hostname=hostname[:200], backend="vllm").first()
+    if beat is None:
+        return None
+    target = _target(beat.gpus or {})
+    if not target.device or target.base is None:
+        return None
+    if DeviceCalibration.objects.filter(device=target.device).exists():
+        return None
+    created: list[CalibrationJob] = []
+    try:
+        with transaction.atomic():
+            if CalibrationJob.objects.active().filter(device=target.device).exists():
+                return None
+            job = CalibrationJob.objects.create(
+                device=target.device,
+                queue=target.queue,
+                base=target.base,
+                repeats=SELF_REPEATS,
+                rounds=SELF_ROUNDS,
+                self_started=True,
+            )
+            created.append(job)
+            transaction.on_commit(lambda: _enqueue(job.pk, job.queue, self_started=True))
+    except IntegrityError:
+        return None  # another worker of this device queued its job first
+    except QueueUnavailable as exc:
+        calibration_fail(
+            job_id=created[0].pk,
+            error=f"The lab queue was unavailable, so the calibration was never sent ({exc}).",
+        )
+        return None
+    logger.info("labs: %s has no calibration; queued a short one", target.label)
+    return created[0]
+
+
+def calibrating_note(device: str) -> str:
+    """What a learner reads while `device` is being calibrated: predictions keep their present
+    figures, and a run sent now waits behind the sweep on the device's one engine."""
+    job = CalibrationJob.objects.active().filter(device=device).first()
+    if job is None:
+        return ""
+    who = "is calibrating itself" if job.self_started else "is being calibrated"
+    figures = (
+        "its probe figures"
+        if job.self_started and not DeviceCalibration.objects.filter(device=device).exists()
+        else "its current figures"
+    )
+    return (
+        f"This device {who}: predictions use {figures} until it finishes, and a run sent now "
+        "starts after it."
+    )
+
+
 def _one_line(text: str) -> str:
     line = next((part.strip() for part in text.splitlines() if part.strip()), "")
     return line if len(line) <= _ERROR_LINE else line[: _ERROR_LINE - 1] + "\u2026"
@@ -355,11 +438,18 @@ def calibration_execute(*, job_id: int, hostname: str) -> str:
             # Several CPU models share the CPU kind's queue: another's measurements would be
             # stored as this device's.
             raise RuntimeError(f"this worker's device is {here}, not {job.device}")
+        limit = _time_limit(job.self_started)
         stored = calibrate_and_store(
-            job.base, job.device, repeats=job.repeats, rounds=job.rounds, where=WHERE, log=log
+            job.base,
+            job.device,
+            repeats=job.repeats,
+            rounds=job.rounds,
+            where=WHERE,
+            log=log,
+            deadline=time.monotonic() + limit,
         )
-    except SoftTimeLimitExceeded:
-        limit = settings.LABS_GPU_TIME_LIMIT_S
+    except (SoftTimeLimitExceeded, CalibrationTimeout):
+        limit = _time_limit(job.self_started)
         calibration_fail(
             job_id=job_id, error=f"It took longer than the worker's time limit ({limit} s)."
         )

@@ -216,11 +216,11 @@ class CalibrationJobQuerySet(models.QuerySet["CalibrationJob"]):
 
 
 class CalibrationJob(models.Model):
-    """A staff member's request to calibrate one device on its own vLLM worker (the devices
-    page): queued, running, done with the DeviceCalibration it stored, or failed with why. The
-    row is the truth, Celery carries its id; state changes are conditional UPDATEs
-    (labs.device_calibration_jobs), as for lab runs. One device has at most one job queued or
-    running."""
+    """A request to calibrate one device on its own vLLM worker, by a staff member (the devices
+    page) or by the worker itself on its first start (`self_started`): queued, running, done
+    with the DeviceCalibration it stored, or failed with why. The row is the truth, Celery
+    carries its id; state changes are conditional UPDATEs (labs.device_calibration_jobs), as for
+    lab runs. One device has at most one job queued or running."""
 
     device = models.CharField(max_length=200, db_index=True, help_text="DeviceCalibration.device")
     requested_by = models.ForeignKey(
@@ -239,6 +239,9 @@ class CalibrationJob(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     calibration = models.ForeignKey(
         DeviceCalibration, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    self_started = models.BooleanField(
+        default=False, help_text="queued by the worker itself: its device had no calibration"
     )
 
     objects = CalibrationJobQuerySet.as_manager()

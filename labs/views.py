@@ -23,7 +23,7 @@ from labs import device_calibration_jobs as calibration_jobs
 from labs.backends import check_can_start, device_lab_settings, requirement
 from labs.catalog import CPU_KIND
 from labs.forms import LabParamsForm, SweepForm
-from labs.params import FIELDS_BY_NAME, ParamError
+from labs.params import FIELDS_BY_NAME, LabParams, ParamError, parse_lab_params
 from labs.predict import budget_notice
 from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
 from labs.workers import cpu_worker_hardware, devices_online, gpu_offer
@@ -64,6 +64,12 @@ def _prediction_calibration(form: LabParamsForm) -> str:
     return device.label() if device else ""
 
 
+def _calibrating_note(params: LabParams | None) -> str:
+    """ "This device is calibrating itself: ..." while the lab's device has a calibration queued
+    or running."""
+    return "" if params is None else calibration_jobs.calibrating_note(selectors.device_key(params))
+
+
 def _load(form: LabParamsForm) -> str:
     return "" if form.params is None else results.load_label(form.params.as_dict())
 
@@ -88,6 +94,7 @@ def _lab_page(
         "form": form,
         **_prediction(lab, form),
         "prediction_calibration": _prediction_calibration(form),
+        "calibrating_note": _calibrating_note(form.params),
         "load": _load(form),
         "refusal": refusal,
         "preset": preset,
@@ -184,6 +191,7 @@ def lab_predict(request: HttpRequest, lab: str) -> HttpResponse:
         "form": form,
         **_prediction(the_lab, form),
         "prediction_calibration": _prediction_calibration(form),
+        "calibrating_note": _calibrating_note(form.params),
         "load": _load(form),
     }
     return render(request, "labs/lab_detail.html#prediction", context, status=200 if valid else 400)
@@ -269,6 +277,7 @@ def _run_context(run: Any) -> dict[str, Any]:
         "where_long": selectors.where_label(run),
         "phase_note": selectors.phase_note(run),
         "served_note": selectors.served_note(run),
+        "calibrating_note": "" if run.is_terminal else _run_calibrating_note(run),
         "rows": rows,
         "load": results.load_label(run.params),
         "headline": results.headline(rows, breakdown),
@@ -281,6 +290,15 @@ def _run_context(run: Any) -> dict[str, Any]:
         + "?"
         + urlencode({k: _text(v) for k, v in rerun_values(lab, run.params).items()}),
     }
+
+
+def _run_calibrating_note(run: Any) -> str:
+    if run.backend != "vllm":
+        return ""
+    try:
+        return _calibrating_note(parse_lab_params(run.params or {}))
+    except ParamError:
+        return ""
 
 
 def _status_response(

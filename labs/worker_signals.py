@@ -3,8 +3,9 @@ this module, so every worker that runs lab tasks has them):
 
 - after setup, a worker on `labs.gpu` also consumes `labs.gpu.<its GPU kind>.x<n>` for each
   count n it can serve (labs.workers names the queues);
-- when ready, it announces itself (labs.workers.announce) and starts a daemon thread that
-  announces it again every LABS_WORKER_HEARTBEAT_S and runs the stale-run reaper
+- when ready, it announces itself (labs.workers.announce), a vLLM worker whose device has no
+  calibration queues a short one to itself (LABS_SELF_CALIBRATE), and it starts a daemon
+  thread that announces it again every LABS_WORKER_HEARTBEAT_S and runs the stale-run reaper
   (labs.services.run_reap_stale), so any live worker fails the runs a killed one left behind;
 - at shutdown, it stops the thread and removes its heartbeat rows.
 """
@@ -21,6 +22,7 @@ from django.conf import settings
 from django.db import connections
 
 from labs.backends import device_label, worker_inventory
+from labs.device_calibration_jobs import calibration_self_request
 from labs.models import WorkerHeartbeat
 from labs.services import run_reap_stale
 from labs.workers import (
@@ -84,6 +86,12 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
         beat_once(hostname, backends)
     except Exception:
         logger.exception("first worker heartbeat failed")
+    try:
+        if "vllm" in backends:
+            calibration_self_request(hostname=hostname)
+    except Exception:
+        # Runs go on with the probe's figures; a staff member can still calibrate the device.
+        logger.exception("could not queue this device's own calibration")
     finally:
         # This runs on the worker's main thread; do not keep a connection open across forks.
         connections.close_all()

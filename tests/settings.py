@@ -56,3 +56,6 @@ from config.settings import *  # noqa: E402, F403
 # hundred; MD5 costs microseconds. The app keeps Django's PBKDF2 (tests/test_settings.py checks),
 # and the throttle tests count hashes rather than time them.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# A worker a test starts must not calibrate its device on its own: its sweep would take the
+# engine from the test's runs. The tests of self-calibration turn it on.
+LABS_SELF_CALIBRATE = False

@@ -1,0 +1,189 @@
+"""A vLLM worker whose device has no calibration calibrates itself on its first start
+(labs.worker_signals -> labs.device_calibration_jobs.calibration_self_request): one short job,
+stored like a staff one, and the lab and run pages say the device is calibrating meanwhile.
+
+No broker and no GPU: the task's `apply_async` is a mock, the engine the simulator
+(tests/labs/test_calibrations.py's stand-in)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+import pytest
+from django.urls import reverse
+from django.utils.http import urlencode
+
+from labs import device_calibration_jobs as calibration_jobs
+from labs import worker_signals
+from labs.backends import device_lab_settings
+from labs.catalog import CPU_KIND
+from labs.models import CalibrationJob, DeviceCalibration, RunState
+from labs.params import parse_lab_params
+from labs.tasks import calibrate_device_task
+from labs.workers import announced_cpu_figures
+from tests.conftest import make_user
+from tests.labs.factories import SMALL, make_run
+from tests.labs.test_calibrations import CPU_KEY, L4_GPUS, StandInVllm, cpu_worker, l4_worker
+from tests.labs.vllm.test_cpu import CPU_GPUS
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _self_calibrate_on(settings):
+    settings.LABS_SELF_CALIBRATE = True  # the test settings turn it off for started workers
+
+
+@pytest.fixture
+def sent():
+    with mock.patch.object(calibrate_device_task, "apply_async") as apply_async:
+        yield apply_async
+
+
+def _start_worker(hostname: str, queues: tuple[str, ...] = ("labs.gpu", "labs.gpu.cpu.x1")):
+    """The worker_ready signal as Celery sends it, with the first heartbeat already written
+    (the fixtures' rows); the heartbeat thread is stopped again at once."""
+    sender = SimpleNamespace(
+        hostname=hostname, app=SimpleNamespace(amqp=SimpleNamespace(queues=SimpleNamespace(
+            consume_from={q: None for q in queues}))),
+    )  # fmt: skip
+    with mock.patch.object(worker_signals, "beat_once"):
+        worker_signals._on_worker_ready(sender=sender)
+    stop = worker_signals._process.pop("stop")
+    stop.set()
+    worker_signals._process.pop("thread").join(timeout=5)
+    worker_signals._process.clear()
+
+
+def _calibration(device: str) -> DeviceCalibration:
+    return DeviceCalibration.objects.create(
+        device=device, where="this worker", constants={}, fit_error=0.1, held_out_error=0.1
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_whose_device_has_no_calibration_queues_exactly_one_short_one(sent):
+    cpu_worker()
+    _start_worker("cpu@box")
+    _start_worker("cpu@box")  # a restart while it is queued queues nothing more
+    job = CalibrationJob.objects.get()
+    assert job.device == CPU_KEY and job.state == RunState.QUEUED
+    assert job.self_started and job.requested_by is None
+    short = (calibration_jobs.SELF_REPEATS, calibration_jobs.SELF_ROUNDS)
+    assert (job.repeats, job.rounds) == short
+    assert job.repeats < calibration_jobs.REPEATS and job.rounds < calibration_jobs.ROUNDS
+    assert job.base["model"] == "lab-llama-20m" and job.base["gpu"] == CPU_KIND
+    sent.assert_called_once()
+    kwargs = sent.call_args.kwargs
+    assert kwargs["args"] == [job.pk] and kwargs["queue"] == "labs.gpu.cpu.x1"
+    assert kwargs["soft_time_limit"] == 900  # LABS_SELF_CALIBRATE_TIME_LIMIT_S, not the hour
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_gpu_kind_with_no_calibration_calibrates_itself_too(sent):
+    l4_worker()
+    _start_worker("l4@box", ("labs.gpu", "labs.gpu.l4.x1"))
+    job = CalibrationJob.objects.get()
+    assert job.device == "l4" and job.self_started and job.queue == "labs.gpu.l4.x1"
+    assert L4_GPUS["kind"] == job.base["gpu"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_whose_device_is_calibrated_or_being_calibrated_queues_nothing(sent):
+    cpu_worker()
+    l4_worker()
+    _calibration(CPU_KEY)
+    CalibrationJob.objects.create(
+        device="l4", queue="labs.gpu.l4.x1", base={"model": "qwen2.5-0.5b"}, repeats=5, rounds=6
+    )  # a staff calibration, pending
+    _start_worker("cpu@box")
+    _start_worker("l4@box", ("labs.gpu", "labs.gpu.l4.x1"))
+    assert CalibrationJob.objects.filter(self_started=True).count() == 0
+    sent.assert_not_called()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_switched_off_or_a_simulator_worker_queues_nothing(settings, sent):
+    cpu_worker()
+    _start_worker("sim@box", ("labs.sim",))
+    settings.LABS_SELF_CALIBRATE = False
+    _start_worker("cpu@box")
+    assert not CalibrationJob.objects.exists()
+    sent.assert_not_called()
+
+
+def test_a_self_calibration_past_its_time_limit_fails_saying_so(settings):
+    settings.LABS_SELF_CALIBRATE_TIME_LIMIT_S = -1  # already past when the first run would start
+    job = CalibrationJob.objects.create(
+        device="l4",
+        queue="labs.gpu.l4.x1",
+        base={"model": "qwen2.5-0.5b", "gpu": "l4"},
+        repeats=1,
+        rounds=1,
+        self_started=True,
+    )
+    vllm = StandInVllm()
+    with mock.patch("labs.device_calibration_jobs.get_backend", return_value=vllm):
+        assert calibrate_device_task.run(job.pk) == RunState.FAILED
+    job.refresh_from_db()
+    assert vllm.runs == 0 and "time limit (-1 s)" in job.error
+    assert not DeviceCalibration.objects.exists()
+
+
+def test_a_self_calibration_is_stored_like_a_staff_one():
+    job = CalibrationJob.objects.create(
+        device="l4",
+        queue="labs.gpu.l4.x1",
+        base={"model": "qwen2.5-0.5b", "gpu": "l4"},
+        repeats=1,
+        rounds=1,
+        self_started=True,
+    )
+    with mock.patch("labs.device_calibration_jobs.get_backend", return_value=StandInVllm()):
+        assert calibrate_device_task.run(job.pk) == RunState.DONE
+    job.refresh_from_db()
+    assert job.calibration == DeviceCalibration.objects.get(device="l4")
+
+
+def test_the_lab_and_run_pages_say_the_device_is_calibrating_itself(client):
+    user = make_user("learner")
+    client.force_login(user)
+    cpu_worker()
+    CalibrationJob.objects.create(
+        device=CPU_KEY,
+        queue="labs.gpu.cpu.x1",
+        base={"model": "lab-llama-20m", "gpu": "cpu"},
+        repeats=2,
+        rounds=4,
+        state=RunState.RUNNING,
+        self_started=True,
+    )
+    url = reverse("labs:lab-detail", args=["batching"])
+    html = client.get(f"{url}?{urlencode(device_lab_settings('vllm', CPU_KIND))}").content.decode()
+    assert "This device is calibrating itself: predictions use its probe figures" in html
+    # Another device's lab page says nothing of it.
+    assert "calibrating itself" not in client.get(url).content.decode()
+
+    opened = {k: v for k, v in device_lab_settings("vllm", CPU_KIND).items() if k != "backend"}
+    figures = announced_cpu_figures(CPU_GPUS)
+    params: dict[str, Any] = parse_lab_params({**SMALL, **opened, **figures}).as_dict()
+    run = make_run(user, backend="vllm", params=params)
+    html = client.get(reverse("labs:run-detail", args=[run.pk])).content.decode()
+    assert "calibrating itself" in html and "a run sent now starts after it" in html
+
+
+def test_the_devices_page_says_the_worker_started_its_own_calibration(client):
+    client.force_login(make_user("root", is_staff=True))
+    cpu_worker()
+    CalibrationJob.objects.create(
+        device=CPU_KEY,
+        queue="labs.gpu.cpu.x1",
+        base={"model": "lab-llama-20m", "gpu": "cpu"},
+        repeats=2,
+        rounds=4,
+        self_started=True,
+    )
+    html = client.get(reverse("labs:devices")).content.decode()
+    assert "by the worker itself, on its first start" in html
