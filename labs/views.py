@@ -20,13 +20,14 @@ from django_htmx.http import HttpResponseStopPolling
 
 from labs import definitions, results, selectors, services
 from labs import device_calibration_jobs as calibration_jobs
+from labs.accuracy import expected_errors
 from labs.backends import check_can_start, device_lab_settings, requirement
 from labs.catalog import CPU_KIND
 from labs.forms import LabParamsForm, SweepForm
 from labs.params import FIELDS_BY_NAME, LabParams, ParamError, parse_lab_params
 from labs.predict import budget_notice
 from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
-from labs.workers import cpu_worker_hardware, devices_online, gpu_offer
+from labs.workers import cpu_worker_hardware, devices_online, engines_busy, gpu_offer
 
 # A refusal is not the learner's mistake: no worker or no queue is the service being unavailable.
 REFUSAL_STATUS = {
@@ -46,13 +47,15 @@ def _lab_or_404(slug: str) -> Lab:
 
 
 def _prediction(lab: Lab, form: LabParamsForm) -> dict[str, Any]:
-    """The live panel: the lab's predicted figures, and what the token budget does to them."""
+    """The live panel: the lab's predicted figures, what the token budget does to them, and the
+    error to expect on this GPU (labs.accuracy)."""
     if form.params is None:
         return {"prediction": [], "budget_notice": ""}
     values = selectors.device_prediction(form.params)
     return {
         "prediction": results.predicted_items(values, lab.predicted),
         "budget_notice": budget_notice(form.params, values),
+        "expected_error": expected_errors(form.params.hardware, lab.predicted),
     }
 
 
@@ -103,6 +106,7 @@ def _lab_page(
         "backends": backends,
         "preset_gpu_note": _preset_gpu_note(preset, form, offer),
         "cpu_worker": _cpu_worker_offer(lab),
+        "engines_busy": engines_busy(),
         "recent": [
             r
             for r in selectors.run_list_for_owner(user=request.user, limit=50)
@@ -119,6 +123,8 @@ def _cpu_worker_offer(lab: Lab) -> dict[str, object] | None:
     if found is None:
         return None
     _, gpus = found
+    if gpus.get("busy"):
+        return None  # its engine is held by another process: a run would fail (engines_busy)
     url = reverse("labs:lab-detail", args=[lab.slug])
     return {
         "name": gpus.get("name") or "CPU",

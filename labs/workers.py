@@ -27,7 +27,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from labs.backends import get_backend
+from labs.backends import engine_busy, get_backend
 from labs.backends.base import Device, Placement
 from labs.catalog import CPU_KIND, GB, TB, TFLOPS, Hardware, cpu_hardware
 
@@ -109,10 +109,13 @@ def announce(hostname: str, backends: Iterable[str]) -> None:
         # A row a killed process left keeps its hostname: this process's first beat says when
         # it started (the reaper gives a worker that has just come back time to take its runs).
         restart = {} if backend in announced else {"started_at": now}
+        # Checked on every beat: while another process of this installation holds the
+        # device's engine, the lab must not offer runs this worker would fail.
+        busy = engine_busy(backend) if info["gpus"] else ""
         fields = {
             **restart,
             "queue": _announced_queue(backend, info["gpus"]),
-            "gpus": info["gpus"],
+            "gpus": {**info["gpus"], "busy": busy} if busy else info["gpus"],
             "where": info["where"][:200],
             "gpu_name": info["gpu_name"][:200],
             "versions": info["versions"],
@@ -157,7 +160,7 @@ def gpu_offer(now: object = None) -> dict[str, int]:
         WorkerHeartbeat.objects.online(now).filter(backend="vllm").values_list("gpus", flat=True)
     ):
         kind, count = (gpus or {}).get("kind"), (gpus or {}).get("count")
-        if kind and isinstance(count, int) and count > 0:
+        if kind and isinstance(count, int) and count > 0 and not (gpus or {}).get("busy"):
             offer[kind] = max(offer.get(kind, 0), count)
     return offer
 
@@ -231,5 +234,17 @@ def devices_online(backend: str, now: object = None) -> list[Device]:
     from labs.models import WorkerHeartbeat
 
     rows = WorkerHeartbeat.objects.online(now).filter(backend=backend)
-    devices = (Device.from_announced(g) for g in rows.values_list("gpus", flat=True))
+    gpus = (g for g in rows.values_list("gpus", flat=True) if not (g or {}).get("busy"))
+    devices = (Device.from_announced(g) for g in gpus)
     return [d for d in devices if d is not None]
+
+
+def engines_busy(now: object = None) -> list[str]:
+    """Why online vLLM workers cannot run now, as they announced it (labs.backends.engine_busy):
+    another process of their installation holds their device's engine."""
+    from labs.models import WorkerHeartbeat
+
+    rows = WorkerHeartbeat.objects.online(now).filter(backend="vllm")
+    return sorted(
+        {str(g["busy"]) for g in rows.values_list("gpus", flat=True) if (g or {}).get("busy")}
+    )

@@ -150,6 +150,13 @@ def server_argv(
     return answer(params, model_path=model_path, executable=executable, port=port)
 
 
+def engine_busy(name: str) -> str:
+    """Why backend `name` cannot start its engine on this worker's devices now (another process
+    of this installation runs one there), in a learner's words; "" when it can."""
+    answer = _answer(name, "busy")
+    return "" if answer is None else str(answer())
+
+
 def server_port(name: str) -> int | None:
     """The port backend `name` shows its server on by default; None if it starts none."""
     answer = _answer(name, "server_port")

@@ -19,7 +19,7 @@ from labs import device_calibration_jobs as calibration_jobs
 from labs import worker_signals
 from labs.backends import device_lab_settings
 from labs.catalog import CPU_KIND
-from labs.models import CalibrationJob, DeviceCalibration, RunState
+from labs.models import CalibrationJob, DeviceCalibration, RunState, WorkerHeartbeat
 from labs.params import parse_lab_params
 from labs.tasks import calibrate_device_task
 from labs.workers import announced_cpu_figures
@@ -187,3 +187,29 @@ def test_the_devices_page_says_the_worker_started_its_own_calibration(client):
     )
     html = client.get(reverse("labs:devices")).content.decode()
     assert "by the worker itself, on its first start" in html
+
+
+def test_a_busy_engine_is_said_and_not_offered(alice_client):
+    """While another process of the installation holds the CPU worker's engine, the lab page
+    says so and offers no run on it, and a submit finds no device to run on."""
+    from labs import workers
+
+    busy = "vLLM on this device is busy: another process of this installation (pid 42, ...)"
+    cpu_worker(gpus={**CPU_GPUS, "busy": busy})
+    assert workers.gpu_offer() == {} and workers.devices_online("vllm") == []
+    html = alice_client.get(reverse("labs:lab-detail", args=["batching"])).content.decode()
+    assert busy in html and "vLLM on this CPU</a>" not in html
+
+
+def test_a_worker_announces_a_busy_engine_on_every_beat():
+    from labs import workers
+
+    workers._state.clear()
+    info = {"where": "vLLM", "gpu_name": "cpu", "versions": {}, "gpus": dict(CPU_GPUS)}
+    with (
+        mock.patch.object(workers, "describe_backend", return_value=info),
+        mock.patch.object(workers, "engine_busy", return_value="vLLM on this device is busy"),
+    ):
+        workers.announce("cpu@box", ["vllm"])
+    workers._state.clear()
+    assert WorkerHeartbeat.objects.get(hostname="cpu@box").gpus["busy"].endswith("busy")

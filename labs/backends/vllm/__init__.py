@@ -14,7 +14,7 @@ from labs.backends.vllm import cpu
 from labs.backends.vllm.backend import VLLMBackend, gpu_inventory
 from labs.backends.vllm.gpus import GpuInventory
 from labs.backends.vllm.served import served_instead
-from labs.backends.vllm.server import DEFAULT_PORT, build_plan
+from labs.backends.vllm.server import DEFAULT_PORT, build_plan, engine_busy
 from labs.backends.vllm.start import check_can_start, requirement
 from labs.catalog import CPU_KIND
 from labs.device_calibration import cpu_device_key
@@ -23,6 +23,7 @@ from labs.params import LabParams
 __all__ = [
     "BACKEND",
     "VLLMBackend",
+    "busy",
     "check_can_start",
     "device_lab_settings",
     "device_label",
@@ -78,3 +79,7 @@ def server_argv(
 
 def server_port() -> int:
     return DEFAULT_PORT
+
+
+def busy() -> str:
+    return engine_busy()

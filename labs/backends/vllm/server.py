@@ -85,12 +85,62 @@ def env_key(slug: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in slug.upper())
 
 
+# This installation (checkout): the default cache directory, and with it the lock on a
+# device's engine, is its own, so another checkout's worker on this machine neither blocks nor
+# stops this one's server.
+_INSTALLATION = hashlib.sha256(str(Path(__file__).resolve().parents[3]).encode()).hexdigest()[:10]
+
+
 def cache_dir() -> Path:
-    """Where this worker keeps server logs, derived draft configs and its server's pid."""
+    """Where this worker keeps server logs, derived draft configs and its server's pid: one
+    directory per installation unless LABS_VLLM_CACHE_DIR names one."""
     configured = os.environ.get("LABS_VLLM_CACHE_DIR")
-    path = Path(configured) if configured else Path(tempfile.gettempdir()) / "serving-school-vllm"
+    default = Path(tempfile.gettempdir()) / f"serving-school-vllm-{_INSTALLATION}"
+    path = Path(configured) if configured else default
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def state_path(directory: Path) -> Path:
+    """The file that records the server running on this process's devices (the lock)."""
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace(",", "_") or "none"
+    return directory / f"server-gpus-{gpus}.json"
+
+
+def busy_message(owner: int, pid: int) -> str:
+    return (
+        f"vLLM on this device is busy: another process of this installation (pid {owner}, a "
+        f"second worker or `lab calibrate`) is running its engine (vllm serve, pid {pid}), and "
+        "one device runs one engine. Try again when it has finished. Operators: stop it, or "
+        "give this worker other GPUs (CUDA_VISIBLE_DEVICES) or its own LABS_VLLM_CACHE_DIR."
+    )
+
+
+def _running_state(path: Path) -> tuple[int, int] | None:
+    """(owner, pid) of the server recorded at `path` if its pid still runs its command;
+    owner 0 when unrecorded."""
+    try:
+        state = json.loads(path.read_text())
+        pid, argv = int(state["pid"]), list(state["argv"])
+        owner = int(state.get("owner") or 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    cmdline = _cmdline(pid)
+    # A console script runs as `python .../vllm serve ...`: compare what follows the program.
+    running = bool(cmdline and len(argv) > 1 and cmdline[-(len(argv) - 1) :] == argv[1:])
+    return (owner, pid) if running else None
+
+
+def engine_busy(cache: Path | None = None) -> str:
+    """Why this process cannot start an engine on its devices now (another live process of
+    this installation runs one there), or "" when it can."""
+    found = _running_state(state_path(cache if cache is not None else cache_dir()))
+    if found is None:
+        return ""
+    owner, pid = found
+    if owner and owner != os.getpid() and _process_alive(owner):
+        return busy_message(owner, pid)
+    return ""
 
 
 def _read_config(model_dir: Path) -> dict[str, Any]:
@@ -610,8 +660,7 @@ class ServerManager:
 
     @property
     def _state_path(self) -> Path:
-        gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace(",", "_") or "none"
-        return self._dir / f"server-gpus-{gpus}.json"
+        return state_path(self._dir)
 
     def ensure(
         self, plan: ServePlan, *, on_wait: Callable[[StartWait], None] | None = None
@@ -778,25 +827,16 @@ class ServerManager:
         """
         if self._orphans_checked:
             return
-        try:
-            state = json.loads(self._state_path.read_text())
-            pid, argv = int(state["pid"]), list(state["argv"])
-            owner = int(state.get("owner") or 0)
-        except (OSError, ValueError, KeyError, TypeError):
-            self._orphans_checked = True
-            return
-        cmdline = _cmdline(pid)
-        # A console script runs as `python .../vllm serve ...`: compare what follows the program.
-        running = bool(cmdline and len(argv) > 1 and cmdline[-(len(argv) - 1) :] == argv[1:])
-        if running and owner and owner != os.getpid() and _process_alive(owner):
-            # Stopping it would fail that process's run mid-way; two servers cannot share GPUs.
-            raise ServerError(
-                f"another worker process (pid {owner}) is running vllm serve (pid {pid}) on "
-                f"these devices ({self._state_path}); stop that worker first, or give this one "
-                "other GPUs (CUDA_VISIBLE_DEVICES) or its own LABS_VLLM_CACHE_DIR"
-            )
+        found = _running_state(self._state_path)
+        if found is not None:
+            owner, pid = found
+            if owner and owner != os.getpid() and _process_alive(owner):
+                # Stopping it would fail that process's run mid-way; two servers cannot share
+                # GPUs.
+                raise ServerError(f"{busy_message(owner, pid)} ({self._state_path})")
         self._orphans_checked = True
-        if running:
+        if found is not None:
+            pid = found[1]
             logger.warning("stopping vllm serve (pid %s) left by an earlier worker", pid)
             stop_group(pid, None, self.stop_timeout_s)
         with contextlib.suppress(OSError):

@@ -392,11 +392,15 @@ def test_a_server_whose_worker_still_runs_is_left_alone(tmp_path: Path, standin:
         assert state["owner"] == os.getpid()
         state_path.write_text(json.dumps({**state, "owner": owner.pid}))
         second = srv.ServerManager(start_timeout_s=120, stop_timeout_s=3, cache=standin.cache)
-        with pytest.raises(srv.ServerError, match=f"another worker process \\(pid {owner.pid}\\)"):
+        busy = f"another process of this installation \\(pid {owner.pid},"
+        with pytest.raises(srv.ServerError, match=busy):
             second.ensure(plan)
         assert server.process.poll() is None  # still serving the first worker
+        # What the worker's heartbeat announces, so the lab stops offering the device.
+        assert srv.engine_busy(standin.cache).startswith("vLLM on this device is busy")
         owner.kill()
         owner.wait(timeout=10)
+        assert srv.engine_busy(standin.cache) == ""
         replaced, reused = second.ensure(plan)
         assert not reused and replaced.pid != server.pid
         server.process.wait(timeout=10)
@@ -422,3 +426,12 @@ def test_the_stand_in_answers_version_like_vllm() -> None:
         [sys.executable, str(STANDIN), "--version"], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "0.33.0"
+
+
+def test_the_engine_lock_is_this_installations_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another checkout's worker on this machine keeps its server in its own directory: the
+    default cache directory (and the lock in it) is named after this installation."""
+    monkeypatch.delenv("LABS_VLLM_CACHE_DIR", raising=False)
+    default = srv.cache_dir()
+    assert default.name == f"serving-school-vllm-{srv._INSTALLATION}"
+    assert srv.state_path(default).parent == default
