@@ -3,22 +3,34 @@
     python -m labs.sim.published_calibration           # source, settings, published, simulated
     python -m labs.sim.published_calibration --fit     # search the constants on the `fit` runs
     python -m labs.sim.published_calibration --fit --gpu l4   # that GPU kind's constants only
-    python -m labs.sim.published_calibration --report  # per GPU kind: its runs, or what it borrows
+    python -m labs.sim.published_calibration --report  # per GPU kind: its runs, or what it borrows,
+                                                       # then leave-one-source-out (minutes)
+    python -m labs.sim.published_calibration --report --write  # and save labs/sim/accuracy.json
 
 Each measurement's `settings` are lab parameters; the simulator runs them on the realistic
 profile and reads `metric` from labs.metrics.summarize (for a ratio, the same with `baseline`
 applied is the denominator). Virtual time only: the result is the same on any machine.
+
+Leave-one-source-out: every run comes from a source (`source_id`: one sweep, table, post or
+submitter). Each source's runs are predicted with constants refitted without that source's fit
+runs; a constant every one of whose fit runs is left out starts from its `prior` (a GPU kind's
+own constant from the `custom` entry's, its decode-step overhead from the global one). The
+simulator models vLLM's V1 engine: runs of older engines (role `v0`) never set a constant and
+are predicted with the file's constants, which they did not shape.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import json
 import math
 import statistics
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -36,12 +48,19 @@ from labs.sim.lab import build_simulator
 
 # How close each kind of measurement must come (tests/labs/sim/test_calibration.py).
 TOLERANCE = {"fit": 0.10, "held_out": 0.20}
+# The folds' errors, which the lab page reads (labs/accuracy.py); `--report --write` rewrites it.
+ACCURACY_PATH = Path(__file__).with_name("accuracy.json")
+# Roles whose runs the leave-one-source-out table predicts; `v0` runs are never fitted.
+SCORED = (*TOLERANCE, "v0")
+ROLES = (*SCORED, "excluded")
+GENERATIONS = ("V1", "V0", "unknown")
+METRIC_KINDS = ("TTFT", "TPOT", "throughput", "E2E")
 
 
 @dataclass(frozen=True)
 class Measurement:
     id: str
-    role: str  # "fit" | "held_out"
+    role: str  # "fit" | "held_out" | "v0" | "excluded"
     source: str
     what: str
     engine: str
@@ -53,6 +72,13 @@ class Measurement:
     excluded_because: str = ""
     # Moved to `excluded` after it had been simulated in its first role (the count is reported).
     moved_after_seen: bool = False
+    source_id: str = ""  # the sweep, table, post or submitter: one leave-one-source-out fold
+    vllm_version: str = ""
+    engine_generation: str = "unknown"  # "V1" | "V0" | "unknown", as the source states
+
+    @property
+    def kind(self) -> str:
+        return metric_kind(self.metric)
 
     @property
     def label(self) -> str:
@@ -86,9 +112,25 @@ def load_measurements() -> tuple[Measurement, ...]:
             uncertain=m.get("uncertain", ""),
             excluded_because=m.get("excluded_because", ""),
             moved_after_seen=bool(m.get("moved_after_seen", False)),
+            source_id=m["source_id"],
+            vllm_version=str(m["vllm"]["version"]),
+            engine_generation=str(m["vllm"]["engine"]),
         )
         for m in data["measurements"]
     )
+
+
+def metric_kind(metric: str) -> str:
+    """ "TTFT", "TPOT", "throughput" or "E2E": the rows of the leave-one-source-out table."""
+    if metric.startswith("ttft"):
+        return "TTFT"
+    if metric.startswith(("tpot", "itl")):
+        return "TPOT"
+    if metric.startswith("e2e"):
+        return "E2E"
+    if metric.endswith("_per_s"):
+        return "throughput"
+    raise ValueError(f"no metric kind for {metric!r}")
 
 
 def _metric(summary: Mapping[str, Any], path: str) -> float:
@@ -160,8 +202,10 @@ def format_report(rows: list[tuple[Measurement, float]], cal: Calibration | None
         title = f"{gpu.display if gpu else name} ({name})"
         if not own:
             borrows = gpu.borrows if gpu and gpu.borrows else "the custom GPU's"
+            older = [m.id for m, _ in rows if m.settings["gpu"] == name and m.role == "v0"]
+            v0 = f"; V0 engine runs only: {', '.join(older)}" if older else ""
             lines.append(
-                f"{title}: not calibrated (no usable published vLLM run); borrows {borrows}"
+                f"{title}: not calibrated (no usable published vLLM V1 run{v0}); borrows {borrows}"
             )
             continue
         counts = {role: sum(m.role == role for m, _ in own) for role in TOLERANCE}
@@ -178,6 +222,11 @@ def format_report(rows: list[tuple[Measurement, float]], cal: Calibration | None
             f"held out: {len(errors)} runs, median |error| {statistics.median(errors):.1%},"
             f" worst {max(errors):.1%}"
         )
+    older_ids = [m.id for m, _ in rows if m.role == "v0"]
+    lines.append(
+        f"V0 engines: {len(older_ids)} runs ({', '.join(older_ids)}), fitted to nothing;"
+        " predicted in the leave-one-source-out table"
+    )
     excluded = [m for m, _ in rows if m.role == "excluded"]
     moved = sum(m.moved_after_seen for m in excluded)
     lines.append(
@@ -189,20 +238,16 @@ def format_report(rows: list[tuple[Measurement, float]], cal: Calibration | None
 
 # -- fitting ---------------------------------------------------------------------------------------
 
-# (dotted path in the YAML, lower bound, upper bound) of every constant the search may move.
-FREE = (
-    ("global.kernel_latency_us", 0.0, 6.0),
-    ("global.decode_step_overhead_ms", 0.1, 2.5),
-    ("global.mixed_step_overhead_ms", 0.2, 5.0),
-    ("global.attention_efficiency", 0.2, 0.9),
-    ("global.per_seq_overhead_us", 0.0, 40.0),
-    ("global.allreduce_latency_us.nvlink", 2.0, 40.0),
-    ("gpus.h100-sxm.bandwidth_efficiency", 0.6, 0.97),
-    ("gpus.h100-sxm.gemm_efficiency", 0.4, 0.9),
-    ("gpus.a100-40gb.bandwidth_efficiency", 0.6, 0.97),
-    ("gpus.a100-80gb.bandwidth_efficiency", 0.6, 0.97),
-    ("gpus.b200.decode_step_overhead_ms", 0.05, 2.5),
-)
+# Bounds of the global constants the search may move; a GPU kind's own use GPU_FREE's. Which
+# constants move is the YAML's: every one with `fitted_to` (`fitted_constants`).
+FREE = {
+    "global.kernel_latency_us": (0.0, 6.0),
+    "global.decode_step_overhead_ms": (0.1, 2.5),
+    "global.mixed_step_overhead_ms": (0.2, 5.0),
+    "global.attention_efficiency": (0.2, 0.9),
+    "global.per_seq_overhead_us": (0.0, 40.0),
+    "global.allreduce_latency_us.nvlink": (2.0, 40.0),
+}
 
 # A GPU kind's own constants (`--fit --gpu NAME`): fitted to that kind's `fit` runs alone, with
 # every global constant and every other GPU left as they are. A decode-step overhead is searched
@@ -271,6 +316,42 @@ def log_error_loss(pairs: list[tuple[float, float]]) -> float:
     return sum(math.log(sim / measured) ** 2 for sim, measured in pairs)
 
 
+@dataclass(frozen=True)
+class Fitted:
+    """A constant the fit moves: its dotted path, the fit runs it was fitted to, its bounds,
+    and the value it starts from when every one of those runs is left out."""
+
+    path: str
+    fitted_to: tuple[str, ...]
+    low: float
+    high: float
+    prior: float | None  # None: a GPU kind's decode-step overhead, which then falls back to global
+
+
+def fitted_constants(data: dict[str, Any]) -> tuple[Fitted, ...]:
+    """Every constant with `fitted_to` in the YAML, globals first."""
+    found = []
+    nested = {k: v for k, v in data["global"].items() if isinstance(v, dict) and "value" not in v}
+    entries = [
+        *((f"global.{k}", v) for k, v in data["global"].items() if k not in nested),
+        *((f"global.{k}.{kk}", vv) for k, v in nested.items() for kk, vv in v.items()),
+    ]
+    for path, entry in entries:
+        if isinstance(entry, dict) and "fitted_to" in entry:
+            low, high = FREE[path]
+            found.append(Fitted(path, tuple(entry["fitted_to"]), low, high, float(entry["prior"])))
+    bounds = {key: (low, high) for key, low, high in GPU_FREE}
+    custom = data["gpus"]["custom"]
+    for gpu, constants in data["gpus"].items():
+        for key, entry in constants.items():
+            if isinstance(entry, dict) and "fitted_to" in entry:
+                prior = _get(data, f"gpus.custom.{key}") if key in custom else None
+                found.append(
+                    Fitted(f"gpus.{gpu}.{key}", tuple(entry["fitted_to"]), *bounds[key], prior)
+                )
+    return tuple(found)
+
+
 def gpu_free(data: dict[str, Any], gpu: str) -> tuple[tuple[str, float, float], ...]:
     """The (path, low, high) of GPU kind `gpu`'s own constants that `fit(gpu=...)` may move."""
     if gpu not in data["gpus"]:
@@ -285,28 +366,206 @@ def fit(
     gpu: str | None = None,
     max_moves: int = 1,
 ) -> tuple[dict[str, float], float]:
-    """Coordinate search of FREE on the `fit` measurements: minimise the sum of squared log
-    errors. Returns the constants found and the loss. With `gpu`, only that GPU kind's own
-    constants (GPU_FREE) move, fitted to its own `fit` runs; nothing else changes."""
+    """Coordinate search of every fitted constant on the `fit` measurements: minimise the sum
+    of squared log errors. Returns the constants found and the loss. With `gpu`, only that GPU
+    kind's own constants (GPU_FREE) move, fitted to its own `fit` runs; nothing else changes."""
     data = yaml.safe_load(CALIBRATION_PATH.read_text())
     fitted = [
         m
         for m in load_measurements()
         if m.role == "fit" and (gpu is None or m.settings["gpu"] == gpu)
     ]
-    free = FREE if gpu is None else gpu_free(data, gpu)
+    free = (
+        tuple((c.path, c.low, c.high) for c in fitted_constants(data))
+        if gpu is None
+        else gpu_free(data, gpu)
+    )
     if not fitted:
         raise ValueError(f"no fit runs for {gpu or 'any GPU'}")
+    return _search(data, fitted, free, rounds, log, max_moves)
+
+
+def _search(
+    data: dict[str, Any],
+    runs: list[Measurement],
+    free: tuple[tuple[str, float, float], ...],
+    rounds: int,
+    log: Callable[[str], None],
+    max_moves: int = 1,
+) -> tuple[dict[str, float], float]:
+    """`coordinate_search` of `free` in `data` (changed in place) on `runs`."""
 
     def loss(values: dict[str, float]) -> float:
         for path, v in values.items():
             _set(data, path, v)
         cal = parse_calibration(data)
-        return log_error_loss([(simulate(m, cal), m.published) for m in fitted])
+        return log_error_loss([(simulate(m, cal), m.published) for m in runs])
 
     values = {path: _get(data, path) for path, _, _ in free}
     bounds = {path: (low, high) for path, low, high in free}
-    return coordinate_search(loss, values, bounds, rounds, log, max_moves=max_moves)
+    found, best = coordinate_search(loss, values, bounds, rounds, log, max_moves=max_moves)
+    for path, v in found.items():
+        _set(data, path, v)
+    return found, best
+
+
+# -- leave one source out --------------------------------------------------------------------
+
+
+def fold_data(data: dict[str, Any], left_out: str) -> tuple[dict[str, Any], list[str]]:
+    """A copy of the YAML's mapping for the fold without source `left_out`: every fitted
+    constant none of whose fit runs remains is set to its prior. Returns it and those paths."""
+    data = copy.deepcopy(data)
+    remaining = {m.id for m in load_measurements() if m.role == "fit" and m.source_id != left_out}
+    orphaned = []
+    for c in fitted_constants(data):
+        if remaining.intersection(c.fitted_to):
+            continue
+        orphaned.append(c.path)
+        if c.prior is None:
+            _, gpu, key = c.path.split(".")
+            del data["gpus"][gpu][key]
+        else:
+            _set(data, c.path, c.prior)
+    return data, orphaned
+
+
+@dataclass(frozen=True)
+class Fold:
+    source_id: str
+    orphaned: tuple[str, ...]  # constants that started from their prior
+    rows: tuple[tuple[Measurement, float], ...]  # the source's scored runs, simulated
+
+
+def leave_one_source_out(
+    source_id: str, rounds: int = 2, log: Callable[[str], None] = lambda _: None
+) -> Fold:
+    """Source `source_id`'s scored runs (fit, held out, v0), simulated with every fitted
+    constant refitted on the other sources' fit runs by the search `--fit` runs."""
+    runs = load_measurements()
+    own = [m for m in runs if m.source_id == source_id and m.role in SCORED]
+    data, orphaned = fold_data(yaml.safe_load(CALIBRATION_PATH.read_text()), source_id)
+    others = [m for m in runs if m.role == "fit" and m.source_id != source_id]
+    if any(m.role == "fit" for m in own):
+        # A GPU kind's constants move only where one of its fit runs remains.
+        gpus = {m.settings["gpu"] for m in others}
+        free = tuple(
+            (c.path, c.low, c.high)
+            for c in fitted_constants(data)
+            if c.path.startswith("global.") or c.path.split(".")[1] in gpus
+        )
+        _search(data, others, free, rounds, log)
+    cal = parse_calibration(data)
+    return Fold(source_id, tuple(orphaned), tuple((m, simulate(m, cal)) for m in own))
+
+
+def all_folds(rounds: int = 2, jobs: int = 1) -> list[Fold]:
+    """`leave_one_source_out` for every source with a scored run, `jobs` folds at a time."""
+    sources = sorted({m.source_id for m in load_measurements() if m.role in SCORED})
+    if jobs <= 1:
+        return [leave_one_source_out(s, rounds) for s in sources]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(jobs) as pool:
+        return list(pool.map(leave_one_source_out, sources, [rounds] * len(sources)))
+
+
+@dataclass(frozen=True)
+class Summary:
+    runs: int
+    sources: int
+    median: float  # of |relative error|
+    worst: float  # the largest |relative error|, with its sign
+
+
+def summarize_errors(rows: list[tuple[Measurement, float]]) -> Summary | None:
+    """Median and worst error of `rows`; None when there are none."""
+    if not rows:
+        return None
+    errors = [relative_error(sim, m.published) for m, sim in rows]
+    return Summary(
+        runs=len(rows),
+        sources=len({m.source_id for m, _ in rows}),
+        median=statistics.median(abs(e) for e in errors),
+        worst=max(errors, key=abs),
+    )
+
+
+def _summary_cells(s: Summary | None) -> str:
+    if s is None:
+        return f"{'-':>5}{'':>8}{'-':>9}{'-':>9}"
+    return f"{s.runs:>5}{s.sources:>8}{s.median:>9.1%}{s.worst:>+9.1%}"
+
+
+def format_folds(folds: list[Fold]) -> str:
+    """Leave-one-source-out: each source's runs with constants refitted without it, then the
+    median and worst error per engine generation and metric, and per GPU kind and metric (runs
+    not known to be older than V1: what the lab page quotes)."""
+    lines = [
+        "leave one source out: each source's runs simulated with constants refitted without it",
+    ]
+    for fold in folds:
+        m0 = fold.rows[0][0]
+        how = (
+            "refitted without it"
+            if any(m.role == "fit" for m, _ in fold.rows)
+            else "the file's constants (it fits none)"
+        )
+        priors = f"; from their prior: {', '.join(fold.orphaned)}" if fold.orphaned else ""
+        lines.append(
+            f"  {fold.source_id} ({m0.engine_generation}, vLLM {m0.vllm_version}): {how}{priors}"
+        )
+        for m, sim in fold.rows:
+            lines.append(
+                f"    {m.id:<4}{m.role:<10}{m.label:<52}{m.metric:<22}"
+                f"{_fmt(m.published, m.metric):>12}{_fmt(sim, m.metric):>12}"
+                f"{relative_error(sim, m.published):>+9.1%}"
+            )
+    rows = [row for fold in folds for row in fold.rows]
+    header = f"  {'':<22}{'runs':>5}{'sources':>8}{'median':>9}{'worst':>9}"
+    lines += ["by engine and metric (|error| median, worst with its sign):", header]
+    for generation in GENERATIONS:
+        for kind in METRIC_KINDS:
+            own = [(m, s) for m, s in rows if m.engine_generation == generation and m.kind == kind]
+            lines.append(f"  {generation + ' ' + kind:<22}{_summary_cells(summarize_errors(own))}")
+    lines += ["by GPU and metric (V1 and unknown-version runs):", header]
+    for gpu in sorted({m.settings["gpu"] for m, _ in rows}):
+        for kind in METRIC_KINDS:
+            own = [
+                (m, s)
+                for m, s in rows
+                if m.settings["gpu"] == gpu and m.kind == kind and m.engine_generation != "V0"
+            ]
+            if own:
+                lines.append(f"  {gpu + ' ' + kind:<22}{_summary_cells(summarize_errors(own))}")
+    return "\n".join(lines)
+
+
+def accuracy_records(folds: list[Fold]) -> list[dict[str, Any]]:
+    """One record per scored run for labs/accuracy.py: what it is and its fold's error."""
+    return [
+        {
+            "id": m.id,
+            "source_id": m.source_id,
+            "gpu": m.settings["gpu"],
+            "metric": m.metric,
+            "kind": m.kind,
+            "engine": m.engine_generation,
+            "role": m.role,
+            "published": m.published,
+            "simulated": round(sim, 9),
+            "error": round(relative_error(sim, m.published), 4),
+        }
+        for fold in folds
+        for m, sim in fold.rows
+    ]
+
+
+def write_accuracy(folds: list[Fold], path: Path = ACCURACY_PATH) -> None:
+    """The folds' errors, one run a line (labs/accuracy.py reads them)."""
+    runs = ",\n".join(f"  {json.dumps(r)}" for r in accuracy_records(folds))
+    made_by = json.dumps("python -m labs.sim.published_calibration --report --write")
+    path.write_text(f'{{"made_by": {made_by},\n "runs": [\n{runs}\n]}}\n')
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,6 +574,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--report", action="store_true", help="every catalog GPU kind with its runs and errors"
     )
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="with --report: save the folds' errors for the lab page",
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="with --report: folds run at once")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--gpu", help="with --fit: fit only this GPU kind's own constants to its own fit runs"
@@ -331,6 +596,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = [(m, simulate(m)) for m in load_measurements()]
     print(format_report(rows) if args.report else format_table(rows))
+    if args.report:
+        folds = all_folds(rounds=2, jobs=args.jobs)
+        print(format_folds(folds))
+        if args.write:
+            write_accuracy(folds)
     return 0
 
 

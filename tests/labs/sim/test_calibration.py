@@ -8,20 +8,32 @@ kind).
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 
 import pytest
+import yaml
 
 from labs.catalog import GPUS
-from labs.sim.engine_model import load_calibration
+from labs.sim.engine_model import CALIBRATION_PATH, load_calibration, parse_calibration
 from labs.sim.published_calibration import (
+    ACCURACY_PATH,
+    ROLES,
+    SCORED,
     TOLERANCE,
+    Fold,
+    accuracy_records,
     fit,
+    fitted_constants,
+    fold_data,
+    format_folds,
     format_report,
     format_table,
     held_out_errors,
+    leave_one_source_out,
     load_measurements,
+    metric_kind,
     relative_error,
     simulate,
 )
@@ -48,7 +60,7 @@ def test_the_runs_cover_four_gpus_models_tensor_parallelism_batch_1_and_high_con
     asserted = [m for m in runs if m.role in TOLERANCE]
     assert len(runs) >= 12
     assert sum(m.role == "held_out" for m in runs) >= 4
-    assert all(m.role in (*TOLERANCE, "excluded") for m in runs)
+    assert all(m.role in ROLES for m in runs)
     assert all(m.excluded_because for m in runs if m.role == "excluded")
     gpus = {m.settings["gpu"] for m in asserted}
     assert gpus <= set(GPUS) and len(gpus) >= 4
@@ -84,10 +96,10 @@ def test_the_report_lists_every_catalog_gpu_with_its_runs_or_what_it_borrows(tab
     assert f"{moved} of them moved out of fit/held-out after being simulated" in report
 
 
-def test_six_catalog_gpu_kinds_are_calibrated_and_h100_pcie_and_l40s_say_what_they_borrow():
+def test_five_catalog_gpu_kinds_are_calibrated_and_the_others_say_what_they_borrow():
     calibration = load_calibration()
     calibrated = {name for name in GPUS if calibration.gpus[name].calibrated}
-    assert calibrated == {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "l4", "b200"}
+    assert calibrated == {"a100-40gb", "h100-sxm", "h200", "l4", "b200"}
     for name in set(GPUS) - calibrated:
         assert calibration.gpus[name].borrows
 
@@ -101,3 +113,94 @@ def test_a_gpu_kinds_own_fit_moves_only_its_constants_against_only_its_fit_runs(
     assert loss == pytest.approx(expected)
     with pytest.raises(ValueError):
         fit(rounds=0, log=lambda _: None, gpu="no-such-gpu")
+
+
+# -- engine versions and leave one source out ---------------------------------------------------
+
+
+def _minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor.split()[0])
+
+
+def test_every_run_names_its_source_and_engine_and_no_older_engine_sets_a_constant():
+    runs = load_measurements()
+    assert all(m.source_id and m.vllm_version for m in runs)
+    for m in runs:
+        assert m.engine_generation in ("V1", "V0", "unknown"), m.id
+        if m.vllm_version != "unknown":
+            # vLLM 0.8 made the V1 engine the default; the V1 alpha is 0.7 with VLLM_USE_V1=1.
+            v1 = _minor(m.vllm_version) >= (0, 8) or "VLLM_USE_V1=1" in m.vllm_version
+            assert (m.engine_generation == "V1") == v1, m.id
+        if m.engine_generation == "V0":
+            assert m.role in ("v0", "excluded"), m.id
+    fitted = {c.path: c for c in fitted_constants(yaml.safe_load(CALIBRATION_PATH.read_text()))}
+    fit_runs = {m.id for m in runs if m.role == "fit"}
+    for c in fitted.values():
+        assert c.fitted_to and set(c.fitted_to) <= fit_runs, c.path
+        if c.path.startswith("global."):
+            assert c.prior is not None, c.path
+    # The fit moves what the YAML says is fitted, and only that.
+    values, _ = fit(rounds=0, log=lambda _: None)
+    assert set(values) == set(fitted)
+
+
+def test_a_fold_starts_the_constants_only_its_source_pinned_from_their_prior():
+    data = yaml.safe_load(CALIBRATION_PATH.read_text())
+    h200_left_out, orphaned = fold_data(data, "prelude-h200")
+    assert orphaned == ["gpus.h200.decode_step_overhead_ms"]
+    cal = parse_calibration(h200_left_out)
+    assert cal.gpus["h200"].decode_step_overhead_s is None  # the global constant prices it
+    assert "decode_step_overhead_ms" in data["gpus"]["h200"]  # the file's mapping is untouched
+    l4_left_out, orphaned = fold_data(data, "inference-bench-l4")
+    assert sorted(orphaned) == [
+        f"gpus.l4.{k}" for k in ("bandwidth_efficiency", "gemm_efficiency", "gemm_half_tokens")
+    ]
+    assert (
+        l4_left_out["gpus"]["l4"]["gemm_efficiency"]["value"]
+        == data["gpus"]["custom"]["gemm_efficiency"]["value"]
+    )
+    assert fold_data(data, "yobitel-concurrency-sweep")[1] == []  # F1 and F3 still pin what F2 did
+
+
+def test_a_source_left_out_is_predicted_without_its_fit_runs():
+    # rounds=0: the prior alone, no search (a full fold runs in the --report command).
+    fold = leave_one_source_out("prelude-h200", rounds=0)
+    assert [m.id for m, _ in fold.rows] == ["R1", "R2"]
+    data, _ = fold_data(yaml.safe_load(CALIBRATION_PATH.read_text()), "prelude-h200")
+    r1, sim = fold.rows[0]
+    assert sim == pytest.approx(simulate(r1, parse_calibration(data)))
+    assert sim != pytest.approx(simulate(r1))  # the file's h200 overhead was fitted to R1
+    report = format_folds([fold])
+    assert "prelude-h200 (V1, vLLM 0.18.0)" in report
+    assert "gpus.h200.decode_step_overhead_ms" in report
+    (row,) = [line for line in report.splitlines() if line.strip().startswith("V1 TPOT")]
+    assert row.split()[2:4] == ["2", "1"]  # 2 runs, 1 source
+    assert "h200 TPOT" in report
+
+
+def test_older_engines_are_predicted_with_the_file_constants():
+    fold = leave_one_source_out("vllm-blog-v0.6.0", rounds=0)
+    assert {m.role for m, _ in fold.rows} == {"v0"}
+    assert all(sim == pytest.approx(simulate(m)) for m, sim in fold.rows)
+
+
+def test_the_saved_accuracy_matches_the_runs_of_calibration_yaml():
+    """labs/sim/accuracy.json is `--report --write`'s output; rerun it when runs change."""
+    saved = json.loads(ACCURACY_PATH.read_text())["runs"]
+    scored = [m for m in load_measurements() if m.role in SCORED]
+    assert sorted(r["id"] for r in saved) == sorted(m.id for m in scored)
+    by_id = {m.id: m for m in scored}
+    for r in saved:
+        m = by_id[r["id"]]
+        assert (r["gpu"], r["metric"], r["engine"], r["source_id"], r["role"]) == (
+            m.settings["gpu"],
+            m.metric,
+            m.engine_generation,
+            m.source_id,
+            m.role,
+        )
+        assert r["kind"] == metric_kind(m.metric)
+        assert r["error"] == pytest.approx(relative_error(r["simulated"], r["published"]), abs=1e-4)
+    fold = Fold("x", (), ((scored[0], 1.0),))
+    assert accuracy_records([fold])[0]["id"] == scored[0].id
