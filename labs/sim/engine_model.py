@@ -43,7 +43,7 @@ Pure Python + numpy + PyYAML; never Django.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -111,6 +111,8 @@ class Calibration:
     num_fitted: int
     num_held_out: int
     spec_step_overhead_s: float = 0.0
+    # Per GPU kind: its own (fit, held-out) published runs, which its provenance label names.
+    gpu_runs: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def num_runs(self) -> int:
@@ -161,7 +163,15 @@ def parse_calibration(data: dict[str, Any]) -> Calibration:
         )
     if "custom" not in gpus:
         raise ValueError("calibration.yaml needs a `custom` GPU entry")
-    roles = [m.get("role") for m in data.get("measurements", [])]
+    measurements = data.get("measurements", [])
+    roles = [m.get("role") for m in measurements]
+    gpu_runs = {
+        name: tuple(
+            sum(m.get("role") == role and m["settings"]["gpu"] == name for m in measurements)
+            for role in ("fit", "held_out")
+        )
+        for name in gpus
+    }
     return Calibration(
         gpus=gpus,
         kernel_latency_s=float(g["kernel_latency_us"]) * 1e-6,
@@ -177,6 +187,7 @@ def parse_calibration(data: dict[str, Any]) -> Calibration:
         num_fitted=roles.count("fit"),
         num_held_out=roles.count("held_out"),
         spec_step_overhead_s=float(_value(g.get("spec_step_overhead_ms", 0.0))) * 1e-3,
+        gpu_runs={name: (fitted, held) for name, (fitted, held) in gpu_runs.items()},
     )
 
 
@@ -230,16 +241,21 @@ def where_label(hardware: Hardware, profile: str, device: DeviceConstants | None
         return f"simulated on CPU as {name}, ideal hardware (roofline, no overheads)"
     if device is not None:
         return f"simulated on CPU as {name} ({device.label()})"
+    return f"simulated on CPU as {name} ({calibration_evidence(hardware)})"
+
+
+def calibration_evidence(hardware: Hardware) -> str:
+    """What this GPU kind's own published evidence is: "calibrated to 1 published vLLM run,
+    checked against 1 more", or "not calibrated: ..." for a GPU without a V1 run of its own."""
     calibration = load_calibration()
-    if not calibration.gpu(hardware).calibrated:
+    fitted, held_out = calibration.gpu_runs.get(hardware.name, (0, 0))
+    if not calibration.gpu(hardware).calibrated or not fitted:
         return (
-            f"simulated on CPU as {name} (not calibrated: no published vLLM run of this GPU;"
-            " efficiencies borrowed from a calibrated GPU)"
+            "not calibrated: no published vLLM run of this GPU;"
+            " efficiencies borrowed from a calibrated GPU"
         )
-    return (
-        f"simulated on CPU as {name} (calibrated to {calibration.num_fitted} published vLLM runs,"
-        f" checked against {calibration.num_held_out} more)"
-    )
+    runs = "run" if fitted == 1 else "runs"
+    return f"calibrated to {fitted} published vLLM {runs}, checked against {held_out} more"
 
 
 def short_where_label(where: str) -> str:

@@ -249,10 +249,14 @@ def test_every_constant_names_its_source():
 
 
 def test_every_simulated_result_says_which_hardware_it_ran_on():
-    cal = load_calibration()
+    fitted, held_out = load_calibration().gpu_runs["h100-sxm"]
     assert where_label(H100, "realistic") == (
-        f"simulated on CPU as H100 SXM (calibrated to {cal.num_fitted} published vLLM runs,"
-        f" checked against {cal.num_held_out} more)"
+        f"simulated on CPU as H100 SXM (calibrated to {fitted} published vLLM runs,"
+        f" checked against {held_out} more)"
+    )
+    # Each GPU kind names its own evidence, not the whole file's.
+    assert where_label(GPUS["h200"], "realistic") == (
+        "simulated on CPU as H200 (calibrated to 1 published vLLM run, checked against 1 more)"
     )
     assert "not calibrated" in where_label(GPUS["l40s"], "realistic")
     assert where_label(A100, "ideal").startswith(
