@@ -744,11 +744,13 @@ class RequestError(Exception):
     so it reaches the app's handler as itself (400 "BadRequestError"), not as a validation
     error ("Bad Request")."""
 
-    def __init__(self, message: str, *, parameter: str, value: Any = None) -> None:
+    def __init__(self, message: str, *, parameter: str | None = None, value: Any = None) -> None:
         super().__init__(message)
         self.parameter, self.value = parameter, value
 
     def __str__(self) -> str:
+        if self.parameter is None:  # a plain ValueError in vLLM: its text alone, no param
+            return super().__str__()
         extras = [f"parameter={self.parameter}"]
         if self.value is not None:
             extras.append(f"value={self.value}")
@@ -975,8 +977,8 @@ def _check_serving(body: dict[str, Any], max_model_len: int) -> None:
         raise RequestError(
             "prompt must be a list of token ids when the tokenizer is skipped", parameter="prompt"
         )
-    if not prompt:  # v1/engine/input_processor.py, before the stream starts
-        raise RequestError("The decoder prompt cannot be empty", parameter="prompt")
+    if not prompt:  # v1/engine/input_processor.py, before the stream starts; names no param
+        raise RequestError("The decoder prompt cannot be empty")
     max_tokens = int(body["max_tokens"])  # an int: the door sets vLLM's default for null
     if max_tokens < 1:
         raise RequestError(

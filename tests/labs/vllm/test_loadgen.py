@@ -248,6 +248,7 @@ def test_the_fake_takes_and_fails_what_vllm_takes_and_fails(fake_server: Any) ->
     # vLLM's own validators' refusals are "BadRequestError", not pydantic's "Bad Request".
     empty = post(prompt=[])
     assert (empty.status_code, empty.json()["error"]["type"]) == (400, "BadRequestError")
+    assert empty.json()["error"]["param"] is None  # vLLM's plain ValueError names no field
     missing = post(prompt=None).json()["error"]
     assert (missing["type"], missing["param"]) == ("BadRequestError", "prompt")
     # A null max_tokens is vLLM's default (16); a request need not stream.

@@ -129,6 +129,9 @@ def cpu_worker(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator
         cpu.DEVICE_ENV: "cpu",
         # Beats refill the heartbeat table after each test's flush.
         "LABS_WORKER_HEARTBEAT_S": "1",
+        # The runs here are the learner's, on a device with no calibration of its own; the
+        # calibration test (make test-deep) starts one from the devices page.
+        "LABS_SELF_CALIBRATE": "0",
         "LABS_VLLM_CACHE_DIR": str(CACHE.setdefault("dir", tmp_path_factory.mktemp("vllm-cache"))),
     }
     with django_db_blocker.unblock():
@@ -266,6 +269,18 @@ print(tuple(layer.weight.shape), layer.weight.dtype, same)
 """
 
 
+def assert_the_page_says_the_device_has_no_calibration(client: Any, run: LabRun) -> None:
+    """Before its own calibration, the CPU is priced from its probe alone: the run page must say
+    so and size no part of the difference (a probe under load is no calibration)."""
+    page = client.get(reverse("labs:run-detail", args=[run.pk]))
+    assert page.status_code == 200
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page.content.decode()))
+    assert "This device has no calibration of its own" in text, text[-3000:]
+    table = text[text.find("Why they differ") : text.find("How these numbers were measured")]
+    print(f"run page before the device's calibration: {table}")
+    assert table and "efficiency loss" not in table  # no part sized by constants it lacks
+
+
 def test_the_probe_times_the_linear_kernel_vllm_builds_for_this_cpu():
     """The worker's matmul figure prices every CPU prediction, so the probe must time the kernel
     the engine runs: vLLM picks it per CPU, and on an AVX2-only CPU a plain bf16 `x @ y` was 10x
@@ -299,6 +314,7 @@ def test_a_batching_run_counts_the_tokens_the_server_counted(cpu_worker, learner
     counted = run.result["output_tokens_per_s"] * run.result["duration_s"]
     assert round(counted) == server.total("vllm:generation_tokens_total")
     assert run.predicted["tpot_s"] > 0  # priced with the CPU's measured figures
+    assert_the_page_says_the_device_has_no_calibration(learner_client, run)
 
 
 def test_its_latency_means_match_the_servers_histograms(cpu_worker, learner_client):
