@@ -105,6 +105,7 @@ def figure_kind(key: str) -> str | None:
 class ExpectedError:
     provenance: str  # "H200 · calibrated to 1 published vLLM run, checked against 1 more"
     lines: tuple[str, ...]  # one per kind of figure shown, or NOT_CALIBRATED
+    calibrated: bool = True
 
 
 def expected_errors(hardware: Hardware, keys: Iterable[str]) -> ExpectedError:
@@ -113,7 +114,7 @@ def expected_errors(hardware: Hardware, keys: Iterable[str]) -> ExpectedError:
     gpu = load_calibration().gpus.get(hardware.name)
     if gpu is None or not gpu.calibrated:
         return ExpectedError(
-            f"{name} · constants borrowed from a calibrated GPU", (NOT_CALIBRATED,)
+            f"{name} · constants borrowed from a calibrated GPU", (NOT_CALIBRATED,), False
         )
     provenance = f"{name} · {calibration_evidence(hardware)}"
     present = {figure_kind(k) for k in keys}
