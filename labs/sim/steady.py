@@ -3,11 +3,11 @@
 Most steps of a busy run look alike: a few hundred sequences decode one token each, a prompt or
 two is prefilled beside them, a request finishes and the next one is admitted. The scheduler
 (scheduler.py) redoes its numpy work over the whole batch for each such step. Here the decoding
-sequences are a sum instead: each reads one more KV token per step, needs a new block every
-block_size steps (counted per phase, `by_phase`), and finishes at a step known when it starts
-decoding (`finishing`). A step then costs a few operations per request that changes (the
-prefilling ones, admissions, finishes), not per request in the batch; token times are written
-per request as one slice of step end times when it stops decoding. The engine model prices each
+sequences are a sum instead (`_Decoders`): each reads one more KV token per step, needs a new
+block every block_size steps (counted per phase, `by_phase`), and finishes at a step known when
+it starts decoding. A step then costs a few operations per request that changes (the prefilling
+ones, admissions, finishes), not per request in the batch; token times are written per request
+as one slice of step end times when it stops decoding. The engine model prices each
 step from its totals in plain floats (`EngineModel.composition_parts_s`, the same floats as a
 single step).
 
@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 import numpy as np
@@ -184,159 +184,380 @@ def advance_steady(
 ) -> int:
     """Take steady steps from `loop.now` for as long as they stay steady.
 
+    Each step hands the scheduler the requests that have arrived (when arrivals depend on the
+    clock), is scheduled (`_SteadyRun.schedule_step`: the run ends before a step that would not
+    be steady), priced and logged (`price_and_log_step`), and completed (`complete_step`). The
+    run is written back into the simulator's state once, at the end (`write_back`).
+
     Returns:
         The number of steps taken (0: the next step must go through the scheduler).
     """
-    if not steady_applies(sim):
+    run = _SteadyRun.start(sim, loop)
+    if run is None:
         return 0
-    sched, t, cfg = sim.scheduler, sim.table, sim.config
-    run = sched.running
-    bs, budget, max_seqs = cfg.block_size, cfg.max_num_batched_tokens, cfg.max_num_seqs
-    computed = t.num_computed_tokens[run]
-    output = t.num_output_tokens[run]
-    decoding = (t.num_prompt_tokens[run] + output - computed == 1) & (output > 0)
-    d = int(decoding.sum())
-    if d > budget or not decoding[:d].all():
-        return 0
-    if (t.num_blocks[run] != -(-computed // bs)).any():
-        return 0
-
-    # Decoders: before step s, request r has computed base[r] + s tokens and output obase[r] + s.
-    dec, c, o = run[:d], computed[:d], output[:d]
-    computed_output = zip(c.tolist(), o.tolist(), strict=True)
-    dec_base: dict[int, tuple[int, int]] = dict(zip(dec.tolist(), computed_output, strict=True))
-    seg_first: dict[int, int] = {}  # the step of a joiner's first token (0 for the others)
-    target = t.num_output_tokens_target
-    # The step at which each decoder finishes: those decoding on entry in one sorted array, those
-    # who join later in a map and a heap.
-    fin = target[dec] - o - 1
-    by_fin = np.argsort(fin, kind="stable")
-    entry_fin, entry_fin_req = fin[by_fin].tolist(), dec[by_fin].tolist()
-    num_entry_fin, k = len(entry_fin), 0
-    finishing: defaultdict[int, list[int]] = defaultdict(list)
-    finish_heap: list[int] = []
-    by_phase = np.bincount(-c % bs, minlength=bs).tolist()  # decoders by step mod bs of a new block
-    base_sum = int(c.sum())
-    prefills = [
-        _Prefill(r, c, int(t.num_prompt_tokens[r]) + o, o, int(target[r]), -(-c // bs))
-        for r, c, o in zip(
-            run[d:].tolist(), computed[d:].tolist(), output[d:].tolist(), strict=True
-        )
-    ]
-
-    n = len(t)
-    wl = sim.workload
-    intended = wl.intended_arrival_s
-    waiting, counters, caching = sched.waiting, sched.counters, sched.kv.caching
-    chunked = cfg.chunked_prefill
-    num_blocks = sched.pool.num_blocks
-    free = sched.pool.num_free_blocks
-    order = run.tolist()
-    # The clock is needed step by step only if an arrival or a client slot depends on it.
-    clocked = loop.slots is not None or loop.next_req < n
-    now0 = loop.now
-    ends: list[float] = []
-    running_log: list[int] = []
-    waiting_log: list[int] = []
-    used_log: list[int] = []
-    tokens_log: list[int] = []
-    finished: list[tuple[int, int, int]] = []  # request, step, computed tokens at the end
-    segments: list[tuple[int, int, int]] = []  # request, first step, last step of its tokens
-    cost = sim.cost_model
-    assert prices_totals(cost)  # steady_applies checked it
-    # The time breakdown (labs/sim/breakdown.py), fed as BreakdownAccumulator.add_step would be:
-    # decoders get each step's parts x scale and its prefill share, summed over their span of
-    # steps at write-back as a difference of running sums (O(changes), not O(batch) per step);
-    # the few requests that are not decoding get their own steps' parts from a log.
-    parts_log: list[tuple[float, ...]] = []  # per step: parts, then the prefill share
-    seconds_log: list[float] = []
-    charges: list[tuple[int, int, int]] = []  # request, step, how (_OWN_BEFORE ...)
-    admitted: list[tuple[int, int]] = []  # request, step it was first scheduled here
-    dec_first: dict[int, int] = {}  # first decoding step of those who start decoding here
-    dec_spans: list[tuple[int, int, int]] = []  # request, first and last step it decoded in
-    preempted = t.num_preemptions
-    prompt_col, output_col, cached_col = (
-        t.num_prompt_tokens,
-        t.num_output_tokens,
-        t.num_cached_tokens,
-    )
-    status_col = t.status
-    s = 0
-    while loop.num_finished < n and s < _MAX_STEPS:
-        if clocked:
-            loop.admit_arrivals(sched, intended)
-        left = budget - d
-        if left < 0 or not (d or prefills or waiting):
+    while loop.num_finished < run.num_requests and run.step < _MAX_STEPS:
+        if run.clocked:
+            loop.admit_arrivals(run.scheduler, run.intended_arrival_s)
+        scheduled = run.schedule_step()
+        if scheduled is None:
             break
-        if d and not prefills and (not waiting or d >= max_seqs or left == 0):
-            while finish_heap and finish_heap[0] < s:
-                heapq.heappop(finish_heap)
-            next_fin = entry_fin[k] if k < num_entry_fin else 1 << 62
-            if finish_heap:
-                next_fin = min(next_fin, finish_heap[0])
-            if next_fin - s >= _SKIP_AT_LEAST:
-                break  # a plain decode stretch: Simulator._skip_decode_steps takes it whole
-        need = by_phase[s % bs] if d else 0
+        run.price_and_log_step(scheduled)
+        run.complete_step(scheduled)
+    if run.step == 0:
+        return 0
+    run.write_back(recorder, chunks)
+    return run.step
+
+
+@dataclass(slots=True)
+class _Decoders:
+    """The decoding requests of a run of steady steps, kept as sums rather than one by one.
+
+    Each reads one more KV token and outputs one more token per step, so a decoder is known by
+    its tokens before step 0 of the run (`bases`: computed and output tokens, as if it had
+    decoded since step 0; a request that starts decoding later gets a base shifted back to
+    match). From those, each step's totals are O(1): the KV read is `kv_base_total` plus one
+    token per decoder per step, and the new blocks are the decoders whose computed tokens reach
+    a multiple of the block size at that step (`by_phase`). Each decoder's finishing step is
+    known when it starts decoding: those decoding on entry sit in one sorted list (walked with
+    `next_entry`), those who join later in a map by step plus a heap (for the earliest).
+    """
+
+    block_size: int
+    count: int
+    # Request -> (computed tokens, output tokens) it would have had before step 0.
+    bases: dict[int, tuple[int, int]]
+    kv_base_total: int  # the sum of the computed-token bases
+    # by_phase[i]: decoders that need a new block at each step s with s % block_size == i.
+    by_phase: list[int]
+    entry_finish_steps: list[int]  # sorted: when each decoder present on entry finishes
+    entry_finish_requests: list[int]  # ... and which one it is
+    next_entry: int  # the first of those not finished yet
+    joiner_finishing: defaultdict[int, list[int]]  # step -> joiners that finish at it
+    joiner_finish_heap: list[int]  # the joiners' finishing steps (stale ones popped lazily)
+    # For joiners only (0 for those present on entry): the step of their first token in this
+    # run (sampled when their prompt completed) and their first decoding step.
+    first_token_step: dict[int, int]
+    first_decode_step: dict[int, int]
+
+    @classmethod
+    def on_entry(
+        cls,
+        block_size: int,
+        requests: np.ndarray,
+        computed: np.ndarray,
+        output: np.ndarray,
+        target: np.ndarray,
+    ) -> _Decoders:
+        """The decoders running when the run starts (step 0 is their next step): their request
+        ids, computed and output tokens, and every request's output target (by request id)."""
+        computed_output = zip(computed.tolist(), output.tolist(), strict=True)
+        bases = dict(zip(requests.tolist(), computed_output, strict=True))
+        # A decoder finishes at the step that outputs its last token.
+        finish_step = target[requests] - output - 1
+        by_finish = np.argsort(finish_step, kind="stable")
+        return cls(
+            block_size=block_size,
+            count=len(requests),
+            bases=bases,
+            kv_base_total=int(computed.sum()),
+            by_phase=np.bincount(-computed % block_size, minlength=block_size).tolist(),
+            entry_finish_steps=finish_step[by_finish].tolist(),
+            entry_finish_requests=requests[by_finish].tolist(),
+            next_entry=0,
+            joiner_finishing=defaultdict(list),
+            joiner_finish_heap=[],
+            first_token_step={},
+            first_decode_step={},
+        )
+
+    def kv_read(self, step: int) -> int:
+        """The KV tokens all decoders read at `step` (each has computed one more per step)."""
+        return self.kv_base_total + self.count * step
+
+    def blocks_needed(self, step: int) -> int:
+        """The new blocks the decoders take at `step`: one each for those whose computed tokens
+        fill their last block exactly before it."""
+        return self.by_phase[step % self.block_size] if self.count else 0
+
+    def next_finish_step(self, step: int) -> int:
+        """The first step from `step` on at which a decoder finishes (a huge number if none)."""
+        heap = self.joiner_finish_heap
+        while heap and heap[0] < step:
+            heapq.heappop(heap)
+        next_finish = (
+            self.entry_finish_steps[self.next_entry]
+            if self.next_entry < len(self.entry_finish_steps)
+            else 1 << 62
+        )
+        if heap:
+            next_finish = min(next_finish, heap[0])
+        return next_finish
+
+    def join(self, req: int, computed: int, output: int, target: int, step: int) -> None:
+        """Add a request that sampled its first token at `step` (its prompt or recompute just
+        completed) and decodes from `step + 1` on, with `computed` and `output` tokens after
+        `step`; it finishes when its output reaches `target`."""
+        computed_base, output_base = computed - (step + 1), output - (step + 1)
+        self.bases[req] = (computed_base, output_base)
+        self.first_token_step[req] = step
+        self.first_decode_step[req] = step + 1
+        finish_step = target - output_base - 1
+        self.joiner_finishing[finish_step].append(req)
+        heapq.heappush(self.joiner_finish_heap, finish_step)
+        self.by_phase[-computed_base % self.block_size] += 1
+        self.kv_base_total += computed_base
+        self.count += 1
+
+    def finish(self, step: int) -> list[tuple[int, int, int, int]]:
+        """Remove the decoders whose last token is output at `step`: the joiners due then, then
+        those present on entry, in finishing order.
+
+        Returns:
+            Each one's request, its computed tokens after the step, the step of its first token
+            in this run and its first decoding step (both 0 for those present on entry).
+        """
+        ending = self.joiner_finishing.pop(step, [])
+        steps, requests, next_entry = (
+            self.entry_finish_steps,
+            self.entry_finish_requests,
+            self.next_entry,
+        )
+        while next_entry < len(steps) and steps[next_entry] == step:
+            ending.append(requests[next_entry])
+            next_entry += 1
+        if not ending:
+            return []  # most steps: nobody finishes
+        self.next_entry = next_entry
+        finished = []
+        for req in ending:
+            computed_base, _ = self.bases.pop(req)
+            self.kv_base_total -= computed_base
+            self.by_phase[-computed_base % self.block_size] -= 1
+            first_token = self.first_token_step.pop(req, 0)
+            first_decode = self.first_decode_step.pop(req, 0)
+            finished.append((req, computed_base + step + 1, first_token, first_decode))
+        self.count -= len(ending)
+        return finished
+
+
+@dataclass(slots=True)
+class _StepLog:
+    """What a run of steady steps records, to write back when it ends."""
+
+    # Per step, in order.
+    end_s: list[float] = field(default_factory=list)  # only when the run is clocked
+    seconds: list[float] = field(default_factory=list)
+    parts: list[tuple[float, ...]] = field(default_factory=list)  # parts, then prefill share
+    num_running: list[int] = field(default_factory=list)
+    num_waiting: list[int] = field(default_factory=list)
+    blocks_used: list[int] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)
+    # Per request.
+    finished: list[tuple[int, int, int]] = field(default_factory=list)  # req, step, computed
+    token_runs: list[tuple[int, int, int]] = field(default_factory=list)  # req, first, last step
+    charges: list[tuple[int, int, int]] = field(default_factory=list)  # req, step, how (_OWN...)
+    admitted: list[tuple[int, int]] = field(default_factory=list)  # req, its first step here
+    decode_spans: list[tuple[int, int, int]] = field(default_factory=list)  # req, first, last
+
+
+@dataclass(slots=True)
+class _SteadyRun:
+    """One run of steady steps: the settings it reads, the decoders (as sums) and the requests
+    still prefilling, the free block count, the step number and the log of what happened.
+
+    Blocks are only counted while the run lasts (`free_blocks`); `-(-tokens // block_size)` is
+    the blocks that many tokens take (a ceiling division)."""
+
+    sim: Simulator
+    loop: LoopState
+    scheduler: Scheduler
+    waiting: deque[int]  # the scheduler's queue, admitted from here
+    table: RequestTable
+    cost: CompositionCostModel
+    intended_arrival_s: np.ndarray
+    block_size: int
+    token_budget: int
+    max_num_seqs: int
+    chunked_prefill: bool
+    num_blocks: int  # in the pool
+    num_requests: int
+    clocked: bool  # whether an arrival or a client slot depends on each step's end time
+    start_s: float
+    decoders: _Decoders
+    prefills: list[_Prefill]
+    free_blocks: int
+    order: list[int]  # the running requests in scheduling order, admitted ones appended
+    log: _StepLog
+    step: int = 0
+
+    @classmethod
+    def start(cls, sim: Simulator, loop: LoopState) -> _SteadyRun | None:
+        """The run from the scheduler's current batch, or None when it is not steady: the
+        settings don't allow steady steps, the decoders are not all ahead of the prefilling
+        requests, they exceed the token budget, or some request holds more or fewer blocks than
+        its computed tokens need."""
+        if not steady_applies(sim):
+            return None
+        config, table, sched = sim.config, sim.table, sim.scheduler
+        block_size = config.block_size
+        running = sched.running
+        computed = table.num_computed_tokens[running]
+        output = table.num_output_tokens[running]
+        is_decoding = (table.num_prompt_tokens[running] + output - computed == 1) & (output > 0)
+        num_decoding = int(is_decoding.sum())
+        if num_decoding > config.max_num_batched_tokens or not is_decoding[:num_decoding].all():
+            return None
+        if (table.num_blocks[running] != -(-computed // block_size)).any():
+            return None
+        target = table.num_output_tokens_target
+        decoders = _Decoders.on_entry(
+            block_size,
+            running[:num_decoding],
+            computed[:num_decoding],
+            output[:num_decoding],
+            target,
+        )
+        prefills = [
+            _Prefill(
+                req,
+                req_computed,
+                int(table.num_prompt_tokens[req]) + req_output,
+                req_output,
+                int(target[req]),
+                -(-req_computed // block_size),
+            )
+            for req, req_computed, req_output in zip(
+                running[num_decoding:].tolist(),
+                computed[num_decoding:].tolist(),
+                output[num_decoding:].tolist(),
+                strict=True,
+            )
+        ]
+        cost = sim.cost_model
+        assert prices_totals(cost)  # steady_applies checked it
+        num_requests = len(table)
+        return cls(
+            sim=sim,
+            loop=loop,
+            scheduler=sched,
+            waiting=sched.waiting,
+            table=table,
+            cost=cost,
+            intended_arrival_s=sim.workload.intended_arrival_s,
+            block_size=block_size,
+            token_budget=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            chunked_prefill=config.chunked_prefill,
+            num_blocks=sched.pool.num_blocks,
+            num_requests=num_requests,
+            clocked=loop.slots is not None or loop.next_req < num_requests,
+            start_s=loop.now,
+            decoders=decoders,
+            prefills=prefills,
+            free_blocks=sched.pool.num_free_blocks,
+            order=running.tolist(),
+            log=_StepLog(),
+        )
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def schedule_step(self) -> list[tuple[_Prefill, int]] | None:
+        """Schedule the next step as the scheduler would: every decoder one token, then a chunk
+        of each prefilling request in order, then new requests from the waiting queue while
+        budget, sequences and blocks allow. Returns the non-decoders scheduled, each with its
+        chunk of tokens, or None if the step is not a steady one (the run ends before it)."""
+        tokens_left = self.token_budget - self.decoders.count
+        if tokens_left < 0 or not (self.decoders.count or self.prefills or self.waiting):
+            return None
+        if self._plain_decode_stretch_ahead(tokens_left):
+            return None
+        scheduled, tokens_left, prefill_blocks = self._schedule_prefill_chunks(tokens_left)
+        blocks_needed = self.decoders.blocks_needed(self.step) + prefill_blocks
+        if blocks_needed > self.free_blocks:
+            return None  # the scheduler would preempt: let it
+        self.free_blocks -= blocks_needed
+        self._admit_waiting(scheduled, tokens_left)
+        return scheduled
+
+    def _plain_decode_stretch_ahead(self, tokens_left: int) -> bool:
+        """Whether the next steps only decode (nothing prefilling, nobody waiting who could be
+        admitted) for at least _SKIP_AT_LEAST steps before a decoder finishes: such a stretch
+        is left to Simulator._skip_decode_steps, which takes it whole."""
+        decoders = self.decoders
+        if not decoders.count or self.prefills:
+            return False
+        if self.waiting and decoders.count < self.max_num_seqs and tokens_left != 0:
+            return False
+        return decoders.next_finish_step(self.step) - self.step >= _SKIP_AT_LEAST
+
+    def _schedule_prefill_chunks(
+        self, tokens_left: int
+    ) -> tuple[list[tuple[_Prefill, int]], int, int]:
+        """Give each prefilling request, in order, its next chunk (what is left of its prompt
+        or recompute, cut to the budget left). Returns the (request, chunk) pairs, the token
+        budget left after them and the new blocks they need."""
+        block_size = self.block_size
         scheduled: list[tuple[_Prefill, int]] = []
-        for p in prefills:
-            if left <= 0:
+        blocks_needed = 0
+        for prefill in self.prefills:
+            if tokens_left <= 0:
                 break
-            chunk = min(p.tokens - p.computed, left)
-            left -= chunk
-            need += -(-(p.computed + chunk) // bs) - p.held
-            scheduled.append((p, chunk))
-        if need > free:
-            break  # the scheduler would preempt: let it
-        free -= need
-        num_running = d + len(prefills)
-        while waiting and left > 0 and num_running < max_seqs:
-            h = waiting[0]
-            out_h = output_col.item(h)
-            tokens = prompt_col.item(h) + out_h
-            num_new = tokens
-            if num_new > left:
-                if not chunked and out_h == 0:
+            chunk = min(prefill.tokens - prefill.computed, tokens_left)
+            tokens_left -= chunk
+            blocks_needed += -(-(prefill.computed + chunk) // block_size) - prefill.held
+            scheduled.append((prefill, chunk))
+        return scheduled, tokens_left, blocks_needed
+
+    def _admit_waiting(self, scheduled: list[tuple[_Prefill, int]], tokens_left: int) -> None:
+        """Admit requests from the head of the waiting queue while the step has token budget
+        and sequence slots left, as the scheduler does: the whole prompt's blocks must be free
+        (KVCacheManager.admit), a prompt longer than the budget left is cut to it only with
+        chunked prefill (or when it is a recompute), and blocks are taken for the chunk only.
+        Each admitted request is added to `scheduled` with its chunk."""
+        waiting, block_size = self.waiting, self.block_size
+        num_running = self.decoders.count + len(self.prefills)
+        while waiting and tokens_left > 0 and num_running < self.max_num_seqs:
+            req = waiting[0]
+            req_output = self.table.num_output_tokens.item(req)
+            tokens = self.table.num_prompt_tokens.item(req) + req_output
+            chunk = tokens
+            if chunk > tokens_left:
+                if not self.chunked_prefill and req_output == 0:
                     break
-                num_new = left
-            if -(-tokens // bs) > free:
+                chunk = tokens_left
+            if -(-tokens // block_size) > self.free_blocks:
                 break  # the whole prompt must fit (KVCacheManager.admit)
-            free -= -(-num_new // bs)
-            waiting.popleft()
-            if caching:
-                counters.prefix_cache_queries += tokens
-            if cached_col.item(h) < 0:
-                cached_col[h] = 0
-            status_col[h] = _RUNNING
-            p = _Prefill(h, 0, tokens, out_h, target.item(h), 0)
-            admitted.append((h, s))
-            prefills.append(p)
-            scheduled.append((p, num_new))
-            order.append(h)
-            left -= num_new
+            self.free_blocks -= -(-chunk // block_size)
+            scheduled.append((self._admit(req, tokens, req_output), chunk))
+            tokens_left -= chunk
             num_running += 1
 
-        kv_read = base_sum + d * s
-        num_prefill, num_decode = 0, d
-        # Attention pairs: a decoder's token attends to its KV and itself; a chunk of n after c
-        # computed tokens makes n c + n (n + 1) / 2 (engine_model.token_pairs, exact in ints).
-        pairs = kv_read + d
-        kv_alone, num_alone = kv_read, d  # the sequences prefill_share_s keeps
-        for p, chunk in scheduled:
-            c = p.computed
-            kv_read += c
-            pairs += chunk * c + chunk * (chunk + 1) // 2
-            if chunk == 1 and c > 0:
-                kv_alone += c
-                num_alone += 1
-            if p.tokens - c == 1 and p.output > 0:
-                num_decode += chunk
-                charges.append((p.req, s, _DECODING))
-            else:
-                num_prefill += chunk
-                after = 1 if p.output > 0 else 0
-                how = _RECOMPUTE if preempted.item(p.req) > 0 else _OWN
-                charges.append((p.req, s, how + after))
-        num_seqs = d + len(scheduled)
+    def _admit(self, req: int, tokens: int, output: int) -> _Prefill:
+        """Move the request at the head of the waiting queue into the batch, with `tokens` to
+        compute (its prompt, plus its `output` so far if it was preempted), as the scheduler
+        admits one: counted as a prefix-cache query when caching is on, its cached tokens set
+        to 0 if unknown, marked running. Returns it as a new prefill."""
+        sched, table = self.scheduler, self.table
+        self.waiting.popleft()
+        if sched.kv.caching:
+            sched.counters.prefix_cache_queries += tokens
+        if table.num_cached_tokens.item(req) < 0:
+            table.num_cached_tokens[req] = 0
+        table.status[req] = _RUNNING
+        prefill = _Prefill(req, 0, tokens, output, table.num_output_tokens_target.item(req), 0)
+        self.log.admitted.append((req, self.step))
+        self.prefills.append(prefill)
+        self.order.append(req)
+        return prefill
+
+    def price_and_log_step(self, scheduled: list[tuple[_Prefill, int]]) -> None:
+        """Price the step from its totals (`composition_parts_s`), add any front-end CPU time
+        it owes to its overhead part, advance the clock if the run is clocked, and log the
+        step: its parts and prefill share, seconds, batch, queue, blocks and tokens."""
+        num_prefill, num_decode, kv_read, pairs, kv_alone, num_alone = self._step_totals(scheduled)
+        cost, loop, log = self.cost, self.loop, self.log
+        num_seqs = self.decoders.count + len(scheduled)
         parts = cost.composition_parts_s(
             num_prefill + num_decode, num_prefill, num_seqs, kv_read, pairs
         )
@@ -349,135 +570,218 @@ def advance_steady(
             due = loop.take_contention_s()
             parts = (*parts[:OVERHEAD], parts[OVERHEAD] + due, *parts[OVERHEAD + 1 :])
             step_s = parts_total(parts)
-        parts_log.append((*parts, share))
-        seconds_log.append(step_s)
-        if clocked:
+        log.parts.append((*parts, share))
+        log.seconds.append(step_s)
+        if self.clocked:
             loop.now += step_s
-            ends.append(loop.now)
-        running_log.append(num_running)
-        waiting_log.append(len(waiting))
-        used_log.append(num_blocks - free)
-        tokens_log.append(num_prefill + num_decode)
+            log.end_s.append(loop.now)
+        log.num_running.append(self.decoders.count + len(self.prefills))
+        log.num_waiting.append(len(self.waiting))
+        log.blocks_used.append(self.num_blocks - self.free_blocks)
+        log.num_tokens.append(num_prefill + num_decode)
 
-        # The step's outcome: prefills advance (and sample once they catch up), decoders finish.
+    def _step_totals(
+        self, scheduled: list[tuple[_Prefill, int]]
+    ) -> tuple[int, int, int, int, int, int]:
+        """The step's totals as the cost model takes them, and how each scheduled non-decoder
+        is charged in the breakdown (logged in `charges`).
+
+        Returns:
+            Prefill tokens, decode tokens, KV tokens read, attention pairs, and the KV read and
+            count of the sequences that `composition_share_s` keeps (those scheduling one
+            token after some computed ones).
+        """
+        decoders, step, log = self.decoders, self.step, self.log
+        kv_read = decoders.kv_read(step)
+        num_prefill, num_decode = 0, decoders.count
+        # Attention pairs: a decoder's token attends to its KV and itself; a chunk of n after c
+        # computed tokens makes n c + n (n + 1) / 2 (engine_model.token_pairs, exact in ints).
+        pairs = kv_read + decoders.count
+        kv_alone, num_alone = kv_read, decoders.count
+        for prefill, chunk in scheduled:
+            computed = prefill.computed
+            kv_read += computed
+            pairs += chunk * computed + chunk * (chunk + 1) // 2
+            if chunk == 1 and computed > 0:
+                kv_alone += computed
+                num_alone += 1
+            if prefill.tokens - computed == 1 and prefill.output > 0:
+                num_decode += chunk
+                log.charges.append((prefill.req, step, _DECODING))
+            else:
+                num_prefill += chunk
+                after_first_token = 1 if prefill.output > 0 else 0
+                how = _RECOMPUTE if self.table.num_preemptions.item(prefill.req) > 0 else _OWN
+                log.charges.append((prefill.req, step, how + after_first_token))
+        return num_prefill, num_decode, kv_read, pairs, kv_alone, num_alone
+
+    def complete_step(self, scheduled: list[tuple[_Prefill, int]]) -> None:
+        """The step's outcome: the scheduled chunks are computed, prefills that caught up
+        sample a token (and finish or become decoders), decoders due to finish finish. Then
+        the step count advances and the finished are reported to the loop."""
+        for prefill, chunk in scheduled:
+            prefill.computed += chunk
+            prefill.held = -(-prefill.computed // self.block_size)
+        num_done = self._sample_caught_up_prefills()
+        num_done += self._finish_decoders()
+        self.step += 1
+        if num_done:
+            self._report_finished(num_done)
+
+    def _sample_caught_up_prefills(self) -> int:
+        """Each prefilling request whose tokens are all computed samples a token: it finishes
+        if that was its last (its blocks are freed), else it decodes from the next step on (it
+        is ahead of every prefill still running). Returns how many finished."""
+        step, log, decoders = self.step, self.log, self.decoders
         num_done = 0
-        for p, chunk in scheduled:
-            p.computed += chunk
-            p.held = -(-p.computed // bs)
-        still: list[_Prefill] = []
-        for p in prefills:
-            if p.computed < p.tokens:
-                still.append(p)
+        still_prefilling: list[_Prefill] = []
+        for prefill in self.prefills:
+            if prefill.computed < prefill.tokens:
+                still_prefilling.append(prefill)
                 continue
-            p.output += 1
-            p.tokens += 1
-            r = p.req
-            if p.output >= p.target:
-                free += p.held
-                finished.append((r, s, p.computed))
-                segments.append((r, s, s))
+            prefill.output += 1
+            prefill.tokens += 1
+            req = prefill.req
+            if prefill.output >= prefill.target:
+                self.free_blocks += prefill.held
+                log.finished.append((req, step, prefill.computed))
+                log.token_runs.append((req, step, step))
                 num_done += 1
                 continue
-            # A decoder from the next step on (it is ahead of every prefill still running).
-            base, obase = p.computed - (s + 1), p.output - (s + 1)
-            dec_base[r] = (base, obase)
-            seg_first[r] = s
-            dec_first[r] = s + 1
-            fin = p.target - obase - 1
-            finishing[fin].append(r)
-            heapq.heappush(finish_heap, fin)
-            by_phase[-base % bs] += 1
-            base_sum += base
-            d += 1
-        prefills = still
-        ending = finishing.pop(s, [])
-        while k < num_entry_fin and entry_fin[k] == s:
-            ending.append(entry_fin_req[k])
-            k += 1
-        for r in ending:
-            base, _ = dec_base.pop(r)
-            d -= 1
-            base_sum -= base
-            by_phase[-base % bs] -= 1
-            free += -(-(base + s + 1) // bs)
-            finished.append((r, s, base + s + 1))
-            segments.append((r, seg_first.pop(r, 0), s))
-            dec_spans.append((r, dec_first.pop(r, 0), s))
-            num_done += 1
-        s += 1
-        if num_done:
-            loop.num_finished += num_done
-            if loop.slots is not None:
-                for _ in range(num_done):
-                    heapq.heappush(loop.slots, loop.now)
-            if sim.on_progress is not None:
-                wall = time.perf_counter()
-                if wall - loop.last_progress >= sim.progress_interval_s:
-                    sim.on_progress(loop.num_finished / n)
-                    loop.last_progress = wall
-    if s == 0:
-        return 0
+            decoders.join(req, prefill.computed, prefill.output, prefill.target, step)
+        self.prefills = still_prefilling
+        return num_done
 
-    # -- write back: times, counters, blocks, tokens, samples ---------------------------------
-    if clocked:
-        end_s = np.array(ends)
-    else:
-        end_s = np.cumsum(np.concatenate([[now0], seconds_log]))[1:]
-        loop.now = float(end_s[-1])
-    start_s = np.concatenate([[now0], end_s[:-1]])
-    table = np.array(parts_log).reshape(-1, len(PARTS) + 1)
-    for r, first in dec_first.items():
-        dec_spans.append((r, first, s - 1))
-    dec_spans.extend((r, 0, s - 1) for r in dec_base if r not in dec_first)
-    _feed_breakdown(sim, table, start_s, charges, admitted, dec_spans)
-    if dec_base:
-        still_decoding = np.fromiter(dec_base, dtype=np.int64, count=len(dec_base))
-        bases = np.array(list(dec_base.values()), dtype=np.int64)
-        t.num_computed_tokens[still_decoding] = bases[:, 0] + s
-        t.num_output_tokens[still_decoding] = bases[:, 1] + s
-        segments.extend(
-            zip(
-                still_decoding.tolist(),
-                [seg_first.get(r, 0) for r in dec_base],
-                [s - 1] * len(dec_base),
-                strict=True,
-            )
+    def _finish_decoders(self) -> int:
+        """The decoders whose last token was this step's leave, freeing their blocks. Returns
+        how many finished."""
+        step, log, block_size = self.step, self.log, self.block_size
+        finished = self.decoders.finish(step)
+        for req, computed, first_token, first_decode in finished:
+            self.free_blocks += -(-computed // block_size)
+            log.finished.append((req, step, computed))
+            log.token_runs.append((req, first_token, step))
+            log.decode_spans.append((req, first_decode, step))
+        return len(finished)
+
+    def _report_finished(self, num_done: int) -> None:
+        """Count requests that finished at the step just taken: their client slots free at the
+        loop's clock, and progress is reported if it is due."""
+        loop, sim = self.loop, self.sim
+        loop.num_finished += num_done
+        if loop.slots is not None:
+            for _ in range(num_done):
+                heapq.heappush(loop.slots, loop.now)
+        if sim.on_progress is not None:
+            wall = time.perf_counter()
+            if wall - loop.last_progress >= sim.progress_interval_s:
+                sim.on_progress(loop.num_finished / self.num_requests)
+                loop.last_progress = wall
+
+    # -- write back ---------------------------------------------------------------------------
+
+    def write_back(self, recorder: SampleRecorder, chunks: ChunkStore) -> None:
+        """Write the run into the simulator's state: the clock, the time breakdown, each
+        request's tokens, finishes and blocks, the token times and engine samples, the running
+        batch and the step count."""
+        end_s, start_s = self._step_times()
+        self._charge_breakdown(start_s)
+        self._write_back_tokens()
+        self._write_back_finished(end_s)
+        self._place_owed_blocks()
+        log = self.log
+        token_runs = np.array(log.token_runs, dtype=np.int64).reshape(-1, 3)
+        chunks.add_runs(token_runs[:, 0], end_s, token_runs[:, 1], token_runs[:, 2])
+        recorder.add_many(
+            start_s,
+            np.array(log.num_running),
+            np.array(log.num_waiting),
+            np.array(log.blocks_used),
+            np.array(log.num_tokens),
         )
-    for p in prefills:
-        t.num_computed_tokens[p.req] = p.computed
-        t.num_output_tokens[p.req] = p.output
-    kv, pool = sched.kv, sched.pool
-    if finished:
-        done = np.array(finished, dtype=np.int64)
+        in_order = np.array(self.order, dtype=np.int64)
+        self.scheduler.running = in_order[self.table.status[in_order] == _RUNNING]
+        self.sim.num_steps += self.step
+
+    def _step_times(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each step's end and start time. An unclocked run sums its step seconds here (and
+        sets the loop's clock to the last end); a clocked one logged its ends as it went."""
+        log = self.log
+        if self.clocked:
+            end_s = np.array(log.end_s)
+        else:
+            end_s = np.cumsum(np.concatenate([[self.start_s], log.seconds]))[1:]
+            self.loop.now = float(end_s[-1])
+        start_s = np.concatenate([[self.start_s], end_s[:-1]])
+        return end_s, start_s
+
+    def _charge_breakdown(self, start_s: np.ndarray) -> None:
+        """Close the decode spans of those still decoding (to the last step) and charge the
+        steps to their requests (`_feed_breakdown`)."""
+        log, decoders, last_step = self.log, self.decoders, self.step - 1
+        for req, first in decoders.first_decode_step.items():
+            log.decode_spans.append((req, first, last_step))
+        log.decode_spans.extend(
+            (req, 0, last_step) for req in decoders.bases if req not in decoders.first_decode_step
+        )
+        parts_table = np.array(log.parts).reshape(-1, len(PARTS) + 1)
+        _feed_breakdown(self.sim, parts_table, start_s, log.charges, log.admitted, log.decode_spans)
+
+    def _write_back_tokens(self) -> None:
+        """Set the computed and output tokens of the requests still running (decoders from
+        their bases, prefills as they stand), and log the token runs of the decoders."""
+        table, decoders, steps = self.table, self.decoders, self.step
+        bases = decoders.bases
+        if bases:
+            still_decoding = np.fromiter(bases, dtype=np.int64, count=len(bases))
+            base_tokens = np.array(list(bases.values()), dtype=np.int64)
+            table.num_computed_tokens[still_decoding] = base_tokens[:, 0] + steps
+            table.num_output_tokens[still_decoding] = base_tokens[:, 1] + steps
+            self.log.token_runs.extend(
+                zip(
+                    still_decoding.tolist(),
+                    [decoders.first_token_step.get(req, 0) for req in bases],
+                    [steps - 1] * len(bases),
+                    strict=True,
+                )
+            )
+        for prefill in self.prefills:
+            table.num_computed_tokens[prefill.req] = prefill.computed
+            table.num_output_tokens[prefill.req] = prefill.output
+
+    def _write_back_finished(self, end_s: np.ndarray) -> None:
+        """Mark the requests that finished as such (tokens, status, finish time) and free the
+        blocks each held on entry; the blocks counted since were never handed out."""
+        if not self.log.finished:
+            return
+        table = self.table
+        done = np.array(self.log.finished, dtype=np.int64)
         req = done[:, 0]
-        t.num_computed_tokens[req] = done[:, 2]
-        t.num_output_tokens[req] = target[req]
-        t.status[req] = _FINISHED
-        t.finish_s[req] = end_s[done[:, 1]]
-        # The blocks each held on entry; the rest were only counted.
-        kv.free_finished(req.tolist())
-    owners = np.array([*dec_base, *(p.req for p in prefills)], dtype=np.int64)
-    if len(owners):
-        owed = -(-t.num_computed_tokens[owners] // bs) - t.num_blocks[owners]
-        total = int(owed.sum())
-        if total:
-            blocks = pool.allocate(total)
-            assert blocks is not None
-            kv.place(np.repeat(owners, owed), blocks)
-    assert pool.num_free_blocks == free, "steady steps lost count of the free blocks"
-    seg = np.array(segments, dtype=np.int64).reshape(-1, 3)
-    chunks.add_runs(seg[:, 0], end_s, seg[:, 1], seg[:, 2])
-    recorder.add_many(
-        start_s,
-        np.array(running_log),
-        np.array(waiting_log),
-        np.array(used_log),
-        np.array(tokens_log),
-    )
-    in_order = np.array(order, dtype=np.int64)
-    sched.running = in_order[t.status[in_order] == _RUNNING]
-    sim.num_steps += s
-    return s
+        table.num_computed_tokens[req] = done[:, 2]
+        table.num_output_tokens[req] = table.num_output_tokens_target[req]
+        table.status[req] = _FINISHED
+        table.finish_s[req] = end_s[done[:, 1]]
+        self.scheduler.kv.free_finished(req.tolist())
+
+    def _place_owed_blocks(self) -> None:
+        """Hand out the blocks that the requests still running were counted to take (decoders
+        first, then prefills), and check the pool agrees with the free count kept."""
+        table, pool = self.table, self.scheduler.pool
+        owners = np.array(
+            [*self.decoders.bases, *(prefill.req for prefill in self.prefills)], dtype=np.int64
+        )
+        if len(owners):
+            owed = (
+                -(-table.num_computed_tokens[owners] // self.block_size) - table.num_blocks[owners]
+            )
+            total = int(owed.sum())
+            if total:
+                blocks = pool.allocate(total)
+                assert blocks is not None
+                self.scheduler.kv.place(np.repeat(owners, owed), blocks)
+        assert pool.num_free_blocks == self.free_blocks, (
+            "steady steps lost count of the free blocks"
+        )
 
 
 def _feed_breakdown(
