@@ -467,13 +467,14 @@ class _SteadyRun:
         of each prefilling request in order, then new requests from the waiting queue while
         budget, sequences and blocks allow. Returns the non-decoders scheduled, each with its
         chunk of tokens, or None if the step is not a steady one (the run ends before it)."""
-        tokens_left = self.token_budget - self.decoders.count
-        if tokens_left < 0 or not (self.decoders.count or self.prefills or self.waiting):
+        decoders = self.decoders
+        tokens_left = self.token_budget - decoders.count
+        if tokens_left < 0 or not (decoders.count or self.prefills or self.waiting):
             return None
         if self._plain_decode_stretch_ahead(tokens_left):
             return None
         scheduled, tokens_left, prefill_blocks = self._schedule_prefill_chunks(tokens_left)
-        blocks_needed = self.decoders.blocks_needed(self.step) + prefill_blocks
+        blocks_needed = decoders.blocks_needed(self.step) + prefill_blocks
         if blocks_needed > self.free_blocks:
             return None  # the scheduler would preempt: let it
         self.free_blocks -= blocks_needed
@@ -556,8 +557,8 @@ class _SteadyRun:
         it owes to its overhead part, advance the clock if the run is clocked, and log the
         step: its parts and prefill share, seconds, batch, queue, blocks and tokens."""
         num_prefill, num_decode, kv_read, pairs, kv_alone, num_alone = self._step_totals(scheduled)
-        cost, loop, log = self.cost, self.loop, self.log
-        num_seqs = self.decoders.count + len(scheduled)
+        cost, loop, log, num_decoding = self.cost, self.loop, self.log, self.decoders.count
+        num_seqs = num_decoding + len(scheduled)
         parts = cost.composition_parts_s(
             num_prefill + num_decode, num_prefill, num_seqs, kv_read, pairs
         )
@@ -575,7 +576,7 @@ class _SteadyRun:
         if self.clocked:
             loop.now += step_s
             log.end_s.append(loop.now)
-        log.num_running.append(self.decoders.count + len(self.prefills))
+        log.num_running.append(num_decoding + len(self.prefills))
         log.num_waiting.append(len(self.waiting))
         log.blocks_used.append(self.num_blocks - self.free_blocks)
         log.num_tokens.append(num_prefill + num_decode)
@@ -592,12 +593,12 @@ class _SteadyRun:
             token after some computed ones).
         """
         decoders, step, log = self.decoders, self.step, self.log
-        kv_read = decoders.kv_read(step)
-        num_prefill, num_decode = 0, decoders.count
+        kv_read, num_decoding = decoders.kv_read(step), decoders.count
+        num_prefill, num_decode = 0, num_decoding
         # Attention pairs: a decoder's token attends to its KV and itself; a chunk of n after c
         # computed tokens makes n c + n (n + 1) / 2 (engine_model.token_pairs, exact in ints).
-        pairs = kv_read + decoders.count
-        kv_alone, num_alone = kv_read, decoders.count
+        pairs = kv_read + num_decoding
+        kv_alone, num_alone = kv_read, num_decoding
         for prefill, chunk in scheduled:
             computed = prefill.computed
             kv_read += computed
