@@ -1,4 +1,4 @@
-"""The Celery app. Workers: `celery -A config worker -Q labs.sim` (see README)."""
+"""The Celery app. Workers: `celery -A config worker -Q labs.sim,default,quiz.fit` (see README)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 app = Celery("config")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+# A fit of FSRS parameters has a queue of its own, so it never takes a lab run's place in a lab
+# queue; a worker for it consumes quiz.fit (`make run`'s worker does, beside labs.sim).
+app.conf.task_routes = {"quiz.fit_parameters": {"queue": "quiz.fit"}}
 
 
 @app.task(name="config.ping", ignore_result=False)

@@ -176,7 +176,7 @@ def commands(host: str, port: int, venv: Path) -> dict[str, list[str]]:
         "config",
         "worker",
         "-Q",
-        "labs.sim,default",
+        "labs.sim,default,quiz.fit",
         "--concurrency=2",
         "--hostname=sim@%h",
         "--loglevel=INFO",

@@ -342,6 +342,11 @@ QUIZ_CARD_CACHE_S = env_int("QUIZ_CARD_CACHE_S", 0 if DEBUG else 30)
 # At most this many cards in that cache (the deck and the personal cards read recently).
 QUIZ_CARD_CACHE_MAX = env_int("QUIZ_CARD_CACHE_MAX", 2000)
 
+# "Optimize my parameters" (quiz.parameters): the fit's soft time limit (the hard one is 30 s
+# later), and how long a fit may wait queued before it counts as lost.
+QUIZ_FIT_TIME_LIMIT_S = env_int("QUIZ_FIT_TIME_LIMIT_S", 600)
+QUIZ_FIT_QUEUED_STALE_S = env_int("QUIZ_FIT_QUEUED_STALE_S", 3600)
+
 # --- Labs -------------------------------------------------------------------------------------
 # Each lab backend has its own queue; a worker serves a backend by consuming its queue
 # (`celery -A config worker -Q labs.sim`, a GPU worker `-Q labs.gpu`). A GPU worker also consumes

@@ -434,7 +434,8 @@ class PersonalCardRequest(models.Model):
 
 class ParameterFit(models.Model):
     """One run of "Optimize my parameters": queued, running (with progress), then done or failed.
-    The figures compare the fitted parameters with the ones in force on the same reviews."""
+    The figures compare the fitted parameters with the ones in force, on the reviews the fit saw
+    and on the latest ones, held out (quiz.optimizer)."""
 
     class Status(TextChoices):
         QUEUED = "queued", "Queued"
@@ -449,10 +450,13 @@ class ParameterFit(models.Model):
     progress = models.PositiveSmallIntegerField(default=0, help_text="Percent.")
     stage = models.CharField(max_length=120, blank=True)
     created_at = models.DateTimeField()
+    # When a worker took it: a fit running past its time limit since then lost its worker.
+    started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     reviews = models.PositiveIntegerField(default=0)
     parameters = models.JSONField(null=True, blank=True)
-    # {"current": {...}, "fitted": {...}} with log_loss and rmse; the interval table.
+    # {"training": {"current": {...}, "fitted": {...}}, "held_out": {...}, "held_out_reviews",
+    # "wins", "workload"}, each figure log_loss and rmse; the interval table.
     evaluation = models.JSONField(null=True, blank=True)
     intervals = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)

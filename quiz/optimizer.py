@@ -5,12 +5,22 @@ The log is turned into fsrs-rs's training items as Anki does: for each card, eve
 a later study day than the one before it ends an item holding the card's reviews up to it, each
 with the study days elapsed since the previous one (same-day reviews count 0 days and stay in,
 for FSRS-6's short-term terms).
+
+An item holds the card's whole history, so the items' size grows with the square of a card's
+reviews. Two rules keep it linear: a card's study date never goes back (a review dated before
+the card's previous one, after a change of time zone, counts as the same day, so dates going
+back and forth do not make every review "a day later"), and only a card's first
+MAX_CARD_REVIEWS reviews are used.
+
+The fit is judged on reviews it did not see: the latest HELD_OUT of the reviews, by time, are
+held out; the fit sees the items ending before them, and both parameter sets are scored on the
+items ending in them (each with the card's earlier history, as a prediction would have).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import fsrs_rs_python as fsrs_rs
@@ -20,6 +30,11 @@ from quiz import scheduling
 # Reviews made at least a day after the card's previous one. fsrs's own optimizer keeps the
 # defaults below this many; Anki's manual asks for "a few hundred". Below it the fit is noise.
 MIN_REVIEWS = 512
+# Beyond this many reviews a card adds nothing a fit needs (FSRS intervals grow quickly, so a
+# real card rarely has 50 on later days); it bounds each item's length.
+MAX_CARD_REVIEWS = 128
+# The latest quarter of the reviews, by time, is held out to judge the fit.
+HELD_OUT = 0.25
 # Rows of the "how your intervals change" table: a new card answered with these buttons, each
 # when it falls due (learning steps included).
 INTERVAL_PATHS = (
@@ -44,30 +59,66 @@ class Review:
 @dataclass(frozen=True)
 class Fit:
     parameters: list[float]
-    current: dict[str, float]  # log_loss and rmse of the parameters in force, on the same reviews
-    fitted: dict[str, float]
+    # {"current": {...}, "fitted": {...}}, each log_loss and rmse: "current" is the parameter set
+    # in force (fsrs's defaults if none). Training: on the items the fit saw; held out: on the
+    # latest reviews, which it did not.
+    training: dict[str, dict[str, float]]
+    held_out: dict[str, dict[str, float]]
     intervals: list[dict[str, object]]
-    reviews: int
+    reviews: int  # training items
+    held_out_reviews: int
+
+    @property
+    def wins(self) -> bool:
+        """Whether the fit predicts the held-out reviews better than the parameters in force:
+        only then may it replace them."""
+        if not self.held_out_reviews:
+            return False
+        return self.held_out["fitted"]["log_loss"] < self.held_out["current"]["log_loss"]
 
 
 class NotEnoughReviews(ValueError):
     pass
 
 
-def training_items(reviews: Iterable[Review]) -> list[fsrs_rs.FSRSItem]:
-    """fsrs-rs items from a log (any order of cards; each card's reviews in the order made)."""
-    by_card: dict[int, list[Review]] = {}
-    for review in reviews:
-        by_card.setdefault(review.card_id, []).append(review)
+def _items(reviews: Sequence[Review]) -> list[tuple[int, fsrs_rs.FSRSItem]]:
+    """(index in `reviews` of the review that ends it, item), for each item of the log (any order
+    of cards; each card's reviews in the order made)."""
+    by_card: dict[int, list[int]] = {}
+    for index, review in enumerate(reviews):
+        by_card.setdefault(review.card_id, []).append(index)
     items = []
-    for history in by_card.values():
+    for indices in by_card.values():
         sequence: list[fsrs_rs.FSRSReview] = []
-        for i, review in enumerate(history):
-            days = 0 if i == 0 else (review.study_date - history[i - 1].study_date).days
-            sequence.append(fsrs_rs.FSRSReview(review.rating, max(0, days)))
+        day = reviews[indices[0]].study_date
+        for i, index in enumerate(indices[:MAX_CARD_REVIEWS]):
+            review = reviews[index]
+            days = max(0, (review.study_date - day).days)
+            day = max(day, review.study_date)  # never back: see the module's docstring
+            sequence.append(fsrs_rs.FSRSReview(review.rating, days))
             if i > 0 and days > 0:
-                items.append(fsrs_rs.FSRSItem(list(sequence)))
+                items.append((index, fsrs_rs.FSRSItem(list(sequence))))
     return items
+
+
+def training_items(reviews: Sequence[Review]) -> list[fsrs_rs.FSRSItem]:
+    """fsrs-rs items from a whole log (any order of cards; each card's reviews in the order
+    made)."""
+    return [item for _, item in _items(reviews)]
+
+
+def split_by_time(
+    reviews: Sequence[Review],
+) -> tuple[list[fsrs_rs.FSRSItem], list[fsrs_rs.FSRSItem]]:
+    """(training items, held-out items): an item is held out when the review it ends with is
+    among the latest HELD_OUT of all reviews by study date (ties in the order given)."""
+    by_time = sorted(range(len(reviews)), key=lambda i: reviews[i].study_date)
+    held = set(by_time[len(reviews) - int(len(reviews) * HELD_OUT) :])
+    train: list[fsrs_rs.FSRSItem] = []
+    held_out: list[fsrs_rs.FSRSItem] = []
+    for index, item in _items(reviews):
+        (held_out if index in held else train).append(item)
+    return train, held_out
 
 
 def evaluate(parameters: Sequence[float], items: Sequence[fsrs_rs.FSRSItem]) -> dict[str, float]:
@@ -111,39 +162,34 @@ def fit(
     desired_retention: float,
     progress: Callable[[int, str], None] = lambda percent, stage: None,
 ) -> Fit:
-    """Fit parameters to `reviews`; compare them with `current` (None: fsrs's defaults) on the
-    same reviews. Raises NotEnoughReviews below MIN_REVIEWS reviews made on a later day."""
+    """Fit parameters to the earlier reviews; compare them with `current` (None: fsrs's defaults)
+    on those and on the latest ones, held out. Raises NotEnoughReviews below MIN_REVIEWS reviews
+    made on a later day (training and held out together)."""
     progress(5, "Reading your reviews")
-    items = training_items(reviews)
-    if len(items) < MIN_REVIEWS:
+    train, held_out = split_by_time(reviews)
+    usable = len(train) + len(held_out)
+    if usable < MIN_REVIEWS:
         raise NotEnoughReviews(
             f"Optimizing needs at least {MIN_REVIEWS} reviews made a day or more after the card's"
-            f" previous one; you have {len(items)}."
+            f" previous one; you have {usable}."
         )
     current = list(current or scheduling.DEFAULT_PARAMETERS)
-    progress(20, f"Fitting to {len(items)} reviews")
-    fitted = list(fsrs_rs.FSRS(current).compute_parameters(items))
+    progress(20, f"Fitting to your {len(train)} earlier reviews")
+    fitted = list(fsrs_rs.FSRS(current).compute_parameters(train))
     scheduling.make_scheduler(desired_retention, parameters=fitted)  # py-fsrs accepts them
-    progress(80, "Comparing with your current parameters")
+    progress(80, f"Comparing on your {len(held_out)} latest reviews")
     return Fit(
         parameters=fitted,
-        current=evaluate(current, items),
-        fitted=evaluate(fitted, items),
+        training={"current": evaluate(current, train), "fitted": evaluate(fitted, train)},
+        held_out=(
+            {"current": evaluate(current, held_out), "fitted": evaluate(fitted, held_out)}
+            if held_out
+            else {}
+        ),
         intervals=interval_table(current, fitted, desired_retention),
-        reviews=len(items),
+        reviews=len(train),
+        held_out_reviews=len(held_out),
     )
-
-
-def count_long_term(reviews: Iterable[Review]) -> int:
-    """How many reviews count towards MIN_REVIEWS (cheap: no items built)."""
-    last: dict[int, dt.date] = {}
-    n = 0
-    for review in reviews:
-        previous = last.get(review.card_id)
-        if previous is not None and review.study_date > previous:
-            n += 1
-        last[review.card_id] = review.study_date
-    return n
 
 
 WORKLOAD_RETENTIONS = (0.80, 0.85, 0.90, 0.95)

@@ -1,11 +1,16 @@
 """The learner's own FSRS parameters: fitting them on the worker, using them, going back.
 
-"Optimize my parameters" creates a ParameterFit and sends it to the worker (default queue); the
-task calls `fit_run`, which reads the log, fits with quiz/optimizer.py and stores the figures.
+"Optimize my parameters" creates a ParameterFit and sends it to the worker (queue `quiz.fit`,
+config/celery.py, so a fit never waits behind labs nor takes a lab's slot on a fit-only worker);
+the press reads no more of the log than MIN_REVIEWS rows, after the one-fit-at-a-time check. The
+task calls `fit_run`, which reads the log, fits with quiz/optimizer.py and stores the figures,
+under a time limit; a fit whose worker died is failed at the learner's next visit to the page.
 The fit also simulates the workload/retention trade-off (reviews a day at desired retention
 0.80-0.95, Anki's "Help me decide") for the learner's deck under both parameter sets: it takes
 about a second for a large deck, too long for a page. Nothing changes for the learner until they
-choose "Use these parameters"; the parameters they replace are kept, so "Go back" restores them.
+choose "Use these parameters", which is offered only for a fit that predicts their latest,
+held-out reviews better than the parameters in force; the parameters they replace are kept, so
+"Go back" restores them.
 New reviews are scheduled with the parameters in force, and each log row records them (replay
 uses them).
 """
@@ -13,9 +18,12 @@ uses them).
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 from celery import Task, shared_task
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings as django_settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -30,82 +38,128 @@ RUNNING = (ParameterFit.Status.QUEUED, ParameterFit.Status.RUNNING)
 
 
 def _reviews(user_id: int) -> list[optimizer.Review]:
+    """The learner's log in the order made (on the worker only: it can be very long)."""
     rows = (
         ReviewLog.objects.filter(user_id=user_id)
-        .order_by("id")
+        .order_by("reviewed_at", "id")
         .values_list("card_id", "rating", "study_date")
     )
-    return [optimizer.Review(card, rating, day) for card, rating, day in rows]
+    return [optimizer.Review(card, rating, day) for card, rating, day in rows.iterator(10_000)]
+
+
+def _release_stale(user: AbstractBaseUser) -> None:
+    """Fail the learner's fit whose worker died (killed, out of memory, restarted): running past
+    the task's hard time limit, or queued so long that no fit worker can be taking it. Without
+    this the row stays "running" and the learner can never optimize again."""
+    now = timezone.now()
+    dead = django_settings.QUIZ_FIT_TIME_LIMIT_S + 60  # the hard limit, and a margin
+    ParameterFit.objects.filter(
+        user=user, status=ParameterFit.Status.RUNNING, started_at__lt=now - timedelta(seconds=dead)
+    ).update(
+        status=ParameterFit.Status.FAILED,
+        error="The worker stopped before the fit finished; optimize again.",
+        finished_at=now,
+    )
+    ParameterFit.objects.filter(
+        user=user,
+        status=ParameterFit.Status.QUEUED,
+        created_at__lt=now - timedelta(seconds=django_settings.QUIZ_FIT_QUEUED_STALE_S),
+    ).update(
+        status=ParameterFit.Status.FAILED,
+        error="No worker took the fit; optimize again later.",
+        finished_at=now,
+    )
 
 
 def fit_latest(*, user: AbstractBaseUser) -> ParameterFit | None:
+    _release_stale(user)
     return ParameterFit.objects.filter(user=user).first()
 
 
 def fit_start(*, user: AbstractBaseUser) -> ParameterFit:
-    """Queue a fit of the learner's parameters. Raises ValidationError (nothing queued) below
-    optimizer.MIN_REVIEWS usable reviews or while a fit is already queued or running."""
-    usable = optimizer.count_long_term(_reviews(user.pk))
-    if usable < optimizer.MIN_REVIEWS:
-        raise ValidationError(
-            f"Optimizing needs at least {optimizer.MIN_REVIEWS} reviews made a day or more after"
-            f" the card's previous review; you have {usable}. Until then the defaults fit you"
-            " better than a fit to so few reviews would."
-        )
+    """Queue a fit of the learner's parameters. Raises ValidationError (nothing queued) while a
+    fit is already queued or running, or with fewer than optimizer.MIN_REVIEWS reviews in all
+    (the worker counts the usable ones)."""
+    _release_stale(user)
     with transaction.atomic():
         LearnerSettings.objects.get_or_create(user=user)
         # One fit at a time per learner: lock their settings row while checking.
         LearnerSettings.objects.select_for_update().filter(user=user).first()
         if ParameterFit.objects.filter(user=user, status__in=RUNNING).exists():
             raise ValidationError("Your parameters are already being optimized.")
-        fit = ParameterFit.objects.create(user=user, created_at=timezone.now(), reviews=usable)
+        # Bounded: reads at most MIN_REVIEWS index entries, however long the log.
+        some = ReviewLog.objects.filter(user=user).values("id")[: optimizer.MIN_REVIEWS].count()
+        if some < optimizer.MIN_REVIEWS:
+            raise ValidationError(
+                f"Optimizing needs at least {optimizer.MIN_REVIEWS} reviews made a day or more"
+                f" after the card's previous review; you have {some} reviews in all. Until then"
+                " the defaults fit you better than a fit to so few reviews would."
+            )
+        fit = ParameterFit.objects.create(user=user, created_at=timezone.now())
         transaction.on_commit(lambda: fit_parameters_task.apply_async(args=[fit.pk]))
     return fit
 
 
 def fit_run(*, fit_id: int) -> None:
     """On the worker: fit, compare with the parameters in force, store the figures."""
+    claimed = ParameterFit.objects.filter(pk=fit_id, status=ParameterFit.Status.QUEUED).update(
+        status=ParameterFit.Status.RUNNING, started_at=timezone.now()
+    )
+    if not claimed:
+        return  # a redelivered message: already done, in hand, or failed as stale
     fit = ParameterFit.objects.select_related("user").get(pk=fit_id)
-    if fit.status != ParameterFit.Status.QUEUED:
-        return  # a redelivered message: already done or in hand
 
     def progress(percent: int, stage: str) -> None:
-        ParameterFit.objects.filter(pk=fit_id).update(
-            status=ParameterFit.Status.RUNNING, progress=percent, stage=stage
+        ParameterFit.objects.filter(pk=fit_id, status=ParameterFit.Status.RUNNING).update(
+            progress=percent, stage=stage
         )
 
     settings = learner_settings_get(user=fit.user)
-    reviews = _reviews(fit.user_id)
     try:
+        progress(2, "Reading your reviews")
+        reviews = _reviews(fit.user_id)
         result = optimizer.fit(
             reviews,
             current=settings.fsrs_parameters,
             desired_retention=settings.desired_retention,
             progress=progress,
         )
-    except (optimizer.NotEnoughReviews, ValueError) as exc:
-        ParameterFit.objects.filter(pk=fit_id).update(
-            status=ParameterFit.Status.FAILED, error=str(exc), finished_at=timezone.now()
+        progress(90, "Simulating your workload at each retention")
+        deck = len({review.card_id for review in reviews})
+        current = settings.fsrs_parameters or scheduling.DEFAULT_PARAMETERS
+        new = settings.new_per_day
+        workload = [
+            {"retention": now["retention"], "current": now, "fitted": fitted}
+            for now, fitted in zip(
+                optimizer.workload(current, deck_size=deck, new_per_day=new),
+                optimizer.workload(result.parameters, deck_size=deck, new_per_day=new),
+                strict=True,
+            )
+        ]
+    except SoftTimeLimitExceeded:
+        fit_fail(
+            fit_id=fit_id,
+            error=f"The fit took longer than {django_settings.QUIZ_FIT_TIME_LIMIT_S} s, so it"
+            " was stopped.",
         )
         return
-    progress(90, "Simulating your workload at each retention")
-    deck = len({review.card_id for review in reviews})
-    current = settings.fsrs_parameters or scheduling.DEFAULT_PARAMETERS
-    workload = [
-        {"retention": now["retention"], "current": now, "fitted": fitted}
-        for now, fitted in zip(
-            optimizer.workload(current, deck_size=deck, new_per_day=settings.new_per_day),
-            optimizer.workload(result.parameters, deck_size=deck, new_per_day=settings.new_per_day),
-            strict=True,
-        )
-    ]
-    ParameterFit.objects.filter(pk=fit_id).update(
+    except (optimizer.NotEnoughReviews, ValueError) as exc:
+        fit_fail(fit_id=fit_id, error=str(exc))
+        return
+    ParameterFit.objects.filter(pk=fit_id, status=ParameterFit.Status.RUNNING).update(
         status=ParameterFit.Status.DONE,
         progress=100,
         stage="Done",
         reviews=result.reviews,
         parameters=result.parameters,
-        evaluation={"current": result.current, "fitted": result.fitted, "workload": workload},
+        evaluation={
+            "training": result.training,
+            "held_out": result.held_out,
+            "held_out_reviews": result.held_out_reviews,
+            "wins": result.wins,
+            "current_is_default": not settings.fsrs_parameters,
+            "workload": workload,
+        },
         intervals=result.intervals,
         finished_at=timezone.now(),
     )
@@ -122,6 +176,11 @@ def parameters_use(*, user: AbstractBaseUser, fit_id: int) -> LearnerSettings:
     fit = ParameterFit.objects.filter(user=user, pk=fit_id, status=ParameterFit.Status.DONE).first()
     if fit is None:
         raise ValidationError("That fit is not yours or has not finished.")
+    if not (fit.evaluation or {}).get("wins"):
+        raise ValidationError(
+            "That fit predicted your latest reviews no better than the parameters in force,"
+            " so they are kept."
+        )
     settings, _ = LearnerSettings.objects.get_or_create(user=user)
     settings.previous_parameters = settings.fsrs_parameters
     settings.fsrs_parameters = fit.parameters
@@ -156,6 +215,14 @@ class _FitTask(Task):
             fit_fail(fit_id=int(args[0]), error=f"{type(exc).__name__}: {exc}")
 
 
-@shared_task(name="quiz.fit_parameters", base=_FitTask, ignore_result=True, queue="default")
+# Its queue (quiz.fit) is chosen in config/celery.py; a fit past its hard limit is killed and
+# failed by _release_stale.
+@shared_task(
+    name="quiz.fit_parameters",
+    base=_FitTask,
+    ignore_result=True,
+    soft_time_limit=django_settings.QUIZ_FIT_TIME_LIMIT_S,
+    time_limit=django_settings.QUIZ_FIT_TIME_LIMIT_S + 30,
+)
 def fit_parameters_task(fit_id: int) -> None:
     fit_run(fit_id=int(fit_id))

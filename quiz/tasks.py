@@ -4,8 +4,8 @@ the service does the work and the row holds the state.
 
 - `quiz.card_make`: a personal card made from a lab run (quiz.personal). It simulates, so it
   runs on the lab worker's queue, chosen with its time limits when it is enqueued;
-- `quiz.fit_parameters`: a fit of a learner's FSRS parameters, on the default queue
-  (quiz.parameters).
+- `quiz.fit_parameters`: a fit of a learner's FSRS parameters, on its own queue `quiz.fit`
+  (routed in config/celery.py), with its time limits (quiz.parameters).
 """
 
 from __future__ import annotations

@@ -30,8 +30,17 @@ def finished_fit(username: str) -> ParameterFit:
         reviews=1234,
         parameters=fitted,
         evaluation={
-            "current": {"log_loss": 0.51, "rmse": 0.16},
-            "fitted": {"log_loss": 0.47, "rmse": 0.14},
+            "training": {
+                "current": {"log_loss": 0.51, "rmse": 0.16},
+                "fitted": {"log_loss": 0.47, "rmse": 0.14},
+            },
+            "held_out": {
+                "current": {"log_loss": 0.50, "rmse": 0.15},
+                "fitted": {"log_loss": 0.48, "rmse": 0.14},
+            },
+            "held_out_reviews": 400,
+            "wins": True,
+            "current_is_default": True,
             "workload": [{"retention": a["retention"], "current": a, "fitted": b} for a, b in rows],
         },
         intervals=optimizer.interval_table(scheduling.DEFAULT_PARAMETERS, fitted, 0.9),

@@ -5,8 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import random
 import time
+from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 
@@ -14,6 +16,7 @@ from quiz import optimizer, parameters, scheduling, selectors, services
 from quiz.models import ParameterFit, ReviewLog
 from tests.quiz.factories import at, make_card, review
 from tests.quiz.synthetic_learners import review_log, true_parameters
+from tests.worker import start_worker
 
 
 def _split(log, seed):
@@ -40,8 +43,68 @@ def test_fitted_parameters_predict_held_out_reviews_better_than_the_defaults(kin
         f" fitted {fitted['rmse']:.4f}"
     )
     assert fitted["log_loss"] < defaults["log_loss"]
-    assert fit.fitted["log_loss"] < fit.current["log_loss"]  # in-sample, as the page shows
+    assert fit.training["fitted"]["log_loss"] < fit.training["current"]["log_loss"]
     assert fit.parameters != list(scheduling.DEFAULT_PARAMETERS)
+
+
+def test_the_fit_is_judged_on_the_latest_reviews_which_it_did_not_see(monkeypatch):
+    log = review_log("steep", 1500, 3)
+    seen = []
+    real = optimizer.fsrs_rs.FSRS.compute_parameters
+    monkeypatch.setattr(
+        optimizer.fsrs_rs.FSRS,
+        "compute_parameters",
+        lambda self, items: seen.append(len(items)) or real(self, items),
+    )
+    fit = optimizer.fit(log, current=None, desired_retention=0.9)
+    train, held = optimizer.split_by_time(log)
+    assert seen == [len(train)] == [fit.reviews]  # the fit saw only the earlier items
+    assert fit.held_out_reviews == len(held) > 0
+    assert len(train) + len(held) == len(optimizer.training_items(log))
+    assert fit.held_out["fitted"] == optimizer.evaluate(fit.parameters, held)
+    defaults = optimizer.evaluate(scheduling.DEFAULT_PARAMETERS, held)
+    assert fit.held_out["current"] == defaults
+    print(
+        f"\nsteep, seed 3: {fit.reviews} training items, {fit.held_out_reviews} held out; log loss"
+        f" training fitted {fit.training['fitted']['log_loss']:.4f} defaults"
+        f" {fit.training['current']['log_loss']:.4f}; held out fitted"
+        f" {fit.held_out['fitted']['log_loss']:.4f} defaults {defaults['log_loss']:.4f}"
+    )
+    assert fit.wins and fit.held_out["fitted"]["log_loss"] < defaults["log_loss"]
+
+
+def test_the_held_out_items_are_those_ending_in_the_latest_quarter_of_the_reviews():
+    day = dt.date(2026, 3, 1)
+    log = [optimizer.Review(1, 3, day + dt.timedelta(days=d)) for d in (0, 10, 20, 30)]
+    log += [optimizer.Review(2, 3, day + dt.timedelta(days=d)) for d in (1, 2, 3, 4)]
+    train, held = optimizer.split_by_time(log)
+    # By time the last two of the eight reviews are card 1's on days 20 and 30.
+    assert [len(item.reviews) for item in held] == [3, 4]
+    assert [item.long_term_review_cnt() for item in held] == [2, 3]
+    assert sorted(len(item.reviews) for item in train) == [2, 2, 3, 4]
+
+
+def test_a_fit_that_loses_on_the_held_out_reviews_does_not_win():
+    # This learner's fit beats the defaults on the reviews it saw and loses on the later ones.
+    fit = optimizer.fit(review_log("retentive", 1500, 2), current=None, desired_retention=0.9)
+    assert fit.training["fitted"]["log_loss"] < fit.training["current"]["log_loss"]
+    assert fit.held_out["fitted"]["log_loss"] > fit.held_out["current"]["log_loss"]
+    assert not fit.wins
+
+
+def test_study_dates_going_back_and_forth_do_not_multiply_a_cards_items():
+    # Time zones switched between reviews: the study date goes D+1, D, D+1, D... Each return to
+    # D+1 counted as "a day later", giving an item per two reviews, each holding all before it.
+    day = dt.date(2026, 3, 1)
+    zigzag = [optimizer.Review(1, 3, day + dt.timedelta(days=i % 2)) for i in range(2000)]
+    items = optimizer.training_items(zigzag)
+    assert len(items) == 1 and len(items[0].reviews) == 2
+    # A card reviewed every day for years: its items are bounded in length, so the total is
+    # linear in its reviews.
+    daily = [optimizer.Review(2, 3, day + dt.timedelta(days=i)) for i in range(2000)]
+    items = optimizer.training_items(daily)
+    assert len(items) == optimizer.MAX_CARD_REVIEWS - 1
+    assert max(len(item.reviews) for item in items) == optimizer.MAX_CARD_REVIEWS
 
 
 def test_it_refuses_a_log_too_small_for_a_meaningful_fit():
@@ -111,6 +174,125 @@ def test_optimizing_below_the_threshold_is_refused_and_nothing_is_queued(alice, 
     assert not ParameterFit.objects.exists() and not sent
 
 
+@pytest.mark.django_db
+def test_the_worker_refuses_a_log_with_too_few_usable_reviews(alice, monkeypatch):
+    monkeypatch.setattr("quiz.tasks.fit_parameters_task.apply_async", lambda args: None)
+    log = review_log("forgetful", 600, 5)
+    _store(alice, [optimizer.Review(r.card_id, r.rating, log[0].study_date) for r in log])
+    fit = parameters.fit_start(user=alice)  # enough rows, all on one day: the worker finds out
+    parameters.fit_run(fit_id=fit.pk)
+    fit.refresh_from_db()
+    assert fit.status == "failed" and "at least 512" in fit.error and "have 0" in fit.error
+
+
+def _log_reads(queries) -> list[str]:
+    return [q["sql"] for q in queries if "quiz_reviewlog" in q["sql"]]
+
+
+@pytest.mark.django_db
+def test_a_press_checks_for_a_fit_in_hand_first_and_reads_a_bounded_part_of_the_log(
+    alice, monkeypatch
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    monkeypatch.setattr("quiz.tasks.fit_parameters_task.apply_async", lambda args: None)
+    monkeypatch.setattr(parameters, "_reviews", lambda user_id: pytest.fail("read in the web"))
+    _store(alice, review_log("forgetful", 1200, 6))
+    with CaptureQueriesContext(connection) as queries:
+        fit = parameters.fit_start(user=alice)
+    reads = _log_reads(queries.captured_queries)
+    assert reads and all("LIMIT 512" in sql for sql in reads)
+    with (
+        CaptureQueriesContext(connection) as queries,
+        pytest.raises(ValidationError, match="already"),
+    ):
+        parameters.fit_start(user=alice)
+    assert not _log_reads(queries.captured_queries)  # refused before the log is touched
+    assert fit.reviews == 0  # counted by the worker
+
+
+@pytest.mark.django_db
+def test_a_fit_killed_mid_way_is_failed_and_a_new_press_starts_one(
+    alice, alice_client, monkeypatch, django_capture_on_commit_callbacks
+):
+    sent = []
+    monkeypatch.setattr(
+        "quiz.tasks.fit_parameters_task.apply_async", lambda args: sent.append(args)
+    )
+    _store(alice, review_log("forgetful", 600, 8))
+    now = dt.datetime.now(dt.UTC)
+    limit = dt.timedelta(seconds=settings.QUIZ_FIT_TIME_LIMIT_S)
+    # A worker OOM-killed or restarted mid-fit leaves its row running at 5%.
+    dead = ParameterFit.objects.create(
+        user=alice,
+        status="running",
+        progress=5,
+        created_at=now - limit - dt.timedelta(minutes=5),
+        started_at=now - limit - dt.timedelta(minutes=3),
+    )
+    page = alice_client.get(reverse("quiz:parameters")).content.decode()
+    assert "worker stopped before the fit finished" in page and "Optimize my parameters" in page
+    dead.refresh_from_db()
+    assert dead.status == "failed"
+    with django_capture_on_commit_callbacks(execute=True):
+        fit = parameters.fit_start(user=alice)
+    assert fit.pk != dead.pk and fit.status == "queued" and sent == [[fit.pk]]
+    parameters.fit_run(fit_id=dead.pk)  # its message, redelivered, does not revive it
+    dead.refresh_from_db()
+    assert dead.status == "failed"
+
+
+@pytest.mark.django_db
+def test_a_fit_still_within_its_time_limit_or_lost_in_the_queue(alice, monkeypatch):
+    monkeypatch.setattr("quiz.tasks.fit_parameters_task.apply_async", lambda args: None)
+    _store(alice, review_log("forgetful", 600, 8))
+    now = dt.datetime.now(dt.UTC)
+    running = ParameterFit.objects.create(
+        user=alice, status="running", created_at=now, started_at=now - dt.timedelta(seconds=60)
+    )
+    with pytest.raises(ValidationError, match="already"):
+        parameters.fit_start(user=alice)  # a live fit is left alone
+    running.status = "done"
+    running.save()
+    lost = ParameterFit.objects.create(
+        user=alice,
+        created_at=now - dt.timedelta(seconds=settings.QUIZ_FIT_QUEUED_STALE_S + 60),
+    )
+    assert parameters.fit_start(user=alice).pk != lost.pk
+    lost.refresh_from_db()
+    assert lost.status == "failed" and "No worker took" in lost.error
+
+
+@pytest.mark.django_db
+def test_a_fit_past_its_soft_time_limit_fails_and_says_so(alice, monkeypatch):
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    def slow(*args, **kwargs):
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr("quiz.tasks.fit_parameters_task.apply_async", lambda args: None)
+    monkeypatch.setattr(optimizer, "fit", slow)
+    _store(alice, review_log("forgetful", 600, 8))
+    fit = parameters.fit_start(user=alice)
+    parameters.fit_run(fit_id=fit.pk)
+    fit.refresh_from_db()
+    assert fit.status == "failed" and "took longer than" in fit.error
+
+
+def test_the_fit_runs_on_its_own_queue_with_time_limits():
+    from config import devrun
+    from config.celery import app
+
+    route = app.amqp.router.route({}, "quiz.fit_parameters", args=[1])
+    assert route["queue"].name == "quiz.fit"
+    task = parameters.fit_parameters_task
+    assert task.soft_time_limit == settings.QUIZ_FIT_TIME_LIMIT_S < task.time_limit
+    # `make run`'s worker consumes it, so a fit started there runs.
+    worker = devrun.commands("127.0.0.1", 8000, Path(".venv"))["lab worker"]
+    assert "quiz.fit" in worker[worker.index("-Q") + 1].split(",")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_fit_runs_then_its_parameters_are_used_logged_and_can_be_undone(
     alice, client, monkeypatch
@@ -128,7 +310,9 @@ def test_a_fit_runs_then_its_parameters_are_used_logged_and_can_be_undone(
     parameters.fit_run(fit_id=fit.pk)  # what the worker does
     fit.refresh_from_db()
     assert fit.status == "done" and fit.progress == 100 and len(fit.parameters) == 21
-    assert fit.evaluation["fitted"]["log_loss"] < fit.evaluation["current"]["log_loss"]
+    assert fit.evaluation["wins"] and fit.reviews > 0
+    held = fit.evaluation["held_out"]
+    assert held["fitted"]["log_loss"] < held["current"]["log_loss"]
     workload = fit.evaluation["workload"]
     assert [row["retention"] for row in workload] == [0.80, 0.85, 0.90, 0.95]
     # A forgetful learner needs more reviews than the defaults assume, at every retention.
@@ -137,6 +321,7 @@ def test_a_fit_runs_then_its_parameters_are_used_logged_and_can_be_undone(
     )
     page = client.get(reverse("quiz:parameters")).content.decode()
     assert "Use these parameters" in page and "Reviews a day now" in page
+    assert "latest reviews (held out)" in page and "same reviews" not in page
 
     parameters.parameters_use(user=alice, fit_id=fit.pk)
     card = make_card()
@@ -171,6 +356,26 @@ def test_a_fit_runs_then_its_parameters_are_used_logged_and_can_be_undone(
 
 
 @pytest.mark.django_db
+def test_a_fit_that_loses_on_the_latest_reviews_keeps_the_parameters_in_force(
+    alice, alice_client, monkeypatch
+):
+    monkeypatch.setattr("quiz.tasks.fit_parameters_task.apply_async", lambda args: None)
+    _store(alice, review_log("retentive", 1500, 2))
+    fit = parameters.fit_start(user=alice)
+    parameters.fit_run(fit_id=fit.pk)
+    fit.refresh_from_db()
+    ev = fit.evaluation
+    assert fit.status == "done" and not ev["wins"]
+    assert ev["training"]["fitted"]["log_loss"] < ev["training"]["current"]["log_loss"]
+    assert ev["held_out"]["fitted"]["log_loss"] > ev["held_out"]["current"]["log_loss"]
+    page = alice_client.get(reverse("quiz:parameters")).content.decode()
+    assert "Your parameters are kept" in page and "Use these parameters" not in page
+    with pytest.raises(ValidationError, match="kept"):
+        parameters.parameters_use(user=alice, fit_id=fit.pk)
+    assert selectors.learner_settings_get(user=alice).fsrs_parameters is None
+
+
+@pytest.mark.django_db
 def test_the_parameters_page_refuses_a_learner_with_too_few_reviews(alice_client, monkeypatch):
     monkeypatch.setattr("quiz.tasks.fit_parameters_task.apply_async", lambda args: None)
     page = alice_client.get(reverse("quiz:parameters")).content.decode()
@@ -187,7 +392,11 @@ def test_the_parameters_page_refuses_a_learner_with_too_few_reviews(alice_client
 def test_a_learner_without_saved_settings_can_use_a_fit_and_go_back(alice):
     fitted = true_parameters("forgetful")
     fit = ParameterFit.objects.create(
-        user=alice, status="done", created_at=at(2026, 6, 1, 9), parameters=fitted
+        user=alice,
+        status="done",
+        created_at=at(2026, 6, 1, 9),
+        parameters=fitted,
+        evaluation={"wins": True},
     )
     parameters.parameters_use(user=alice, fit_id=fit.pk)
     assert selectors.learner_settings_get(user=alice).fsrs_parameters == fitted
@@ -196,19 +405,23 @@ def test_a_learner_without_saved_settings_can_use_a_fit_and_go_back(alice):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_optimize_from_the_page_runs_on_a_real_worker(alice, alice_client, celery_worker):
+def test_optimize_from_the_page_runs_on_a_real_fit_worker(alice, alice_client):
     _store(alice, review_log("steep", 900, 7))
-    response = alice_client.post(reverse("quiz:parameters-optimize"))
-    assert response.status_code == 302
-    fit = ParameterFit.objects.get(user=alice)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        page = alice_client.get(reverse("quiz:parameters"))
-        assert page.status_code == 200  # the page answers while the worker fits
-        fit.refresh_from_db()
-        if fit.status not in parameters.RUNNING:
-            break
-        time.sleep(0.2)
-    assert fit.status == ParameterFit.Status.DONE, f"{fit.error}\n{celery_worker.log()}"
+    worker = start_worker(["quiz.fit"])  # the fit's own queue, no lab queue
+    try:
+        response = alice_client.post(reverse("quiz:parameters-optimize"))
+        assert response.status_code == 302
+        fit = ParameterFit.objects.get(user=alice)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            page = alice_client.get(reverse("quiz:parameters"))
+            assert page.status_code == 200  # the page answers while the worker fits
+            fit.refresh_from_db()
+            if fit.status not in parameters.RUNNING:
+                break
+            time.sleep(0.2)
+    finally:
+        worker.stop()
+    assert fit.status == ParameterFit.Status.DONE, f"{fit.error}\n{worker.log()}"
     page = alice_client.get(reverse("quiz:parameters")).content.decode()
     assert "Use these parameters" in page and f"on {fit.reviews} reviews" in page
