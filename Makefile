@@ -65,7 +65,7 @@ port-free:
 	@$(PYTHON) config/devrun.py --check-port --host '$(HOST)' --port '$(PORT)'
 
 worker: setup
-	$(PY) config/supervise.py $(VENV)/bin/celery -A config worker -Q labs.sim,default --loglevel=INFO
+	$(PY) config/supervise.py $(VENV)/bin/celery -A config worker -Q labs.sim,default,quiz.fit --loglevel=INFO
 
 # The suite on both cores, Hypothesis at a tenth of its full counts (tests/budget.py), without the
 # tests marked deep. Ends with its ten slowest tests and its wall and CPU time.
