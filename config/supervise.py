@@ -2,14 +2,13 @@
 
     python config/supervise.py celery -A config worker -Q labs.sim,default --loglevel=INFO
 
-A worker can exit on its own when its broker goes away: with Redis stopped under a prefork
-worker, kombu 5.x fails while closing the lost connection's channel (an AttributeError on the
-gone connection, logged as "Unrecoverable error") and the worker shuts down, after letting a
-running lab finish. Started at a moment when Redis or the database is down, it exits at once
-(config.celery's preflight). Either way labs would stay offline until someone restarted it by
-hand; this restarts it, waiting 1 s, then 2, 4 ... at most 30 s between tries while it keeps
-failing (back to 1 s once it has run a minute). A systemd unit with Restart=always does the
-same job; use one or the other.
+A worker can exit on its own: started at a moment when Redis or the database is down, it exits
+at once (config.celery's preflight). (A Redis outage under a running prefork worker used to end
+it too, kombu failing while closing the lost connection's channel; config.celery now turns that
+into the connection error it is, and the worker reconnects by itself.) Labs would then stay
+offline until someone restarted it by hand; this restarts it, waiting 1 s, then 2, 4 ... at
+most 30 s between tries while it keeps failing (back to 1 s once it has run a minute). A
+systemd unit with Restart=always does the same job; use one or the other.
 
 SIGTERM, SIGINT or SIGHUP stop it: the signal goes to the worker (a warm shutdown, as for a
 worker started alone) and this exits with the worker's code, without restarting it. Standard
