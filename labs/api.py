@@ -21,7 +21,7 @@ from labs.params import ParamError, parse_lab_params
 from labs.presets import LABS, Lab
 from labs.results import Metric, dig
 from labs.sim.engine_model import short_where_label
-from labs.sizing import sim_precheck
+from labs.sizing import sim_precheck, sim_steps
 from labs.your_number import YourNumber, your_number
 
 __all__ = [
@@ -45,12 +45,17 @@ __all__ = [
     "sim_worker_online",
     "simulate",
     "simulation_fits",
+    "simulation_steps",
+    "sim_work_check",
+    "RunRefused",
     "sweep_get_for_owner",
     "your_number",
 ]
 
 answer_for_labs = hooks.answer
 run_get_for_owner = selectors.run_get_for_owner
+RunRefused = services.RunRefused
+sim_work_check = services.sim_work_check
 sweep_get_for_owner = selectors.sweep_get_for_owner
 
 
@@ -97,6 +102,16 @@ def simulation_fits(values: Mapping[str, Any]) -> None:
         ParamError: why (RunTooLarge among them).
     """
     sim_precheck(parse_lab_params(values), max_run_mb=settings.LABS_SIM_MAX_RUN_MB)
+
+
+def simulation_steps(values: Mapping[str, Any]) -> int:
+    """An upper bound (O(1)) on the simulated steps one simulation of these settings takes: its
+    cost in the lab worker's time (labs.sizing.sim_steps).
+
+    Raises:
+        ParamError: settings that cannot be simulated.
+    """
+    return sim_steps(parse_lab_params(values))
 
 
 def simulate(values: Mapping[str, Any]) -> dict[str, Any]:

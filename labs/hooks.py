@@ -4,9 +4,14 @@ its functions from its AppConfig.ready (through labs.api.answer_for_labs).
 - `reviews_at_least(user_id, count)`: whether a learner has answered at least `count` quiz cards
   (new accounts get a smaller allowance of lab runs until then; labs.services);
 - `cards_using(presets)`: the active cards that open one of these lab presets, for a lab's page
-  ("cards that use this lab"; labs.selectors.cards_for_lab).
+  ("cards that use this lab"; labs.selectors.cards_for_lab);
+- `work_in_flight(user_id)`: the quiz's work a learner (None: all learners) has queued or
+  running, as (on the lab worker's queue, elsewhere): card requests simulate on the lab worker,
+  optimizer fits run on their own queue. Both count against the learner's quota of work in
+  flight; the first also against the simulator queue's cap and the learner's share of it.
 
-Unanswered (no quiz installed), a learner has answered nothing and no card uses a lab.
+Unanswered (no quiz installed), a learner has answered nothing, no card uses a lab and no other
+work is in flight.
 """
 
 from __future__ import annotations
@@ -16,13 +21,21 @@ from typing import Any
 
 ReviewsAtLeast = Callable[[int, int], bool]
 CardsUsing = Callable[[Sequence[str]], list[dict[str, Any]]]
+WorkInFlight = Callable[[int | None], tuple[int, int]]
 
 _answers: dict[str, Any] = {}
 
 
-def answer(*, reviews_at_least: ReviewsAtLeast, cards_using: CardsUsing) -> None:
+def answer(
+    *,
+    reviews_at_least: ReviewsAtLeast,
+    cards_using: CardsUsing,
+    work_in_flight: WorkInFlight | None = None,
+) -> None:
     """Register the functions that answer labs' questions (see the module docstring)."""
     _answers.update(reviews_at_least=reviews_at_least, cards_using=cards_using)
+    if work_in_flight is not None:
+        _answers["work_in_flight"] = work_in_flight
 
 
 def reviews_at_least(user_id: int, count: int) -> bool:
@@ -34,3 +47,12 @@ def cards_using(presets: Sequence[str]) -> list[dict[str, Any]]:
     """Each card as {"slug", "title", "prompt", "url", "preset"}, at most 12."""
     ask: CardsUsing | None = _answers.get("cards_using")
     return [] if ask is None else list(ask(presets))
+
+
+def work_in_flight(user_id: int | None) -> tuple[int, int]:
+    """(on the lab worker's queue, elsewhere); (0, 0) unanswered."""
+    ask: WorkInFlight | None = _answers.get("work_in_flight")
+    if ask is None:
+        return 0, 0
+    on_lab, elsewhere = ask(user_id)
+    return int(on_lab), int(elsewhere)

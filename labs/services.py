@@ -127,7 +127,8 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
     elif backend == "sim":
         # Every learner's sim runs share the CPU workers: a global cap bounds the backlog ...
         cap = settings.LABS_SIM_QUEUE_CAP
-        busy = LabRun.objects.active().filter(backend="sim").count()
+        # Card requests simulate on the same workers: they count as runs here (labs/hooks.py).
+        busy = LabRun.objects.active().filter(backend="sim").count() + hooks.work_in_flight(None)[0]
         if busy + new_runs > cap:
             raise RunRefused(
                 f"The simulator queue is full ({busy} of {cap} runs queued or running"
@@ -137,11 +138,13 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
             )
         # ... and no learner takes more than a share of it, so a handful cannot fill it.
         share = max(1, cap // settings.LABS_SIM_QUEUE_SHARES)
-        mine = LabRun.objects.for_owner(owner).active().filter(backend="sim").count()
+        cards = hooks.work_in_flight(owner.pk)[0]  # type: ignore[attr-defined]
+        mine = LabRun.objects.for_owner(owner).active().filter(backend="sim").count() + cards
         if mine + new_runs > share:
             raise RunRefused(
                 f"Your share of the simulator queue is {share} runs and you have {mine} queued "
-                f"or running{f', this sweep needs {new_runs}' if new_runs > 1 else ''}. "
+                f"or running{_counting(cards, 0)}"
+                f"{f', this sweep needs {new_runs}' if new_runs > 1 else ''}. "
                 "Wait for some to finish or cancel some, then run again.",
                 kind="quota",
             )
@@ -156,8 +159,10 @@ def _is_established(owner: object) -> bool:
 
 
 def _check_learner_quota(owner: object, new_runs: int) -> None:
-    """Every run in flight counts, each point of a sweep included."""
-    in_flight = LabRun.objects.for_owner(owner).active().count()
+    """Every run in flight counts, each point of a sweep included, and so does the learner's
+    other work (cards being made, parameter fits; labs/hooks.py)."""
+    cards, fits = hooks.work_in_flight(owner.pk)  # type: ignore[attr-defined]
+    in_flight = LabRun.objects.for_owner(owner).active().count() + cards + fits
     limit = settings.LABS_MAX_ACTIVE_PER_LEARNER
     new_account = not _is_established(owner) and limit > settings.LABS_NEW_LEARNER_MAX_ACTIVE
     if new_account:
@@ -171,11 +176,33 @@ def _check_learner_quota(owner: object, new_runs: int) -> None:
         else ""
     )
     raise RunRefused(
-        f"You already have {in_flight} runs queued or running (the limit is {limit}{why})"
+        f"You already have {in_flight} runs queued or running{_counting(cards, fits)} (the limit "
+        f"is {limit}{why})"
         f"{needs}. Each point of a sweep counts as a run. Wait for one to finish or cancel "
         "one, then run again.",
         kind="quota",
     )
+
+
+def _counting(cards: int, fits: int) -> str:
+    """The learner's work other than lab runs that a count includes, in words ("" for none)."""
+    parts = [f"{cards} card{'s' if cards != 1 else ''} being made"] if cards else []
+    parts += [f"{fits} parameter fit{'s' if fits != 1 else ''}"] if fits else []
+    return f" (counting {' and '.join(parts)})" if parts else ""
+
+
+def sim_work_check(*, owner: object) -> None:
+    """Refuse one more piece of simulating work (a card request) from `owner` as a run would be
+    refused: no worker, the learner's quota, the simulator queue's cap or the learner's share.
+    Call it inside the transaction that saves the work, so that the locks it takes (the
+    learner's, then the queue's, as for runs) hold until the work is written.
+
+    Raises:
+        RunRefused: why, in plain words; nothing is saved.
+    """
+    _lock_owner(owner)
+    _lock_queue_cap("sim")
+    _check_can_queue(owner=owner, backend="sim", new_runs=1)
 
 
 def _lock_owner(owner: object) -> None:

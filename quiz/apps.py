@@ -10,6 +10,7 @@ class QuizConfig(AppConfig):
 
         from labs import api as labs_api
         from quiz import models
+        from quiz.personal import work_in_flight
         from quiz.selectors import card_cache_clear, cards_using_presets, reviews_at_least
 
         # An edit in the admin shows at once in this process (see quiz.selectors.card_for_quiz).
@@ -17,4 +18,8 @@ class QuizConfig(AppConfig):
             for signal in (post_save, post_delete):
                 signal.connect(card_cache_clear, sender=model, dispatch_uid=f"card-cache-{model}")
         # What labs asks of the quiz without importing it (labs/hooks.py).
-        labs_api.answer_for_labs(reviews_at_least=reviews_at_least, cards_using=cards_using_presets)
+        labs_api.answer_for_labs(
+            reviews_at_least=reviews_at_least,
+            cards_using=cards_using_presets,
+            work_in_flight=work_in_flight,
+        )

@@ -32,15 +32,21 @@ from django.utils import timezone
 
 from labs import api as labs_api
 from labs.api import Lab, LabRun, ParamError, Sweep
-from quiz.models import PERSONAL_DECK, Card, Deck, PersonalCardRequest
+from quiz.models import PERSONAL_DECK, Card, Deck, ParameterFit, PersonalCardRequest
 
 logger = logging.getLogger(__name__)
 
-# The lab worker simulates the neighbour once per seed (about 0.1 s each for a lab's workload):
-# bound the work so a card from a huge sandbox run is refused (in the request, in O(1)) instead of
-# holding the worker; each simulation is also bounded in memory by the sim backend itself.
-MAX_SIM_TOKENS = 1_000_000
 NOISE_SEEDS = 2  # extra seeds the neighbour is simulated with, to measure the metric's noise
+# The worker's time limits for making one card; the soft limit lets the request record why it
+# stopped.
+CARD_SOFT_TIME_LIMIT_S = 120
+# The lab worker simulates the neighbour once per seed: bound that work by its cost, the
+# simulated steps (labs.sizing.sim_steps, O(1)), so a card that could not be made within the time
+# limit is refused in the request instead of holding the worker until it fails. A simulated step
+# takes under 10 microseconds on one core (measured on the lab presets and on sandbox runs); a
+# card may use a quarter of its limit, leaving room for a slower or busier worker.
+SIM_SECONDS_PER_STEP = 10e-6
+MAX_SIM_STEPS = int(CARD_SOFT_TIME_LIMIT_S / 4 / (NOISE_SEEDS + 1) / SIM_SECONDS_PER_STEP)
 MIN_RELATIVE_TOLERANCE = 0.05
 # The tolerance widens to hold what the run measured at the neighbour, up to this far from the
 # method's result; further than that, the card says the closed form misses it.
@@ -164,15 +170,43 @@ def _simulate(params: Mapping[str, Any], key: str, seeds: list[int]) -> list[flo
 
 
 def _check_bounded(params: Mapping[str, Any]) -> None:
-    work = int(params.get("num_prompts") or 0) * (
-        int(params.get("prompt_tokens") or 0) + int(params.get("output_tokens") or 0)
-    )
-    if work > MAX_SIM_TOKENS:
+    """Refuse, in O(1), a simulation whose simulated steps could not finish within the card's
+    time limit."""
+    try:
+        steps = labs_api.simulation_steps(params)
+    except ParamError as exc:
+        raise CardRefused(f"The neighbouring setting cannot be simulated: {exc}") from None
+    if steps > MAX_SIM_STEPS:
         raise CardRefused(
-            f"This run is too large to re-simulate for a card (num_prompts x (prompt_tokens + "
-            f"output_tokens) = {work:,}; the limit is {MAX_SIM_TOKENS:,}). Make a card from a run "
-            "with fewer num_prompts."
+            f"This run is too large to re-simulate for a card: each simulation of it may take up "
+            f"to {steps:,} simulated steps, and a card may take {MAX_SIM_STEPS:,} (it simulates "
+            f"{NOISE_SEEDS + 1} times within {CARD_SOFT_TIME_LIMIT_S} s). Make a card from a run "
+            "with fewer num_prompts or output_tokens."
         )
+
+
+def _to_simulate(run: LabRun) -> dict[str, Any] | None:
+    """The settings the worker will simulate for a card from `run` (its neighbour), or None when
+    the learner's own sweep point answers unsimulated. O(1) but for one query on a sweep.
+
+    Raises:
+        CardRefused: no neighbouring setting, or it cannot run.
+    """
+    lab = labs_api.lab_of(run)
+    key = lab.sweep_metrics[0][0]
+    if run.sweep is not None:
+        field = run.sweep.field
+        neighbour, known = _sweep_answer(run, key)
+    else:
+        field = lab.sweep_field
+        neighbour, known = _neighbour_from_lab(lab, field, run.params), None
+    params = {**run.params, field: neighbour}
+    if known is not None:
+        try:
+            _check_bounded(params)
+        except CardRefused:
+            return None  # as in _answer: the learner's own point, no noise measured
+    return params
 
 
 def _check_fits_worker(params: Mapping[str, Any]) -> None:
@@ -424,9 +458,6 @@ def card_from_run(*, user: AbstractBaseUser, run: LabRun) -> Card:
 
 # -- making it on the lab worker -----------------------------------------------------------------
 
-# The worker's time limits for making one card: three simulations bounded by MAX_SIM_TOKENS take a
-# few seconds on one core; the soft limit lets the request record why it stopped.
-CARD_SOFT_TIME_LIMIT_S = 120
 # A request still in flight this long after it was queued lost its worker: it no longer holds
 # the learner's lock.
 CARD_REQUEST_STALE = dt.timedelta(seconds=CARD_SOFT_TIME_LIMIT_S + 180)
@@ -499,9 +530,10 @@ def card_request(*, user: AbstractBaseUser, run: LabRun) -> PersonalCardRequest:
             card=existing,
             finished_at=timezone.now(),
         )
-    if run.sweep is None:  # a sweep may answer with the learner's own point, unsimulated
-        _check_bounded(run.params)
-        _check_fits_worker(run.params)
+    simulated = _to_simulate(run)
+    if simulated is not None:
+        _check_bounded(simulated)
+        _check_fits_worker(simulated)
     if not labs_api.sim_worker_online():
         raise CardRefused(
             "No lab worker is online right now, so the card was not queued. Try again in a "
@@ -510,6 +542,12 @@ def card_request(*, user: AbstractBaseUser, run: LabRun) -> PersonalCardRequest:
     _release_stale(user)
     try:
         with transaction.atomic():
+            # Counted with the learner's runs: their quota, their share of the simulator queue
+            # and its cap, as a run is; refused the same way, before anything is written.
+            try:
+                labs_api.sim_work_check(owner=user)
+            except labs_api.RunRefused as exc:
+                raise CardRefused(f"{exc} A card being made counts as a run.") from None
             request = PersonalCardRequest.objects.create(owner=user, run=run)
     except IntegrityError:
         busy = PersonalCardRequest.objects.filter(
@@ -716,3 +754,19 @@ def made_message(*, user: AbstractBaseUser, card: Card, now: dt.datetime) -> str
     if coming.when == "suspended":
         return "It is suspended: unsuspend it on its page to study it."
     return f"It comes on {coming.when}."
+
+
+def work_in_flight(user_id: int | None) -> tuple[int, int]:
+    """The learner's (None: everyone's) card requests and parameter fits queued or running, for
+    labs' caps (labs/hooks.py). A card request past CARD_REQUEST_STALE lost its worker and is
+    not counted."""
+    cards = PersonalCardRequest.objects.filter(
+        state__in=PersonalCardRequest.IN_FLIGHT,
+        created_at__gte=timezone.now() - CARD_REQUEST_STALE,
+    )
+    fits = ParameterFit.objects.filter(
+        status__in=(ParameterFit.Status.QUEUED, ParameterFit.Status.RUNNING)
+    )
+    if user_id is not None:
+        cards, fits = cards.filter(owner_id=user_id), fits.filter(user_id=user_id)
+    return cards.count(), fits.count()

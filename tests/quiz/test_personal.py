@@ -578,3 +578,65 @@ def test_a_request_number_that_is_not_ascii_digits_is_refused_by_name(alice_clie
     response = alice_client.get(reverse("quiz:my-cards") + f"?request={raw}")
     assert response.status_code == 400
     assert "?request= must be a card request number (digits 0-9" in response.content.decode()
+
+
+def test_a_card_request_counts_against_the_learners_share(alice, sent, settings):
+    """Issue 52: card requests simulate on the lab worker, so they count as runs in the learner's
+    share of the simulator queue (and a card in flight counts against the next run)."""
+    from labs import services
+
+    messages, simulated = sent
+    make_heartbeat("sim")
+    settings.LABS_SIM_QUEUE_CAP, settings.LABS_SIM_QUEUE_SHARES = 4, 2  # a share of 2
+    run = finished_run(alice)
+    for _ in range(2):
+        LabRun.objects.create(owner=alice, lab=run.lab, backend="sim", params=run.params)
+    with pytest.raises(personal.CardRefused, match=r"Your share of the simulator queue is 2 runs"):
+        personal.card_request(user=alice, run=run)
+    assert messages == [] and simulated == [] and not PersonalCardRequest.objects.exists()
+    LabRun.objects.filter(state=RunState.QUEUED).delete()
+    LabRun.objects.create(owner=alice, lab=run.lab, backend="sim", params=run.params)
+    assert personal.card_request(user=alice, run=run).state == "queued"
+    with pytest.raises(services.RunRefused, match=r"you have 2 .*counting 1 card being made"):
+        services.sim_work_check(owner=alice)
+
+
+def test_a_parameter_fit_counts_against_the_learners_quota(alice, sent, settings):
+    from labs import services
+    from quiz.models import ParameterFit
+
+    make_heartbeat("sim")
+    settings.LABS_MAX_ACTIVE_PER_LEARNER = settings.LABS_NEW_LEARNER_MAX_ACTIVE = 2
+    run = finished_run(alice)
+    ParameterFit.objects.create(user=alice, created_at=timezone.now())
+    assert personal.card_request(user=alice, run=run).state == "queued"
+    with pytest.raises(
+        services.RunRefused, match=r"already have 2 runs .*1 card being made and 1 parameter fit"
+    ):
+        services.sim_work_check(owner=alice)
+
+
+def test_a_card_too_long_to_simulate_in_its_time_limit_is_refused_up_front(alice, sent):
+    """Bounded by its cost in simulated steps: one request at a time decodes one token a step,
+    so 3,000 prompts of 300 tokens (990,000 tokens, under the old token proxy) at max_num_seqs 2
+    (the neighbour) take too long."""
+    messages, simulated = sent
+    make_heartbeat("sim")
+    run = finished_run(alice)
+    long = LabRun.objects.create(
+        owner=alice,
+        lab=run.lab,
+        backend="sim",
+        params={
+            **run.params,
+            "num_prompts": 3000,
+            "prompt_tokens": 30,
+            "output_tokens": 300,
+            "max_num_seqs": 1,
+        },
+        state=RunState.DONE,
+        result=run.result,
+    )
+    with pytest.raises(personal.CardRefused, match=r"simulated steps.*within 120 s"):
+        personal.card_request(user=alice, run=long)
+    assert messages == [] and simulated == [] and not PersonalCardRequest.objects.exists()
