@@ -89,6 +89,10 @@ class GpuConstants:
     # Fixed CPU time of a decode-only step where this GPU's measurements pin it down (its
     # engine version's scheduler); None = the global constant.
     decode_step_overhead_s: float | None = None
+    # The API server's time per request and what each other request in flight adds to it, where
+    # this GPU's own runs pin them down (the host such a GPU is rented with); None = global.
+    frontend_latency_s: float | None = None
+    frontend_per_stream_s: float | None = None
     # False where no published vLLM run of this GPU was found and its efficiencies are
     # borrowed from a calibrated part (their source says "not calibrated").
     calibrated: bool = True
@@ -111,6 +115,10 @@ class Calibration:
     num_fitted: int
     num_held_out: int
     spec_step_overhead_s: float = 0.0
+    # The front end (API server) before the engine sees a request: a fixed time, and what each
+    # other request in flight adds (one API server process relays every stream).
+    frontend_latency_s: float = 0.0
+    frontend_per_stream_s: float = 0.0
     # Per GPU kind: its own (fit, held-out) published runs, which its provenance label names.
     gpu_runs: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -125,6 +133,16 @@ class Calibration:
             return found
         return replace(self.gpus["custom"], name=hardware.name)
 
+    def frontend(self, hardware: Hardware) -> tuple[float, float]:
+        """(latency, per other stream) of the front end, in seconds, for this GPU kind."""
+        own = self.gpu(hardware)
+        latency = own.frontend_latency_s
+        per_stream = own.frontend_per_stream_s
+        return (
+            self.frontend_latency_s if latency is None else latency,
+            self.frontend_per_stream_s if per_stream is None else per_stream,
+        )
+
 
 _NESTED = ("allreduce_latency_us", "dequant_overhead")
 
@@ -132,6 +150,10 @@ _NESTED = ("allreduce_latency_us", "dequant_overhead")
 def _value(entry: Any) -> Any:
     """A constant is either a bare value or {value: ..., source: ...}."""
     return entry["value"] if isinstance(entry, dict) and "value" in entry else entry
+
+
+def _ms(value: Any) -> float | None:
+    return None if value is None else float(value) * 1e-3
 
 
 def parse_calibration(data: dict[str, Any]) -> Calibration:
@@ -158,6 +180,8 @@ def parse_calibration(data: dict[str, Any]) -> Calibration:
                 if "decode_step_overhead_ms" in c
                 else None
             ),
+            frontend_latency_s=_ms(c.get("frontend_latency_ms")),
+            frontend_per_stream_s=_ms(c.get("frontend_per_stream_ms")),
             calibrated=not borrowed,
             borrows=str(c.get("borrows", "")),
         )
@@ -187,6 +211,8 @@ def parse_calibration(data: dict[str, Any]) -> Calibration:
         num_fitted=roles.count("fit"),
         num_held_out=roles.count("held_out"),
         spec_step_overhead_s=float(_value(g.get("spec_step_overhead_ms", 0.0))) * 1e-3,
+        frontend_latency_s=float(g.get("frontend_latency_ms", 0.0)) * 1e-3,
+        frontend_per_stream_s=float(g.get("frontend_per_stream_ms", 0.0)) * 1e-3,
         gpu_runs={name: (fitted, held) for name, (fitted, held) in gpu_runs.items()},
     )
 

@@ -21,7 +21,7 @@ from labs.device_calibration import DeviceConstants
 from labs.params import LabParams, ParamError
 from labs.predict import kv_capacity_tokens
 from labs.sim.cost_model import build_cost_model
-from labs.sim.engine_model import load_calibration
+from labs.sim.engine_model import Calibration, load_calibration
 from labs.sim.scheduler import SchedulerConfig
 from labs.sim.simulator import SimConfigError, Simulator, StepInfo
 from labs.sim.workload import lab_workload
@@ -33,8 +33,10 @@ def build_simulator(
     on_progress: ProgressCallback | None = None,
     on_step: Callable[[StepInfo], None] | None = None,
     device: DeviceConstants | None = None,
+    calibration: Calibration | None = None,
 ) -> Simulator:
-    """A Simulator for validated lab parameters; `device` = the lab's GPU's own calibration.
+    """A Simulator for validated lab parameters; `device` = the lab's GPU's own calibration,
+    `calibration` = the published one to price with (default: labs/sim/calibration.yaml).
 
     Raises:
         ParamError: the KV pool cannot hold even one request (naming kv_capacity_tokens).
@@ -65,6 +67,7 @@ def build_simulator(
     # The seed's first stream draws the requests (lab_workload), the second draft acceptance.
     _, run_seed = np.random.SeedSequence(work.seed).spawn(2)
     workload = lab_workload(work)
+    frontend_latency_s, frontend_per_stream_s = frontend_s(params, device, calibration)
     try:
         return Simulator(
             config,
@@ -73,12 +76,25 @@ def build_simulator(
             np.random.default_rng(run_seed),
             on_progress=on_progress,
             on_step=on_step,
-            frontend_latency_s=(device.frontend_latency_s or 0.0) if device else 0.0,
-            frontend_per_stream_s=(device.frontend_per_stream_s or 0.0) if device else 0.0,
+            frontend_latency_s=frontend_latency_s,
+            frontend_per_stream_s=frontend_per_stream_s,
             frontend_cpu_s=(device.frontend_cpu_s or 0.0) if device else 0.0,
         )
     except SimConfigError as error:
         raise ParamError({error.field: str(error)}) from None
+
+
+def frontend_s(
+    params: LabParams, device: DeviceConstants | None, calibration: Calibration | None = None
+) -> tuple[float, float]:
+    """(latency, per other stream in flight) of the API server in front of the engine: the
+    device's own measurement, else the published calibration's for the GPU kind. The ideal
+    profile, the engine the predicted column describes, has no front end."""
+    if device is not None:
+        return device.frontend_latency_s or 0.0, device.frontend_per_stream_s or 0.0
+    if params.engine.sim_profile == "ideal":
+        return 0.0, 0.0
+    return (calibration or load_calibration()).frontend(params.hardware)
 
 
 def run_breakdown(

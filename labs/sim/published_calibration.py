@@ -142,7 +142,7 @@ def _metric(summary: Mapping[str, Any], path: str) -> float:
 
 def _run(settings: Mapping[str, Any], metric: str, cal: Calibration) -> float:
     params = parse_lab_params({**settings, "sim_profile": "realistic"})
-    sim = build_simulator(params)
+    sim = build_simulator(params, calibration=cal)
     sim.cost_model = EngineModel(params.hardware, params.model, params.engine, calibration=cal)
     return _metric(summarize(sim.run()), metric)
 
@@ -247,6 +247,8 @@ FREE = {
     "global.attention_efficiency": (0.2, 0.9),
     "global.per_seq_overhead_us": (0.0, 40.0),
     "global.allreduce_latency_us.nvlink": (2.0, 40.0),
+    "global.frontend_latency_ms": (0.0, 40.0),
+    "global.frontend_per_stream_ms": (0.0, 30.0),
 }
 
 # A GPU kind's own constants (`--fit --gpu NAME`): fitted to that kind's `fit` runs alone, with
@@ -258,6 +260,8 @@ GPU_FREE = (
     ("gemm_efficiency", 0.2, 0.9),
     ("gemm_half_tokens", 1.0, 2000.0),
     ("decode_step_overhead_ms", 0.05, 2.5),
+    ("frontend_latency_ms", 0.0, 40.0),
+    ("frontend_per_stream_ms", 0.0, 30.0),
 )
 
 
