@@ -8,12 +8,14 @@ the quiz is registered here (`answer_for_labs`, from the quiz's AppConfig.ready)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
-from labs import hooks, results, selectors, services
+from labs import hooks, results, selectors, services, turns
 from labs.backends import get_backend
 from labs.metrics import summarize
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
@@ -30,6 +32,8 @@ __all__ = [
     "Metric",
     "ParamError",
     "Sweep",
+    "Waiting",
+    "WorkKind",
     "YourNumber",
     "answer_for_labs",
     "checked_params",
@@ -40,6 +44,7 @@ __all__ = [
     "metric",
     "prediction",
     "run_get_for_owner",
+    "send_turn",
     "short_where_label",
     "sim_queue",
     "sim_worker_online",
@@ -49,6 +54,7 @@ __all__ = [
     "sim_work_check",
     "RunRefused",
     "sweep_get_for_owner",
+    "take_turn",
     "your_number",
 ]
 
@@ -57,6 +63,8 @@ run_get_for_owner = selectors.run_get_for_owner
 RunRefused = services.RunRefused
 sim_work_check = services.sim_work_check
 sweep_get_for_owner = selectors.sweep_get_for_owner
+Waiting = turns.Waiting
+WorkKind = turns.WorkKind
 
 
 # -- runs and sweeps -----------------------------------------------------------------------------
@@ -114,20 +122,48 @@ def simulation_steps(values: Mapping[str, Any]) -> int:
     return sim_steps(parse_lab_params(values))
 
 
-def simulate(values: Mapping[str, Any]) -> dict[str, Any]:
+def simulate(values: Mapping[str, Any], *, until: float | None = None) -> dict[str, Any]:
     """Simulate lab settings as a lab worker does (within its memory allowance): the run's
-    summary (labs.metrics.summarize).
+    summary (labs.metrics.summarize). `until`, a time.monotonic() deadline: past it the simulation
+    stops with SoftTimeLimitExceeded, as a worker's soft time limit would stop it (for work that
+    holds itself to a shorter limit than the turn it runs in, see `send_turn`).
 
     Raises:
         ParamError: settings that cannot run or are too large (RunTooLarge among them).
+        SoftTimeLimitExceeded: past `until`.
     """
     backend = get_backend("sim", max_run_mb=settings.LABS_SIM_MAX_RUN_MB)
-    return summarize(backend.run(parse_lab_params(values)))
+
+    def on_progress(fraction: float, phase: object = None) -> None:
+        if until is not None and time.monotonic() > until:
+            raise SoftTimeLimitExceeded("the simulation passed its deadline")
+
+    return summarize(
+        backend.run(parse_lab_params(values), on_progress if until is not None else None)
+    )
 
 
 def sim_queue() -> str:
     """The lab worker's queue, where work that simulates is sent."""
     return services.backend_queue("sim")
+
+
+def send_turn(queue: str, *, for_what: str) -> None:
+    """Send a turn to a lab queue for one piece of work just queued there, once the transaction
+    that saved it has committed. Whoever's turn it is when a worker takes it goes (labs.turns):
+    register the work's kind (`answer_for_labs(queued_work=...)`) for it to be taken. The turn
+    has the queue's lab run time limits; work with a shorter limit holds itself to it.
+
+    Raises:
+        services.QueueUnavailable: the broker did not take it.
+    """
+    services.send_turns([queue], for_what=for_what)
+
+
+def take_turn(*, queue: str, hostname: str) -> str:
+    """Be the worker receiving a turn on `queue`: take the work whose turn it is and do it
+    (labs.services.run_next). Returns a line for the worker's log."""
+    return services.run_next(queue=queue, hostname=hostname)
 
 
 def sim_worker_online() -> bool:

@@ -8,16 +8,21 @@ its functions from its AppConfig.ready (through labs.api.answer_for_labs).
 - `work_in_flight(user_id)`: the quiz's work a learner (None: all learners) has queued or
   running, as (on the lab worker's queue, elsewhere): card requests simulate on the lab worker,
   optimizer fits run on their own queue. Both count against the learner's quota of work in
-  flight; the first also against the simulator queue's cap and the learner's share of it.
+  flight; the first also against the simulator queue's cap and the learner's share of it;
+- `queued_work`: the kinds of the quiz's work that wait on a lab queue (card requests, on the
+  simulator's), taken in turn with lab runs (labs.turns): a learner's card waits for the
+  learners before it in turn, not for every run queued before it.
 
 Unanswered (no quiz installed), a learner has answered nothing, no card uses a lab and no other
-work is in flight.
+work is in flight or queued.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from labs.turns import WorkKind
 
 ReviewsAtLeast = Callable[[int, int], bool]
 CardsUsing = Callable[[Sequence[str]], list[dict[str, Any]]]
@@ -31,11 +36,13 @@ def answer(
     reviews_at_least: ReviewsAtLeast,
     cards_using: CardsUsing,
     work_in_flight: WorkInFlight | None = None,
+    queued_work: Sequence[WorkKind] = (),
 ) -> None:
     """Register the functions that answer labs' questions (see the module docstring)."""
     _answers.update(reviews_at_least=reviews_at_least, cards_using=cards_using)
     if work_in_flight is not None:
         _answers["work_in_flight"] = work_in_flight
+    _answers["queued_work"] = tuple(queued_work)
 
 
 def reviews_at_least(user_id: int, count: int) -> bool:
@@ -56,3 +63,8 @@ def work_in_flight(user_id: int | None) -> tuple[int, int]:
         return 0, 0
     on_lab, elsewhere = ask(user_id)
     return int(on_lab), int(elsewhere)
+
+
+def queued_work() -> tuple[WorkKind, ...]:
+    """The other apps' kinds of work that wait on lab queues; () unanswered."""
+    return tuple(_answers.get("queued_work", ()))

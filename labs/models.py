@@ -1,8 +1,9 @@
 """Lab runs, sweeps and the workers that announce themselves.
 
-The `LabRun` row is the single truth about a run: Celery only carries its id. State changes are
-conditional UPDATEs in `labs.services` (claim, progress, finish, cancel, reap), so a duplicate
-message, a cancel and a reaper can race without one overwriting the other.
+The `LabRun` row is the single truth about a run: Celery only carries a turn on its queue (the
+worker picks whose run goes, labs.turns). State changes are conditional UPDATEs in `labs.services`
+(claim, progress, finish, cancel, reap), so a duplicate message, a cancel and a reaper can race
+without one overwriting the other.
 """
 
 from __future__ import annotations
@@ -135,6 +136,25 @@ class LabRun(models.Model):
             return None
         end = self.heartbeat_at if self.worker_died else self.finished_at
         return max(end - self.started_at, timedelta(0))
+
+
+class QueueTurn(models.Model):
+    """When a learner's work was last taken from a lab queue: the queue serves next the learner
+    whose turn is oldest (labs.turns). One row per learner and queue, written as work is taken."""
+
+    queue = models.CharField(max_length=60)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    taken_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "owner"], name="one_turn_per_queue_learner")
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.queue}: learner {self.owner_id} last served {self.taken_at:%Y-%m-%d %H:%M:%S}"
+        )
 
 
 class WorkerHeartbeatQuerySet(models.QuerySet["WorkerHeartbeat"]):

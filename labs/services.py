@@ -3,6 +3,9 @@
 Every state change is a conditional UPDATE on `LabRun.state`, so whoever gets there first wins
 and the others see 0 rows changed: a duplicate delivery does not run twice, a cancelled run is
 not overwritten by a late result, and the reaper never fails a run that just finished.
+
+A submit sends one message per run, a turn on the run's queue; the worker taking it runs the
+run whose turn it is then, so learners are served in turn (labs.turns), not first come first.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import zlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from celery import Task, group, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
@@ -26,7 +29,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from config.celery import app as celery_app
-from labs import hooks
+from labs import hooks, turns
 from labs.backends import check_can_start, get_backend, served_instead
 from labs.backends.base import Phase, ProgressCallback
 from labs.metrics import summarize
@@ -228,34 +231,44 @@ class QueueUnavailable(Exception):
 
 
 def _enqueue(run_ids: Sequence[int], backend: str, queues: Sequence[str] | None = None) -> None:
-    """Send each run to its queue (`queues`, one per run; else the backend's).
+    """Send one turn per run to its queue (`queues`, one per run; else the backend's). A turn
+    names no run: the worker that takes it runs whichever run's turn it is then (labs.turns).
 
     Raises:
         QueueUnavailable: the broker did not take them (down, refused, timed out).
     """
-    queues = list(queues or [backend_queue(backend)] * len(run_ids))
-    soft = (
-        settings.LABS_GPU_TIME_LIMIT_S
-        if backend_queue(backend) == "labs.gpu"
-        else settings.LABS_SIM_TIME_LIMIT_S
+    send_turns(
+        list(queues or [backend_queue(backend)] * len(run_ids)), for_what=f"runs {list(run_ids)}"
     )
 
-    # The hard limit kills the process; the soft one lets the service record why it stopped.
-    def options(queue: str) -> dict[str, object]:
-        return {"queue": queue, "soft_time_limit": soft, "time_limit": soft + 60}
 
+def _turn_options(queue: str) -> dict[str, object]:
+    # The hard limit kills the process; the soft one lets the service record why it stopped. A
+    # turn may take any work on its queue, so it has the queue's lab run limits (work with a
+    # shorter limit of its own, a card, holds itself to it).
+    gpu = queue == "labs.gpu" or queue.startswith("labs.gpu.")
+    soft = settings.LABS_GPU_TIME_LIMIT_S if gpu else settings.LABS_SIM_TIME_LIMIT_S
+    return {"queue": queue, "soft_time_limit": soft, "time_limit": soft + 60}
+
+
+def send_turns(queues: Sequence[str], *, for_what: str = "") -> None:
+    """Send one turn to each of `queues` (a queue named twice gets two): one for each piece of
+    work just queued there, sent after the transaction that saved the work commits.
+
+    Raises:
+        QueueUnavailable: the broker did not take them (down, refused, timed out).
+    """
     try:
-        if len(run_ids) == 1:
-            run_execute_task.apply_async(args=[run_ids[0]], **options(queues[0]))
+        if len(queues) == 1:
+            run_next_task.apply_async(args=[queues[0]], **_turn_options(queues[0]))
         else:
             group(
-                run_execute_task.si(run_id).set(**options(queue))
-                for run_id, queue in zip(run_ids, queues, strict=True)
+                run_next_task.si(queue).set(**_turn_options(queue)) for queue in queues
             ).apply_async()
     except Exception as exc:
         # Any failure to hand over the message (connection refused, timeout, auth) would leave a
-        # queued row no worker will ever see.
-        logger.warning("could not send lab runs %s to %s: %r", list(run_ids), queues, exc)
+        # queued row no worker will ever take.
+        logger.warning("could not send turns for %s to %s: %r", for_what, list(queues), exc)
         raise QueueUnavailable(str(exc)) from exc
 
 
@@ -347,7 +360,8 @@ def sweep_request(
     raw_values: str,
     shown: Collection[str] | None = None,
 ) -> Sweep:
-    """Validate every point of the sweep, then queue one run per value as a Celery group.
+    """Validate every point of the sweep, then queue one run per value (a turn each, sent as a
+    Celery group).
 
     `shown`: the settings the lab shows; the others follow each point's values
     (`labs.params.follow_unshown`). None: every setting is as given (the `lab` command).
@@ -594,21 +608,32 @@ def _json_safe(meta: Mapping[str, object]) -> dict[str, object]:
 def run_execute(*, run_id: int, hostname: str) -> str:
     """Claim a queued run, run it on its backend, store the summary. Returns the final state.
 
-    Idempotent: a second delivery of the same id finds the run no longer queued and returns.
+    Idempotent: a second call with the same id finds the run no longer queued and returns.
     """
-    now = timezone.now()
-    claimed = LabRun.objects.filter(pk=run_id, state=RunState.QUEUED).update(
-        state=RunState.RUNNING,
-        started_at=now,
-        heartbeat_at=now,
-        worker=hostname[:200],
-        progress=0,
-        phase={},
-    )
-    if not claimed:
+    if not _run_claim(run_id, hostname):
         state = LabRun.objects.filter(pk=run_id).values_list("state", flat=True).first()
         logger.info("run %s not claimed (state %s): duplicate or cancelled", run_id, state)
         return str(state)
+    return _run_claimed(run_id)
+
+
+def _run_claim(run_id: int, hostname: str) -> bool:
+    """queued -> running on the worker `hostname`; False when the run is no longer queued."""
+    now = timezone.now()
+    return bool(
+        LabRun.objects.filter(pk=run_id, state=RunState.QUEUED).update(
+            state=RunState.RUNNING,
+            started_at=now,
+            heartbeat_at=now,
+            worker=hostname[:200],
+            progress=0,
+            phase={},
+        )
+    )
+
+
+def _run_claimed(run_id: int) -> str:
+    """Run a run this worker claimed on its backend, store the summary. Returns the final state."""
     run = LabRun.objects.get(pk=run_id)
     try:
         with _RunHeartbeat(run_id, settings.LABS_RUN_HEARTBEAT_S) as beat:
@@ -674,6 +699,61 @@ def run_fail(*, run_id: int, error: str) -> bool:
             state=RunState.FAILED, finished_at=now, error=error[:4000]
         )
     )
+
+
+# -- turns (in the worker) ---------------------------------------------------------------------
+
+
+def _runs_waiting(queue: str) -> list[turns.Waiting]:
+    """The lab runs queued on `queue`; one saved before runs recorded their queue waits on its
+    backend's."""
+    unrecorded = [b for b, q in settings.LABS_BACKEND_QUEUES.items() if q == queue]
+    rows = LabRun.objects.filter(state=RunState.QUEUED).filter(
+        Q(queue=queue) | Q(queue="", backend__in=unrecorded)
+    )
+    return [
+        turns.Waiting(owner_id=owner_id, pk=pk, created_at=created_at)
+        for owner_id, pk, created_at in rows.values_list("owner_id", "pk", "created_at")
+    ]
+
+
+LAB_RUNS = turns.WorkKind(
+    name="lab run",
+    waiting=_runs_waiting,
+    claim=_run_claim,
+    execute=lambda run_id, _hostname: f"run {run_id} {_run_claimed(run_id)}",
+    fail=lambda run_id, exc: run_fail(run_id=run_id, error=f"{type(exc).__name__}: {exc}"),
+)
+
+
+def run_next(*, queue: str, hostname: str) -> str:
+    """Take the work whose turn it is on `queue` (labs.turns: a lab run, or work another app
+    queued there, labs.hooks) and do it. Returns a line for the worker's log."""
+    taken = _with_retries(
+        lambda: turns.take(queue, hostname, [LAB_RUNS, *hooks.queued_work()]),
+        within_s=settings.LABS_DB_RETRY_S,
+        what=f"a turn on {queue}",
+    )
+    if taken is None:
+        # More turns than work: its work was cancelled, or taken by an earlier turn.
+        logger.info("a turn on %s found nothing waiting", queue)
+        return f"nothing waits on {queue}"
+    try:
+        done = taken.kind.execute(taken.pk, hostname)
+    except Exception as exc:
+        # What escaped the work's own handling (a lost database connection, say) is recorded, so
+        # the work does not sit in "running" until it is reaped.
+        taken.kind.fail(taken.pk, exc)
+        raise
+    logger.info(
+        "%s %s (learner %s's turn on %s): %s",
+        taken.kind.name,
+        taken.pk,
+        taken.owner_id,
+        queue,
+        done,
+    )
+    return done
 
 
 # -- reap --------------------------------------------------------------------------------------
@@ -811,31 +891,35 @@ def _fail_all(runs: QuerySet[LabRun], now: datetime, error: str) -> int:
 
 
 # -- the Celery tasks (labs.tasks lists them for the workers) ----------------------------------
-# Thin: they carry a run id, the functions above do the work and the database holds the state.
-# The queue and time limits are chosen when the run is enqueued (`_enqueue`).
+# Thin: they carry a queue's name, the functions above do the work and the database holds the
+# state. The time limits are chosen when the turn is sent (`send_turns`).
 
 
-class _LabRunTask(Task):
-    def on_failure(
-        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
-    ) -> None:
-        # The service records its own failures; this catches what escapes it (a lost database
-        # connection at claim time, say) so the run does not sit in "running" until reaped.
-        run_id = args[0] if args else kwargs.get("run_id")
-        if run_id is not None:
-            run_fail(run_id=int(run_id), error=f"{type(exc).__name__}: {exc}")
+@shared_task(
+    name="labs.run_next",
+    bind=True,
+    ignore_result=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def run_next_task(self: Task, queue: str) -> str:
+    return run_next(queue=str(queue), hostname=self.request.hostname or "")
 
 
 @shared_task(
     name="labs.run_execute",
-    base=_LabRunTask,
     bind=True,
     ignore_result=True,
     acks_late=True,
     reject_on_worker_lost=True,
 )
 def run_execute_task(self: Task, run_id: int) -> str:
-    return run_execute(run_id=int(run_id), hostname=self.request.hostname or "")
+    """A message sent before turns names its run: it is a turn on that run's queue, so runs
+    waiting in the broker across an upgrade are all run, in turn."""
+    row = LabRun.objects.filter(pk=int(run_id)).values_list("backend", "queue").first()
+    if row is None:
+        return f"run {run_id} is gone"
+    return run_next(queue=_sent_to(*row), hostname=self.request.hostname or "")
 
 
 @shared_task(name="labs.reap_stale", ignore_result=True)

@@ -10,7 +10,7 @@ class QuizConfig(AppConfig):
 
         from labs import api as labs_api
         from quiz import models
-        from quiz.personal import work_in_flight
+        from quiz.personal import CARD_REQUESTS, work_in_flight
         from quiz.selectors import card_cache_clear, cards_using_presets, reviews_at_least
 
         # An edit in the admin shows at once in this process (see quiz.selectors.card_for_quiz).
@@ -22,4 +22,5 @@ class QuizConfig(AppConfig):
             reviews_at_least=reviews_at_least,
             cards_using=cards_using_presets,
             work_in_flight=work_in_flight,
+            queued_work=[CARD_REQUESTS],
         )

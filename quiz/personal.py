@@ -10,6 +10,9 @@ same workload and seed) is shown beside it, and the tolerance holds it when it i
 
 Making a card simulates, so it runs on the lab worker (`card_request` queues it, one per learner
 at a time; `card_request_execute` is the worker's side); the web request does O(1) checks only.
+It waits on the simulator's queue with the lab runs and takes its turn among them (labs.turns,
+through `CARD_REQUESTS`): a learner's card waits for the learners before it in turn, not for
+every run queued before it.
 
 The card is owned by the learner (Card.owner), lives in the "my-runs" deck, is scheduled by FSRS
 like any other, and never enters content/ or the Anki export.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -153,13 +157,15 @@ def _neighbour_from_lab(lab: Lab, field: str, params: Mapping[str, Any]) -> Any:
     return larger[0] if larger else max(candidates)
 
 
-def _simulate(params: Mapping[str, Any], key: str, seeds: list[int]) -> list[float]:
+def _simulate(
+    params: Mapping[str, Any], key: str, seeds: list[int], until: float | None = None
+) -> list[float]:
     # The lab worker's memory bound: refused by the O(1) estimate before anything is built, and
-    # the address space capped while it runs (labs/sizing.py).
+    # the address space capped while it runs (labs/sizing.py). `until`: the card's time limit.
     values = []
     for seed in seeds:
         try:
-            summary = labs_api.simulate({**params, "seed": seed})
+            summary = labs_api.simulate({**params, "seed": seed}, until=until)
         except ParamError as exc:  # RunTooLarge among them
             raise CardRefused(f"The neighbouring setting cannot be simulated: {exc}") from None
         value = labs_api.dig(summary, key)
@@ -245,7 +251,14 @@ def _sweep_answer(run: LabRun, key: str) -> tuple[Any, _Answer | None]:
     return value, _Answer(float(measured), f"your sweep's run #{point.pk} ({where})", None)
 
 
-def _answer(run: LabRun, field: str, neighbour: Any, key: str, known: _Answer | None) -> _Answer:
+def _answer(
+    run: LabRun,
+    field: str,
+    neighbour: Any,
+    key: str,
+    known: _Answer | None,
+    until: float | None = None,
+) -> _Answer:
     params = {**run.params, field: neighbour}
     try:
         labs_api.checked_params(params)
@@ -260,7 +273,7 @@ def _answer(run: LabRun, field: str, neighbour: Any, key: str, known: _Answer | 
             raise
         return known  # the learner's own point; too large to measure the noise again
     seed = int(run.params.get("seed") or 0)
-    values = _simulate(params, key, [seed + i for i in range(NOISE_SEEDS + 1)])
+    values = _simulate(params, key, [seed + i for i in range(NOISE_SEEDS + 1)], until)
     spread = max(abs(v - values[0]) for v in values)
     if known is not None:
         return _Answer(known.value, known.origin, spread)
@@ -399,9 +412,10 @@ def _slug(user: AbstractBaseUser, run: LabRun) -> str:
     return f"mine-{user.pk}-run-{run.pk}"
 
 
-def card_from_run(*, user: AbstractBaseUser, run: LabRun) -> Card:
+def card_from_run(*, user: AbstractBaseUser, run: LabRun, until: float | None = None) -> Card:
     """Make (or return, reactivated) the learner's personal card for a finished run. It simulates:
-    the lab worker calls it (`card_request_execute`), never a web request.
+    the lab worker calls it (`card_request_execute`), never a web request. `until`: a
+    time.monotonic() deadline for its simulations (SoftTimeLimitExceeded past it).
 
     Raises:
         CardRefused: the run is not the learner's, not finished, measured nothing the card can
@@ -428,7 +442,7 @@ def card_from_run(*, user: AbstractBaseUser, run: LabRun) -> Card:
     else:
         field = lab.sweep_field
         neighbour, known = _neighbour_from_lab(lab, field, run.params), None
-    answer = _answer(run, field, neighbour, key, known)
+    answer = _answer(run, field, neighbour, key, known, until)
     content = _content(run, field, neighbour, figure, float(measured), answer)
 
     deck, _ = Deck.objects.get_or_create(
@@ -471,13 +485,10 @@ def _check_makeable(user: AbstractBaseUser, run: LabRun) -> None:
 
 
 def _enqueue(request_id: int) -> None:
+    # A turn on the lab worker's queue, which takes whoever's work is next in turn (labs.turns):
+    # this card, or a run, as this card may be taken by an earlier turn.
     try:
-        card_make_task.apply_async(
-            args=[request_id],
-            queue=labs_api.sim_queue(),
-            soft_time_limit=CARD_SOFT_TIME_LIMIT_S,
-            time_limit=CARD_SOFT_TIME_LIMIT_S + 30,
-        )
+        labs_api.send_turn(labs_api.sim_queue(), for_what=f"card request {request_id}")
     except Exception as exc:  # noqa: BLE001 - any broker failure: the row must not wait forever
         logger.warning("could not send card request %s: %r", request_id, exc)
         _finish(request_id, error="The lab queue is unavailable right now; try again in a minute.")
@@ -564,14 +575,26 @@ def card_request(*, user: AbstractBaseUser, run: LabRun) -> PersonalCardRequest:
 
 def card_request_execute(*, request_id: int) -> str:
     """The worker's side: claim the request, make the card, record the card or the reason."""
-    claimed = PersonalCardRequest.objects.filter(
-        pk=request_id, state=PersonalCardRequest.State.QUEUED
-    ).update(state=PersonalCardRequest.State.RUNNING)
-    if not claimed:
+    if not _card_claim(request_id, ""):
         return f"card request {request_id} not claimed"
+    return _card_make(request_id)
+
+
+def _card_claim(request_id: int, _hostname: str) -> bool:
+    return bool(
+        PersonalCardRequest.objects.filter(
+            pk=request_id, state=PersonalCardRequest.State.QUEUED
+        ).update(state=PersonalCardRequest.State.RUNNING)
+    )
+
+
+def _card_make(request_id: int, _hostname: str = "") -> str:
+    """Make the card of a request this worker claimed; record the card or the reason."""
+    # The turn it runs in has a lab run's longer time limits; the card keeps to its own.
+    until = time.monotonic() + CARD_SOFT_TIME_LIMIT_S
     request = PersonalCardRequest.objects.select_related("owner", "run").get(pk=request_id)
     try:
-        card = card_from_run(user=request.owner, run=request.run)
+        card = card_from_run(user=request.owner, run=request.run, until=until)
     except CardRefused as exc:
         _finish(request_id, error=str(exc))
         return f"card request {request_id} refused"
@@ -594,29 +617,40 @@ def card_request_execute(*, request_id: int) -> str:
 
 
 def card_request_fail(*, request_id: int, error: str) -> None:
-    """What escaped `card_request_execute` (a lost database connection, say), recorded."""
+    """What escaped making the card (a lost database connection, say), recorded."""
     _finish(request_id, error=error)
 
 
-class _CardTask(Task):
-    def on_failure(
-        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
-    ) -> None:
-        # The service records refusals and limits; this catches what escapes it, so the
-        # learner's lock is released and the page says it failed.
-        request_id = args[0] if args else kwargs.get("request_id")
-        if request_id is not None:
-            card_request_fail(
-                request_id=int(request_id),
-                error=f"The card could not be made ({type(exc).__name__}); make it again.",
-            )
+def _cards_waiting(queue: str) -> list[labs_api.Waiting]:
+    if queue != labs_api.sim_queue():
+        return []
+    return [
+        labs_api.Waiting(owner_id=owner_id, pk=pk, created_at=created_at)
+        for owner_id, pk, created_at in PersonalCardRequest.objects.filter(
+            state=PersonalCardRequest.State.QUEUED
+        ).values_list("owner_id", "pk", "created_at")
+    ]
 
 
-@shared_task(name="quiz.card_make", base=_CardTask, ignore_result=True, acks_late=True)
-def card_make_task(request_id: int) -> str:
-    """Make the card on the lab worker; sent there by `card_request` (`_enqueue` chooses the
-    queue and the time limits)."""
-    return card_request_execute(request_id=int(request_id))
+# Card requests wait on the lab worker's queue and take their turns there with the lab runs
+# (registered in QuizConfig.ready through labs' hooks).
+CARD_REQUESTS = labs_api.WorkKind(
+    name="card request",
+    waiting=_cards_waiting,
+    claim=_card_claim,
+    execute=_card_make,
+    fail=lambda request_id, exc: card_request_fail(
+        request_id=request_id,
+        error=f"The card could not be made ({type(exc).__name__}); make it again.",
+    ),
+)
+
+
+@shared_task(name="quiz.card_make", bind=True, ignore_result=True, acks_late=True)
+def card_make_task(self: Task, request_id: int) -> str:
+    """A message sent before card requests took turns names its request: it is a turn on the lab
+    worker's queue now, so requests waiting in the broker across an upgrade are all made."""
+    return labs_api.take_turn(queue=labs_api.sim_queue(), hostname=self.request.hostname or "")
 
 
 def card_request_get(*, user: AbstractBaseUser, pk: int) -> PersonalCardRequest:

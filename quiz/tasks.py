@@ -2,8 +2,9 @@
 module). Each is defined beside the service that does its work, and is thin: it carries an id,
 the service does the work and the row holds the state.
 
-- `quiz.card_make`: a personal card made from a lab run (quiz.personal). It simulates, so it
-  runs on the lab worker's queue, chosen with its time limits when it is enqueued;
+- `quiz.card_make`: only for messages sent before card requests took turns on the lab
+  worker's queue (a personal card made from a lab run, quiz.personal, simulates, so it runs
+  there; it is now sent as a turn, labs.api.send_turn, and made when its turn comes);
 - `quiz.fit_parameters`: a fit of a learner's FSRS parameters, on its own queue `quiz.fit`
   (routed in config/celery.py), with its time limits (quiz.parameters).
 """

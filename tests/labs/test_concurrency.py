@@ -1,8 +1,9 @@
 """Two learners submit at the same moment, on two real database connections: the global queue
-caps hold."""
+caps hold. Two workers take turns at the same moment: each serves another learner."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from functools import partial
 from unittest import mock
@@ -10,7 +11,7 @@ from unittest import mock
 import pytest
 from django.db import connection
 
-from labs import services
+from labs import services, turns
 from labs.models import LabRun
 from tests.conftest import make_user
 from tests.labs.factories import SMALL, make_heartbeat
@@ -69,3 +70,27 @@ def test_two_learners_submitting_at_once_do_not_pass_the_global_cap(
     assert LabRun.objects.filter(backend=backend).count() == 1, results
     [refused] = [r for r in results if isinstance(r, services.RunRefused)]
     assert refused.kind == kind
+
+
+def test_two_workers_taking_turns_at_once_serve_two_learners_not_one_twice():
+    make_heartbeat("sim")
+    alice, bob = make_user("alice"), make_user("bob")
+    with mock.patch.object(services, "_enqueue"):
+        for owner in (alice, alice, bob):
+            services.run_request(owner=owner, lab="sandbox", backend="sim", data=SMALL)
+    # Each taker, once it has read what waits, waits (a while) for the other to read too:
+    # without the queue's lock both would see Alice unserved, and both would serve her.
+    meet = threading.Barrier(2)
+
+    def read_then_meet(queue):
+        waiting = services.LAB_RUNS.waiting(queue)
+        try:
+            meet.wait(timeout=3)
+        except threading.BrokenBarrierError:
+            pass  # the other taker is waiting for the lock: go on alone
+        return waiting
+
+    kind = dataclasses.replace(services.LAB_RUNS, waiting=read_then_meet)
+    taken = race(*(partial(turns.take, "labs.sim", f"w{i}@host", [kind]) for i in range(2)))
+    owners = sorted(LabRun.objects.get(pk=t.pk).owner.username for t in taken)
+    assert owners == ["alice", "bob"], taken

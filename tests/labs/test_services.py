@@ -21,14 +21,14 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def sent():
-    """What would have gone to the broker: (run ids, options) per send."""
+    """What would have gone to the broker: (the queue of each turn, options) per send."""
     calls: list[tuple[list[int], dict]] = []
 
     def apply_async(args=None, **options):
         calls.append((list(args), options))
 
     with (
-        mock.patch.object(services.run_execute_task, "apply_async", side_effect=apply_async),
+        mock.patch.object(services.run_next_task, "apply_async", side_effect=apply_async),
         mock.patch.object(services, "group") as group,
     ):
         group.side_effect = _group_recorder(calls)
@@ -53,7 +53,7 @@ def _group_recorder(calls):
     return make
 
 
-def test_it_queues_a_run_and_enqueues_its_id_after_commit(
+def test_it_queues_a_run_and_sends_a_turn_on_its_queue_after_commit(
     alice, sent, django_capture_on_commit_callbacks
 ):
     make_heartbeat("sim")
@@ -65,9 +65,10 @@ def test_it_queues_a_run_and_enqueues_its_id_after_commit(
     assert run.state == RunState.QUEUED
     assert run.params["num_prompts"] == 8
     assert run.predicted["kv_bytes_per_token"] == 131072  # llama-3-8b, 16-bit KV
-    [(ids, options)] = sent
-    assert ids == [run.pk]
-    assert options["queue"] == run.queue == "labs.sim"
+    # The message names no run: it is a turn on the run's queue (labs.turns).
+    [(queues, options)] = sent
+    assert queues == [run.queue] == ["labs.sim"]
+    assert options["queue"] == "labs.sim"
     assert options["soft_time_limit"] < options["time_limit"]
 
 
@@ -174,8 +175,8 @@ def test_a_sweep_is_one_group_on_the_backend_queue(alice, sent, django_capture_o
     runs = list(sweep.runs.order_by("sweep_index"))
     assert [r.params["max_num_seqs"] for r in runs] == [1, 8, 64]
     assert [r.predicted["running_seqs"] for r in runs] == [1, 1, 1]  # concurrency 1
-    [(ids, options)] = sent
-    assert ids == [r.pk for r in runs] and options["queue"] == "labs.sim"
+    [(queues, options)] = sent  # a turn for each point
+    assert queues == ["labs.sim"] * 3 and options["queue"] == "labs.sim"
 
 
 @pytest.mark.parametrize(
@@ -339,7 +340,7 @@ def test_a_sweep_over_gpus_sends_each_point_to_its_own_kind(alice):
     gpu_worker("h100-sxm", 1, "h100@box")
     with (
         mock.patch("django.db.transaction.on_commit", side_effect=lambda f: f()),
-        mock.patch.object(services.run_execute_task, "si") as si,
+        mock.patch.object(services.run_next_task, "si") as si,
         mock.patch.object(services, "group") as group,
     ):
         services.sweep_request(

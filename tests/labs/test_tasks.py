@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterator
 import pytest
 from django.urls import reverse
 
+from labs import services
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.params import parse_lab_params
-from labs.tasks import run_execute_task
+from labs.tasks import run_execute_task, run_next_task
 from tests.labs.factories import make_run
 from tests.worker import WorkerProcess, start_worker
 
@@ -181,13 +182,31 @@ def test_a_task_that_raises_marks_the_run_failed_with_the_error(celery_worker, a
 
 
 def test_a_second_delivery_of_the_same_run_does_not_run_it_again(celery_worker, alice):
+    # A message sent before turns (it names its run) is a turn on the run's queue; a second
+    # one, or a turn more than the work waiting, finds nothing and runs nothing twice.
     run = make_run(alice, params=parse_lab_params({"num_prompts": 4}).as_dict())
     run_execute_task.apply_async(args=[run.pk], queue="labs.sim")
     wait_for(lambda: state_of(run.pk) == RunState.DONE)
     finished_at = LabRun.objects.get(pk=run.pk).finished_at
     run_execute_task.apply_async(args=[run.pk], queue="labs.sim")
-    wait_for(lambda: f"run {run.pk} not claimed (state done)" in celery_worker.log())
+    run_next_task.apply_async(args=["labs.sim"], queue="labs.sim")
+    wait_for(lambda: celery_worker.log().count("a turn on labs.sim found nothing waiting") == 2)
     assert LabRun.objects.get(pk=run.pk).finished_at == finished_at
+
+
+def test_the_worker_serves_learners_in_turn_not_in_the_order_runs_came(celery_worker, alice, bob):
+    # Alice's runs were queued before Bob's one: as the worker frees, it takes Bob's second,
+    # not after all of Alice's (the probe's FIFO served it last). The rows are saved before any
+    # turn is sent, so the order does not depend on how fast the worker is.
+    small = parse_lab_params({"num_prompts": 4}).as_dict()
+    alices = [make_run(alice, params=small, queue="labs.sim") for _ in range(3)]
+    bobs = make_run(bob, params=small, queue="labs.sim")
+    services._enqueue([r.pk for r in [*alices, bobs]], "sim")
+    runs = LabRun.objects.filter(owner__in=[alice, bob])
+    wait_for(lambda: runs.filter(state=RunState.DONE).count() == 4, WAIT_S, 0.2)
+    order = list(runs.order_by("started_at").values_list("pk", flat=True))
+    assert order == [alices[0].pk, bobs.pk, alices[1].pk, alices[2].pk]
+    assert f"(learner {bob.pk}'s turn on labs.sim)" in celery_worker.log()
 
 
 def test_cancelling_a_running_run_stops_the_backend(celery_worker, alice_client, alice):

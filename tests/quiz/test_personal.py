@@ -22,7 +22,7 @@ from quiz import personal, selectors
 from quiz.models import Card, PersonalCardRequest
 from quiz.selectors import content_snapshot
 from tests.conftest import make_user
-from tests.labs.factories import make_heartbeat
+from tests.labs.factories import make_heartbeat, make_run
 from tests.quiz.factories import (
     at,
     make_card,
@@ -229,25 +229,19 @@ def test_only_its_owner_is_quizzed_on_it_and_it_comes_first(alice, bob):
 
 @pytest.fixture
 def sent(monkeypatch):
-    """What was sent to Celery (task name, args, queue) instead of a broker, and every simulation
-    that ran: the web side must send one message and simulate nothing."""
-    from quiz.tasks import card_make_task
-
+    """The queue of each turn sent to Celery (labs.turns) instead of a broker, and every
+    simulation that ran: the web side must send one turn and simulate nothing."""
     messages, simulated = [], []
-    monkeypatch.setattr(
-        card_make_task,
-        "apply_async",
-        lambda args, **options: messages.append((card_make_task.name, args, options["queue"])),
-    )
+    monkeypatch.setattr(personal.labs_api, "send_turn", lambda queue, **_: messages.append(queue))
     real = personal._simulate
     monkeypatch.setattr(personal, "_simulate", lambda *a, **k: simulated.append(a) or real(*a, **k))
     return messages, simulated
 
 
 def _work(messages) -> None:
-    """Be the lab worker: run each sent message's task body."""
-    for _name, args, _queue in messages:
-        personal.card_request_execute(request_id=args[0])
+    """Be the lab worker: take each sent turn (whoever's work is next in turn goes)."""
+    for queue in messages:
+        personal.labs_api.take_turn(queue=queue, hostname="sim@test")
     messages.clear()
 
 
@@ -266,7 +260,7 @@ def test_the_button_queues_the_card_on_the_lab_worker_and_my_cards_shows_it(
     assert response["Location"] == f"{reverse('quiz:my-cards')}?request={request.pk}"
     # Nothing simulated in the web request: one message to the sim queue, no card yet.
     assert simulated == [] and not Card.objects.filter(owner=alice).exists()
-    assert messages == [("quiz.card_make", [request.pk], "labs.sim")]
+    assert messages == ["labs.sim"]
     mine = alice_client.get(response["Location"]).content.decode()
     assert f"Making your card from run #{run.pk}" in mine and 'hx-trigger="every 1s"' in mine
 
@@ -401,12 +395,10 @@ def test_the_worker_records_a_refusal_and_releases_the_lock(
 def test_a_broker_that_refuses_the_message_fails_the_request_with_a_reason(
     alice_client, alice, monkeypatch, django_capture_on_commit_callbacks
 ):
-    from quiz.tasks import card_make_task
-
     def broker_down(*_args, **_kwargs):
         raise ConnectionError("broker down")
 
-    monkeypatch.setattr(card_make_task, "apply_async", broker_down)
+    monkeypatch.setattr(personal.labs_api, "send_turn", broker_down)
     make_heartbeat("sim")
     run = finished_run(alice)
     with django_capture_on_commit_callbacks(execute=True):
@@ -433,6 +425,44 @@ def test_the_lab_memory_bound_holds_in_the_web_and_on_the_worker(alice, sent, se
     request.refresh_from_db()
     assert request.state == "failed" and "cannot be simulated" in request.error
     assert len(simulated) == 1 and not Card.objects.filter(owner=alice).exists()
+
+
+def test_a_card_takes_its_turn_among_the_lab_runs_not_after_them(
+    alice, bob, sent, django_capture_on_commit_callbacks
+):
+    # Alice's runs wait on the simulator's queue before Bob asks for a card: the card goes
+    # second, in Bob's turn, not after all of Alice's runs (labs.turns).
+    messages, _ = sent
+    make_heartbeat("sim")
+    alices = [make_run(alice, queue="labs.sim") for _ in range(3)]
+    run = finished_run(bob)
+    with django_capture_on_commit_callbacks(execute=True):
+        request = personal.card_request(user=bob, run=run)
+    assert messages == ["labs.sim"]  # a turn on the lab queue, naming no work
+    # A turn for each piece of work waiting (each run sent its own), taken one by one.
+    done = [personal.labs_api.take_turn(queue="labs.sim", hostname="sim@test") for _ in range(4)]
+    card = Card.objects.get(owner=bob)
+    assert done == [
+        f"run {alices[0].pk} done",
+        f"card request {request.pk} made card {card.pk}",
+        f"run {alices[1].pk} done",
+        f"run {alices[2].pk} done",
+    ]
+
+
+def test_a_card_keeps_to_its_own_time_limit_in_a_turn_with_a_runs_longer_one(
+    alice, sent, monkeypatch, django_capture_on_commit_callbacks
+):
+    messages, _ = sent
+    make_heartbeat("sim")
+    run = finished_run(alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        request = personal.card_request(user=alice, run=run)
+    monkeypatch.setattr(personal, "CARD_SOFT_TIME_LIMIT_S", 0)
+    _work(messages)
+    request.refresh_from_db()
+    assert request.state == "failed" and "took longer than 0 s" in request.error
+    assert not Card.objects.filter(owner=alice).exists()
 
 
 def test_a_request_whose_worker_died_no_longer_holds_the_lock(alice, sent):

@@ -239,7 +239,7 @@ def test_eagle_speculation_on_this_cpu_is_refused_at_submit(alice_client, cpu_wo
 def test_a_kv_pool_larger_than_the_workers_memory_is_refused_at_submit(
     alice_client, cpu_worker_online
 ):
-    with patch("labs.services.run_execute_task.apply_async") as queued:
+    with patch("labs.services.run_next_task.apply_async") as queued:
         response = _post(alice_client, kv_capacity_tokens=10**10)
     assert response.status_code == 400
     page = response.content.decode()
