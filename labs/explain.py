@@ -44,6 +44,7 @@ FORMULA_HAS_NONE = {
     "communication": "the formula has no all-reduce",
     "prefill_interference": "the formula prices pure decode steps",
     "preemption": "the formula never preempts",
+    "frontend": "the formula has no API server",
 }
 FORMULA_NOTE = {
     "queueing": ", for a slot and behind the prompts admitted with it",

@@ -836,6 +836,7 @@ BREAKDOWN_PARTS = (
     "ideal",
     "efficiency",
     "overhead",
+    "frontend",
     "communication",
     "queueing",
     "prefill_interference",

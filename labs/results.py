@@ -397,6 +397,8 @@ PART_WHY: dict[str, str] = {
     "ideal": "the roofline work itself (weights and KV read at peak bandwidth, FLOPs at peak)",
     "efficiency": "kernels running below the device's peak bandwidth and FLOP/s",
     "overhead": "fixed per-step costs (scheduling, launches, sampling) and per-sequence work",
+    "frontend": "the API server's work on each request (HTTP, tokenization, the hand-over to "
+    "the engine), longer with every other stream it relays",
     "communication": "all-reduces between the tensor-parallel GPUs",
     "queueing": "waiting to be admitted while others ran",
     "prefill_interference": "decode steps that also carried other requests' prompts",

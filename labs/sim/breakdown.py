@@ -42,6 +42,7 @@ PART_LABELS = {
     "ideal": "ideal compute/memory",
     "efficiency": "efficiency loss",
     "overhead": "per-step overhead",
+    "frontend": "API server (front end)",
     "communication": "tensor-parallel communication",
     "queueing": "queueing before the first step",
     "prefill_interference": "prefill sharing steps with decodes",
@@ -62,7 +63,7 @@ class BreakdownAccumulator:
     def __init__(self, table: RequestTable, frontend_latency_s: float = 0.0) -> None:
         n, p = len(table), len(PARTS)
         self.table = table
-        # Charged to each request's TTFT as overhead: the API server's time, not queueing.
+        # Charged to each request's TTFT as its own part: the API server's time, not queueing.
         # `frontend_latency_s` for every request unless the event loop writes its own
         # (LoopState.frontend_s, which grows with the requests in flight).
         self.frontend_s = np.full(n, float(frontend_latency_s))
@@ -155,7 +156,7 @@ class BreakdownAccumulator:
             row[:, col["prefill_interference"]] = self.interference[k, :n][done]
             row[:, col["preemption"]] = self.preemption[k, :n][done]
             if k == 0:
-                row[:, col["overhead"]] += frontend
+                row[:, col["frontend"]] += frontend
             # Time in the engine when no step scheduled it (budget went to others, or it
             # waited again after a preemption).
             unscheduled = spans[k] - row.sum(axis=1)

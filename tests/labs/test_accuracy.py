@@ -62,7 +62,7 @@ def test_a_calibrated_gpu_names_its_own_evidence_and_one_line_per_kind_shown():
     fitted, held_out = load_calibration().gpu_runs["h200"]
     shown = expected_errors(GPUS["h200"], ("ttft_s", "tpot_s", "kv_capacity_tokens"))
     assert shown.provenance == (
-        f"H200 · calibrated to {fitted} published vLLM run, checked against {held_out} more"
+        f"H200 · calibrated to {fitted} published vLLM runs, checked against {held_out} more"
     )
     assert [line.split(":")[0] for line in shown.lines] == ["TTFT", "TPOT"]
     assert "on this GPU)" in shown.lines[1]  # R1 and R2, each predicted without its source

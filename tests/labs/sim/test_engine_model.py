@@ -255,8 +255,9 @@ def test_every_simulated_result_says_which_hardware_it_ran_on():
         f" checked against {held_out} more)"
     )
     # Each GPU kind names its own evidence, not the whole file's.
-    assert where_label(GPUS["h200"], "realistic") == (
-        "simulated on CPU as H200 (calibrated to 1 published vLLM run, checked against 1 more)"
+    assert where_label(GPUS["a100-40gb"], "realistic") == (
+        "simulated on CPU as A100 40GB SXM (calibrated to 1 published vLLM run,"
+        " checked against 1 more)"
     )
     assert "not calibrated" in where_label(GPUS["l40s"], "realistic")
     assert where_label(A100, "ideal").startswith(

@@ -142,7 +142,7 @@ def test_the_front_ends_time_grows_with_the_requests_already_in_the_engine():
     assert _ttfts(record) == [1.5, 2.5, 2.5]
     assert [r.finish_s for r in record.requests] == [3.5, 4.5, 4.5]
     ttft = sim.breakdown.summary(record.requests, "simulated")["ttft_s"]["parts"]
-    assert ttft["overhead"] == pytest.approx((0.5 + 0.75 + 1.0) / 3)
+    assert ttft["frontend"] == pytest.approx((0.5 + 0.75 + 1.0) / 3)
     assert ttft["queueing"] == pytest.approx((0 + (1.5 - 0.75) + (1.5 - 1.0)) / 3)
     # A flat front end hands all three over at 0.5 s and prefills them in one step.
     (_, flat) = _closed_loop(3, 0.5)
@@ -190,4 +190,4 @@ def test_a_busy_engine_does_not_wait_for_the_front_end():
     # The latency is the front end's overhead in each TTFT, not queueing for the engine.
     ttft = sim.breakdown.summary(late.requests, "simulated")["ttft_s"]["parts"]
     assert ttft["queueing"] == pytest.approx((0 + 3 + 6) / 3)
-    assert ttft["overhead"] == pytest.approx(0.5)
+    assert ttft["frontend"] == pytest.approx(0.5)
