@@ -128,7 +128,7 @@ class DeviceConstants:
     spec_step_overhead_s: float | None = None  # None: the published (global) value
     attention_efficiency: float | None = None  # None: the published (global) value
     per_seq_overhead_s: float | None = None  # None: the published (global) value
-    # None: 0, as in the published calibration, whose fitted step overheads hold that time.
+    # None: 0, a calibration stored before the front end was measured.
     frontend_latency_s: float | None = None
     frontend_per_stream_s: float | None = None  # None: 0, a flat front end
     frontend_cpu_s: float | None = None  # None: 0, a front end on cores of its own
@@ -143,8 +143,8 @@ class DeviceConstants:
     def predictor_engine(self, engine: EngineConfig) -> EngineConfig:
         """The predictor's efficiency knobs from this device's fit: GEMMs reach
         `gemm_efficiency` of peak, weight reads `bandwidth_efficiency`, a decode step pays
-        `decode_step_overhead_s`. A knob the lab set away from its ideal default is the
-        learner's choice and stays."""
+        `decode_step_overhead_s` and each sequence in it `per_seq_overhead_s`. A knob the lab
+        set away from its ideal default is the learner's choice and stays."""
         return replace(
             engine,
             compute_efficiency=(
@@ -162,4 +162,5 @@ class DeviceConstants:
                 if engine.step_overhead_s == 0.0
                 else engine.step_overhead_s
             ),
+            seq_overhead_s=self.per_seq_overhead_s or 0.0,
         )

@@ -517,6 +517,9 @@ class EngineConfig:
     # The parsed value: the method's own cost (DEFAULT_DRAFT_COST) where the learner left it unset.
     draft_cost: float = 0.0
     step_overhead_s: float = 0.0
+    # Not a lab parameter: CPU time each sequence in a step adds to it, 0 unless a device
+    # calibration measured it (labs/device_calibration.py); a CPU worker's is a large share.
+    seq_overhead_s: float = 0.0
     activation_reserve_bytes: int = 0
     compute_efficiency: float = _default("compute_efficiency")
     bandwidth_efficiency: float = _default("bandwidth_efficiency")

@@ -171,11 +171,13 @@ def step_time_s(
     num_prefill_tokens: int,
     num_decode_tokens: int,
     kv_tokens_read: int,
+    *,
+    num_seqs: float | None = None,
 ) -> float:
     """Time of one engine step, from the batch's composition. Shared by predictor and simulator.
 
     step_time_s(hardware, model, engine, num_prefill_tokens, num_decode_tokens, kv_tokens_read)
-        = max(compute, memory) + engine.step_overhead_s
+        = max(compute, memory) + engine.step_overhead_s + engine.seq_overhead_s x sequences
 
     Args:
         hardware: one GPU; the replica has `engine.tp` of them, with FLOP/s and bandwidth added.
@@ -186,6 +188,8 @@ def step_time_s(
             sequence when k drafts are verified.
         kv_tokens_read: tokens of KV cache the step's attention reads, summed over sequences
             (a decode of a sequence holding 2,000 tokens reads 2,000).
+        num_seqs: sequences in the step; default: the decoding ones (decode tokens over 1 + k)
+            and one more if it computes prompt tokens.
 
     Returns:
         Seconds. compute = 2 x active params x (prefill + decode tokens) / FLOP/s; memory =
@@ -194,7 +198,9 @@ def step_time_s(
     num_tokens = num_prefill_tokens + num_decode_tokens
     compute = step_compute_s(hardware, model, engine, num_tokens)
     memory = step_memory_s(hardware, model, engine, num_tokens, kv_tokens_read)
-    return max(compute, memory) + engine.step_overhead_s
+    if num_seqs is None:
+        num_seqs = num_decode_tokens / (1 + engine.spec_tokens) + (1 if num_prefill_tokens else 0)
+    return max(compute, memory) + engine.step_overhead_s + engine.seq_overhead_s * num_seqs
 
 
 def decode_step_time(
@@ -211,7 +217,7 @@ def draft_time_s(
     """Time to propose `engine.spec_tokens` drafts for `batch` sequences: each draft token costs
     `engine.draft_cost` of a plain decode step of the target at that batch. Add it to the
     verifying step's `step_time_s` (whose decode tokens are batch x (1 + k))."""
-    plain = step_time_s(hardware, model, engine, 0, batch, kv_tokens_read)
+    plain = step_time_s(hardware, model, engine, 0, batch, kv_tokens_read, num_seqs=batch)
     return engine.spec_tokens * engine.draft_cost * plain
 
 
@@ -262,7 +268,7 @@ def prefill_time_s(
         n_compute = min(max(n_compute, 0), full)
         later = full * (full - 1) // 2 - n_compute * (n_compute - 1) // 2
         total += n_compute * compute + (full - n_compute) * first_memory + growth * later
-        total += full * engine.step_overhead_s
+        total += full * (engine.step_overhead_s + engine.seq_overhead_s)
     if rest:
         total += step_time_s(hardware, model, engine, rest, 0, cached_tokens + full * chunk)
     return total
@@ -874,7 +880,7 @@ def predicted_breakdown(params: LabParams) -> dict[str, object] | None:
     allowed = min(work.concurrency, per_replica)
     cached = prediction.prefix_cached_tokens
     batch = max(prediction.running_seqs, 1)
-    no_overhead = replace(engine, step_overhead_s=0.0)
+    no_overhead = replace(engine, step_overhead_s=0.0, seq_overhead_s=0.0)
     at_peak = replace(no_overhead, compute_efficiency=1.0, bandwidth_efficiency=1.0)
 
     def figures(e: EngineConfig) -> tuple[float, float, float, LoadPrediction]:

@@ -91,6 +91,10 @@ def build_cost_model(
     """The cost model of `engine.sim_profile`; on the realistic profile, priced with `device`'s
     own fitted constants when the lab's GPU has them (labs/device_calibration.py)."""
     if engine.sim_profile == "ideal":
+        # The engine the predicted column describes: with the device's own knobs where it has a
+        # calibration, as labs.predict.predict applies them.
+        if device is not None:
+            engine = device.predictor_engine(engine)
         return RooflineCostModel(hardware, model, engine)
     calibration = None
     if device is not None:

@@ -542,6 +542,11 @@ class EngineModel:
         extra = self.engine.step_overhead_s if knobs and overhead else 0.0
         return _maximum(compute, memory) + extra
 
+    def _seq_s(self, num_seqs: int) -> float:
+        """The ideal profile's per-sequence cost: the lab's `seq_overhead_s` (0 unless a device
+        calibration set it), as labs.predict.step_time_s charges it."""
+        return self.engine.seq_overhead_s * num_seqs
+
     def _kernels_s(self, num_tokens: int, num_logits: int, kv: Any, pairs: Any) -> Any:
         """Realistic GPU time of the step's kernels: linear layers + attention."""
         # Attention math runs in 16 bits (BF16 tensor cores) whatever the weights are.
@@ -560,7 +565,7 @@ class EngineModel:
     def _decode_step_s(self, num_seqs: int, kv: np.ndarray) -> np.ndarray:
         """A plain decode step of `num_seqs` sequences (a draft pass is c times this)."""
         if self.profile == "ideal":
-            return self._roofline_s(True, num_seqs, num_seqs, kv)
+            return self._roofline_s(True, num_seqs, num_seqs, kv) + self._seq_s(num_seqs)
         pairs = kv + num_seqs
         return (
             self._kernels_s(num_seqs, num_seqs, kv, pairs)
@@ -603,7 +608,7 @@ class EngineModel:
         if self.profile == "ideal":
             with_knobs = self._roofline_s(True, n_tokens, logits, kv, overhead=False)
             parts[:, EFFICIENCY] = np.maximum(with_knobs - full_ideal, 0)
-            parts[:, OVERHEAD] = self.engine.step_overhead_s
+            parts[:, OVERHEAD] = self.engine.step_overhead_s + self._seq_s(num_seqs)
             return parts
         kernels = self._kernels_s(n_tokens, logits, kv, self._pairs(out, kv))
         parts[:, EFFICIENCY] = np.maximum(kernels - full_ideal, 0)
@@ -624,7 +629,8 @@ class EngineModel:
         ideal = self._roofline_s(False, num_tokens, num_seqs, kv_f)
         if self.profile == "ideal":
             with_knobs = self._roofline_s(True, num_tokens, num_seqs, kv_f, overhead=False)
-            return (ideal, max(with_knobs - ideal, 0.0), self.engine.step_overhead_s, 0.0, 0.0)
+            overhead = self.engine.step_overhead_s + self._seq_s(num_seqs)
+            return (ideal, max(with_knobs - ideal, 0.0), overhead, 0.0, 0.0)
         kernels = self._kernels_s(num_tokens, num_seqs, kv_f, pairs_f)
         return (
             ideal,

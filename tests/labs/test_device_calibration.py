@@ -283,3 +283,38 @@ def test_a_devices_front_end_cpu_time_slows_its_busy_engine_and_an_older_row_has
     assert duration(2, mine) > duration(2, older) + 0.01
     # One client: every request reaches an idle engine.
     assert duration(1, mine) == duration(1, older)
+
+
+def test_a_devices_per_sequence_cost_shrinks_the_predicted_batching_gain_as_its_ideal_engine():
+    """The predicted column charges each sequence the device's fitted CPU time, so batching 8
+    gains less than the roofline alone says; the ideal simulator, the engine the prediction is
+    the closed form of, runs with the same knobs and agrees."""
+    from labs.metrics import summarize
+    from labs.sim.lab import build_simulator
+
+    costly = _constants(per_seq_overhead_s=0.004)
+
+    def params(batch: int):
+        return parse_lab_params(
+            {
+                **SMALL,
+                "gpu": "h100-sxm",
+                "max_num_seqs": batch,
+                "concurrency": 8,
+                "num_prompts": 32,
+                "prompt_tokens": 64,
+                "output_tokens": 32,
+                "sim_profile": "ideal",
+            }
+        )
+
+    def predicted(batch: int, device=None) -> float:
+        return float(lab_prediction(params(batch), device)["output_tokens_per_s"])
+
+    roofline_gain = predicted(8) / predicted(1)
+    costly_gain = predicted(8, costly) / predicted(1, costly)
+    assert roofline_gain > 6 and costly_gain < roofline_gain / 2
+    for batch in (1, 8):
+        sim = build_simulator(params(batch), device=costly).run()
+        measured = summarize(sim)["output_tokens_per_s"]
+        assert predicted(batch, costly) == pytest.approx(measured, rel=0.25)
