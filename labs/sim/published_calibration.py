@@ -233,15 +233,15 @@ def format_report(rows: list[tuple[Measurement, float]], cal: Calibration | None
             f" worst {max(errors):.1%}"
         )
     for kind in METRIC_KINDS:
-        own = [
+        misses = [
             abs(relative_error(sim, m.published))
             for m, sim in rows
             if m.role == "held_out" and m.kind == kind
         ]
-        if own:
+        if misses:
             lines.append(
-                f"  {kind}: {len(own)} runs, median |error| {statistics.median(own):.1%},"
-                f" worst {max(own):.1%}"
+                f"  {kind}: {len(misses)} runs, median |error| {statistics.median(misses):.1%},"
+                f" worst {max(misses):.1%}"
             )
     older_ids = [m.id for m, _ in rows if m.role == "v0"]
     lines.append(
