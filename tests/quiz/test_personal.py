@@ -130,7 +130,10 @@ def test_the_prompt_names_its_runs_provenance_by_the_short_badge(alice):
 def test_every_number_in_the_cards_unit_has_the_answers_decimals(alice):
     card = personal.card_from_run(user=alice, run=finished_run(alice, lab="speculative"))
     assert card.numeric_unit == "ms"
-    decimals = len(f"{card.numeric_value}".split(".")[1])
+    # The answer as shown ("≈ 4.00 ms"): a stored 4.0 is the same value, written to its decimals.
+    shown = re.search(r"(\d[\d,]*(?:\.\d+)?) ms", card.answer).group(1)
+    assert float(shown.replace(",", "")) == pytest.approx(card.numeric_value)
+    decimals = len(shown.split(".")[1]) if "." in shown else 0
     written = [
         number
         for text in [card.prompt, card.answer, card.steps[0], card.steps[-1]]
