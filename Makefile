@@ -56,7 +56,8 @@ ruff: $(STAMP)
 types: $(STAMP)
 	$(VENV)/bin/mypy
 
-# The web server and a sim lab worker, stopped together by Ctrl-C, SIGTERM or SIGHUP (config/devrun.py).
+# The web server, a sim lab worker and a fit worker, stopped together by Ctrl-C, SIGTERM or SIGHUP
+# (config/devrun.py).
 run: port-free setup
 	@exec $(PY) config/devrun.py --host '$(HOST)' --port '$(PORT)' --venv '$(VENV)'
 
@@ -64,8 +65,14 @@ run: port-free setup
 port-free:
 	@$(PYTHON) config/devrun.py --check-port --host '$(HOST)' --port '$(PORT)'
 
+# Two supervised workers, as `make run` starts them: simulated labs, and parameter fits one at a
+# time, so a fit never holds a lab's slot. Ctrl-C, or SIGTERM to make, stops both.
+CELERY_WORKER := $(PY) config/supervise.py $(VENV)/bin/celery -A config worker --loglevel=INFO
 worker: setup
-	$(PY) config/supervise.py $(VENV)/bin/celery -A config worker -Q labs.sim,default,quiz.fit --loglevel=INFO
+	@trap 'kill -TERM $$labs $$fits 2>/dev/null' INT TERM HUP; \
+	$(CELERY_WORKER) -Q labs.sim,default --hostname=sim@%h & labs=$$!; \
+	$(CELERY_WORKER) -Q quiz.fit --concurrency=1 --hostname=fit@%h & fits=$$!; \
+	wait; wait
 
 # The suite on both cores, Hypothesis at a tenth of its full counts (tests/budget.py), without the
 # tests marked deep. Ends with its ten slowest tests and its wall and CPU time.

@@ -1,4 +1,5 @@
-"""The Celery app. Workers: `celery -A config worker -Q labs.sim,default,quiz.fit` (see README)."""
+"""The Celery app. Workers: `celery -A config worker -Q labs.sim,default` for labs, and
+`celery -A config worker -Q quiz.fit --concurrency=1` for parameter fits (see README)."""
 
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ _closed_redis_channel_raises_a_connection_error()
 app = Celery("config")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
-# A fit of FSRS parameters has a queue of its own, so it never takes a lab run's place in a lab
-# queue; a worker for it consumes quiz.fit (`make run`'s worker does, beside labs.sim).
+# A fit of FSRS parameters has a queue of its own, consumed by a worker of its own (`make run`
+# starts one), so it never takes a lab run's place in a lab queue nor a lab worker's slot.
 app.conf.task_routes = {"quiz.fit_parameters": {"queue": "quiz.fit"}}
 
 

@@ -1,10 +1,11 @@
-"""`make run`: Django's development server and a sim lab worker, started and stopped as one.
+"""`make run`: Django's development server, a sim lab worker and a parameter-fit worker, started
+and stopped as one.
 
 make runs this file as its recipe's only process (`exec`), with the standard library only, so
 `make run` can also call it before set-up to check the port. Each child runs in its own process
 group, so stopping one also stops what it started (runserver's reloaded child, Celery's pool).
 
-Both stop when this process gets SIGINT, SIGTERM or SIGHUP, and when make gives up: GNU make
+All stop when this process gets SIGINT, SIGTERM or SIGHUP, and when make gives up: GNU make
 forwards only SIGTERM to its recipe; on SIGINT or SIGHUP sent to make alone it waits for the
 recipe to end, which it would never do, so the parent's signal state is watched (see ParentWatch).
 """
@@ -170,18 +171,13 @@ def commands(host: str, port: int, venv: Path) -> dict[str, list[str]]:
     server = [str(venv / "bin" / "python"), "manage.py", "runserver", bind]
     if ":" in host:
         server.append("--ipv6")
-    worker = [
-        str(venv / "bin" / "celery"),
-        "-A",
-        "config",
-        "worker",
-        "-Q",
-        "labs.sim,default,quiz.fit",
-        "--concurrency=2",
-        "--hostname=sim@%h",
-        "--loglevel=INFO",
-    ]
-    return {"web server": server, "lab worker": worker}
+    celery = [str(venv / "bin" / "celery"), "-A", "config", "worker", "--loglevel=INFO"]
+    # A worker of its own for parameter fits, so a fit never holds one of the two lab slots.
+    return {
+        "web server": server,
+        "lab worker": [*celery, "-Q", "labs.sim,default", "--concurrency=2", "--hostname=sim@%h"],
+        "fit worker": [*celery, "-Q", "quiz.fit", "--concurrency=1", "--hostname=fit@%h"],
+    }
 
 
 COMPILE = """
@@ -216,8 +212,8 @@ def listening(host: str, port: int) -> bool:
 
 
 class DevRun:
-    """The web server first; the lab worker once the server listens (on two busy cores the page
-    answers sooner when the two do not start at once), or after WORKER_AFTER_S regardless."""
+    """The web server first; the workers once the server listens (on two busy cores the page
+    answers sooner when they do not all start at once), or after WORKER_AFTER_S regardless."""
 
     WORKER_AFTER_S = 30.0
 
@@ -257,6 +253,7 @@ class DevRun:
                     or time.monotonic() - started_at > self.WORKER_AFTER_S
                 ):
                     self.start("lab worker")
+                    self.start("fit worker")
                     if self.bytecode:
                         print("make run: compiling bytecode in the background, once", flush=True)
                         # Lowest priority: it must not slow the server or the worker down.
@@ -267,7 +264,7 @@ class DevRun:
             why = f"cannot start {exc.filename}: {exc.strerror}"
         finally:
             # Also on an unexpected error here: never leave a server or worker behind.
-            print(f"\nmake run: stopping the web server and the lab worker ({why})", flush=True)
+            print(f"\nmake run: stopping the web server and the workers ({why})", flush=True)
             stop_all(self.children + self.background)
         print("make run: stopped")
         return code
@@ -293,8 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, lambda signum, _frame: devrun.received.append(signum))
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(f"\n  Serving School: http://{shown}:{args.port}/")
-    print("  Lab worker: sim queue (simulated on CPU), started once the server listens.")
-    print("  Ctrl-C stops both.")
+    print("  Workers: simulated labs, and parameter fits, started once the server listens.")
+    print("  Ctrl-C stops them all.")
     print(f"  First staff user: {args.venv}/bin/python manage.py createsuperuser\n", flush=True)
     return devrun.run()
 

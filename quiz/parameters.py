@@ -1,10 +1,13 @@
 """The learner's own FSRS parameters: fitting them on the worker, using them, going back.
 
 "Optimize my parameters" creates a ParameterFit and sends it to the worker (queue `quiz.fit`,
-config/celery.py, so a fit never waits behind labs nor takes a lab's slot on a fit-only worker);
-the press reads no more of the log than MIN_REVIEWS rows, after the one-fit-at-a-time check. The
-task calls `fit_run`, which reads the log, fits with quiz/optimizer.py and stores the figures,
-under a time limit; a fit whose worker died is failed at the learner's next visit to the page.
+config/celery.py, which a fit-only worker consumes, so a fit never waits behind labs nor takes a
+lab's slot); the press reads no more of the log than MIN_REVIEWS rows, after the
+one-fit-at-a-time check. The task calls `fit_run`, which streams the log to a process of its own
+capped at QUIZ_FIT_MEMORY_LIMIT_MB (quiz/fitting.py: fsrs-rs aborts the process it runs in when
+an allocation fails), fits there with quiz/optimizer.py and stores the figures, under a time
+limit; a fit past its memory or time limit fails and says so, and a fit whose worker died is
+failed at the learner's next visit to the page.
 The fit also simulates the workload/retention trade-off (reviews a day at desired retention
 0.80-0.95, Anki's "Help me decide") for the learner's deck under both parameter sets: it takes
 about a second for a large deck, too long for a page. Nothing changes for the learner until they
@@ -18,7 +21,8 @@ uses them).
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from collections.abc import Iterator
+from datetime import date, timedelta
 from typing import Any
 
 from celery import Task, shared_task
@@ -29,7 +33,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from quiz import optimizer, scheduling
+from quiz import fitting, optimizer
 from quiz.models import LearnerSettings, ParameterFit, ReviewLog
 from quiz.selectors import learner_settings_get
 
@@ -37,14 +41,15 @@ logger = logging.getLogger(__name__)
 RUNNING = (ParameterFit.Status.QUEUED, ParameterFit.Status.RUNNING)
 
 
-def _reviews(user_id: int) -> list[optimizer.Review]:
-    """The learner's log in the order made (on the worker only: it can be very long)."""
-    rows = (
+def _reviews(user_id: int) -> Iterator[tuple[int, int, date]]:
+    """The learner's log in the order made, (card_id, rating, study_date), read in chunks: on the
+    worker only, which streams it to the fit's process without holding it."""
+    return (
         ReviewLog.objects.filter(user_id=user_id)
         .order_by("reviewed_at", "id")
         .values_list("card_id", "rating", "study_date")
+        .iterator(10_000)
     )
-    return [optimizer.Review(card, rating, day) for card, rating, day in rows.iterator(10_000)]
 
 
 def _release_stale(user: AbstractBaseUser) -> None:
@@ -115,27 +120,19 @@ def fit_run(*, fit_id: int) -> None:
         )
 
     settings = learner_settings_get(user=fit.user)
+    limit_mb = django_settings.QUIZ_FIT_MEMORY_LIMIT_MB
     try:
         progress(2, "Reading your reviews")
-        reviews = _reviews(fit.user_id)
-        result = optimizer.fit(
-            reviews,
+        result = fitting.run(
+            _reviews(fit.user_id),
             current=settings.fsrs_parameters,
             desired_retention=settings.desired_retention,
+            new_per_day=settings.new_per_day,
+            memory_limit_mb=limit_mb,
+            # A backstop for a fit process whose worker was killed: the hard limit, and a margin.
+            cpu_limit_s=django_settings.QUIZ_FIT_TIME_LIMIT_S + 60,
             progress=progress,
         )
-        progress(90, "Simulating your workload at each retention")
-        deck = len({review.card_id for review in reviews})
-        current = settings.fsrs_parameters or scheduling.DEFAULT_PARAMETERS
-        new = settings.new_per_day
-        workload = [
-            {"retention": now["retention"], "current": now, "fitted": fitted}
-            for now, fitted in zip(
-                optimizer.workload(current, deck_size=deck, new_per_day=new),
-                optimizer.workload(result.parameters, deck_size=deck, new_per_day=new),
-                strict=True,
-            )
-        ]
     except SoftTimeLimitExceeded:
         fit_fail(
             fit_id=fit_id,
@@ -143,24 +140,37 @@ def fit_run(*, fit_id: int) -> None:
             " was stopped.",
         )
         return
-    except (optimizer.NotEnoughReviews, ValueError) as exc:
+    except fitting.OutOfMemory:
+        logger.warning("fit %s stopped at its memory limit (%s MB)", fit_id, limit_mb)
+        fit_fail(
+            fit_id=fit_id,
+            error=f"Fitting your reviews needed more memory than one fit may use ({limit_mb:,}"
+            " MB), so it was stopped and the parameters in force are kept. You can optimize"
+            " again, but with this many reviews it will likely stop the same way until the"
+            " site's staff raise that limit.",
+        )
+        return
+    except fitting.ChildFailed:
+        fit_fail(fit_id=fit_id, error="The fit stopped unexpectedly; optimize again.")
+        return
+    except ValueError as exc:  # optimizer.NotEnoughReviews, or a fit py-fsrs refuses
         fit_fail(fit_id=fit_id, error=str(exc))
         return
     ParameterFit.objects.filter(pk=fit_id, status=ParameterFit.Status.RUNNING).update(
         status=ParameterFit.Status.DONE,
         progress=100,
         stage="Done",
-        reviews=result.reviews,
-        parameters=result.parameters,
+        reviews=result["reviews"],
+        parameters=result["parameters"],
         evaluation={
-            "training": result.training,
-            "held_out": result.held_out,
-            "held_out_reviews": result.held_out_reviews,
-            "wins": result.wins,
+            "training": result["training"],
+            "held_out": result["held_out"],
+            "held_out_reviews": result["held_out_reviews"],
+            "wins": result["wins"],
             "current_is_default": not settings.fsrs_parameters,
-            "workload": workload,
+            "workload": result["workload"],
         },
-        intervals=result.intervals,
+        intervals=result["intervals"],
         finished_at=timezone.now(),
     )
 

@@ -13,9 +13,10 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 
 from quiz import optimizer, parameters, scheduling, selectors, services
-from quiz.models import ParameterFit, ReviewLog
+from quiz.models import LearnerSettings, ParameterFit, ReviewLog
 from tests.quiz.factories import at, make_card, review
 from tests.quiz.synthetic_learners import review_log, true_parameters
+from tests.quiz.test_fitting import long_cards_log
 from tests.worker import start_worker
 
 
@@ -275,7 +276,7 @@ def test_a_fit_past_its_soft_time_limit_fails_and_says_so(alice, monkeypatch):
         raise SoftTimeLimitExceeded()
 
     monkeypatch.setattr("quiz.tasks.fit_parameters_task.apply_async", lambda args: None)
-    monkeypatch.setattr(optimizer, "fit", slow)
+    monkeypatch.setattr(parameters.fitting, "run", slow)
     _store(alice, review_log("forgetful", 600, 8))
     fit = parameters.fit_start(user=alice)
     parameters.fit_run(fit_id=fit.pk)
@@ -291,9 +292,44 @@ def test_the_fit_runs_on_its_own_queue_with_time_limits():
     assert route["queue"].name == "quiz.fit"
     task = parameters.fit_parameters_task
     assert task.soft_time_limit == settings.QUIZ_FIT_TIME_LIMIT_S < task.time_limit
-    # `make run`'s worker consumes it, so a fit started there runs.
-    worker = devrun.commands("127.0.0.1", 8000, Path(".venv"))["lab worker"]
-    assert "quiz.fit" in worker[worker.index("-Q") + 1].split(",")
+    # `make run` starts a worker of its own for it, one fit at a time, so a fit started there
+    # runs and never holds one of the lab worker's slots.
+    workers = devrun.commands("127.0.0.1", 8000, Path(".venv"))
+    queues = {
+        name: argv[argv.index("-Q") + 1].split(",")
+        for name, argv in workers.items()
+        if "-Q" in argv
+    }
+    assert queues == {"lab worker": ["labs.sim", "default"], "fit worker": ["quiz.fit"]}
+    assert "--concurrency=1" in workers["fit worker"]
+
+
+@pytest.mark.django_db
+def test_a_fit_past_its_memory_limit_fails_keeps_the_parameters_and_can_start_again(
+    alice, alice_client, monkeypatch, settings
+):
+    monkeypatch.setattr("quiz.tasks.fit_parameters_task.apply_async", lambda args: None)
+    in_force = true_parameters("forgetful")
+    LearnerSettings.objects.create(user=alice, fsrs_parameters=in_force)
+    _store(alice, long_cards_log(10_000))
+    settings.QUIZ_FIT_MEMORY_LIMIT_MB = 16  # the fit of this log needs more
+    fit = parameters.fit_start(user=alice)
+    parameters.fit_run(fit_id=fit.pk)  # what the worker does; it survives
+    fit.refresh_from_db()
+    assert fit.status == "failed" and not fit.parameters
+    assert fit.error.startswith(
+        "Fitting your reviews needed more memory than one fit may use (16 MB)"
+    )
+    assert selectors.learner_settings_get(user=alice).fsrs_parameters == in_force
+    page = alice_client.get(reverse("quiz:parameters")).content.decode()
+    assert "The last fit failed: Fitting your reviews needed more memory" in page
+    assert "Optimize my parameters</button>" in page
+
+    settings.QUIZ_FIT_MEMORY_LIMIT_MB = 2048
+    again = parameters.fit_start(user=alice)
+    parameters.fit_run(fit_id=again.pk)
+    again.refresh_from_db()
+    assert again.pk != fit.pk and again.status == "done", again.error
 
 
 @pytest.mark.django_db(transaction=True)
