@@ -413,6 +413,9 @@ class PersonalCardRequest(models.Model):
     card = models.ForeignKey(Card, null=True, blank=True, on_delete=models.SET_NULL)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # When a worker claimed it: a request waits its turn on the lab queue for as long as the
+    # learners before it take, and only the time since it started says its worker was lost.
+    started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

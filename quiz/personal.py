@@ -32,6 +32,7 @@ from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from labs import api as labs_api
@@ -472,9 +473,22 @@ def card_from_run(*, user: AbstractBaseUser, run: LabRun, until: float | None = 
 
 # -- making it on the lab worker -----------------------------------------------------------------
 
-# A request still in flight this long after it was queued lost its worker: it no longer holds
-# the learner's lock.
+# A request still running this long after a worker claimed it lost that worker: it no longer
+# holds the learner's lock.
 CARD_REQUEST_STALE = dt.timedelta(seconds=CARD_SOFT_TIME_LIMIT_S + 180)
+# A request still queued this long after it was made lost its message: it waits its turn behind
+# other learners' work (one turn each, labs/turns.py), which takes minutes, not hours.
+CARD_QUEUED_STALE = dt.timedelta(hours=6)
+
+
+def _stale(now: dt.datetime) -> Q:
+    """Card requests in flight that lost their worker or their message."""
+    running = Q(state=PersonalCardRequest.State.RUNNING) & (
+        Q(started_at__lt=now - CARD_REQUEST_STALE)
+        | Q(started_at__isnull=True, created_at__lt=now - CARD_REQUEST_STALE)
+    )
+    queued = Q(state=PersonalCardRequest.State.QUEUED, created_at__lt=now - CARD_QUEUED_STALE)
+    return running | queued
 
 
 def _check_makeable(user: AbstractBaseUser, run: LabRun) -> None:
@@ -506,17 +520,20 @@ def _finish(request_id: int, *, error: str = "", card: Card | None = None) -> No
 
 
 def _release_stale(user: AbstractBaseUser) -> None:
-    """A request in flight longer than any worker takes lost its worker: fail it, which frees
-    the learner's lock and ends the page's wait."""
-    PersonalCardRequest.objects.filter(
-        owner=user,
-        state__in=PersonalCardRequest.IN_FLIGHT,
-        created_at__lt=timezone.now() - CARD_REQUEST_STALE,
-    ).update(
-        state=PersonalCardRequest.State.FAILED,
-        error="The lab worker stopped before the card was made; make it again.",
-        finished_at=timezone.now(),
-    )
+    """A request that lost its worker or its message (`_stale`): fail it, which frees the
+    learner's lock and ends the page's wait."""
+    now = timezone.now()
+    state = PersonalCardRequest.State
+    why = {
+        state.RUNNING: "The lab worker stopped before the card was made",
+        state.QUEUED: "The lab queue lost this request before a worker took it",
+    }
+    for in_flight, reason in why.items():
+        PersonalCardRequest.objects.filter(_stale(now), owner=user, state=in_flight).update(
+            state=state.FAILED,
+            error=f"{reason}; make it again.",
+            finished_at=now,
+        )
 
 
 def card_request(*, user: AbstractBaseUser, run: LabRun) -> PersonalCardRequest:
@@ -584,7 +601,7 @@ def _card_claim(request_id: int, _hostname: str) -> bool:
     return bool(
         PersonalCardRequest.objects.filter(
             pk=request_id, state=PersonalCardRequest.State.QUEUED
-        ).update(state=PersonalCardRequest.State.RUNNING)
+        ).update(state=PersonalCardRequest.State.RUNNING, started_at=timezone.now())
     )
 
 
@@ -792,11 +809,10 @@ def made_message(*, user: AbstractBaseUser, card: Card, now: dt.datetime) -> str
 
 def work_in_flight(user_id: int | None) -> tuple[int, int]:
     """The learner's (None: everyone's) card requests and parameter fits queued or running, for
-    labs' caps (labs/hooks.py). A card request past CARD_REQUEST_STALE lost its worker and is
-    not counted."""
-    cards = PersonalCardRequest.objects.filter(
-        state__in=PersonalCardRequest.IN_FLIGHT,
-        created_at__gte=timezone.now() - CARD_REQUEST_STALE,
+    labs' caps (labs/hooks.py). A card request that lost its worker or its message (`_stale`)
+    is not counted."""
+    cards = PersonalCardRequest.objects.filter(state__in=PersonalCardRequest.IN_FLIGHT).exclude(
+        _stale(timezone.now())
     )
     fits = ParameterFit.objects.filter(
         status__in=(ParameterFit.Status.QUEUED, ParameterFit.Status.RUNNING)

@@ -474,8 +474,9 @@ def test_a_request_whose_worker_died_no_longer_holds_the_lock(alice, sent):
     stuck = personal.card_request(user=alice, run=run)
     with pytest.raises(personal.CardRefused, match="already making a card"):
         personal.card_request(user=alice, run=run)
+    assert personal._card_claim(stuck.pk, "sim@test")  # a worker took it, then died
     PersonalCardRequest.objects.filter(pk=stuck.pk).update(
-        created_at=timezone.now() - personal.CARD_REQUEST_STALE - dt.timedelta(seconds=1)
+        started_at=timezone.now() - personal.CARD_REQUEST_STALE - dt.timedelta(seconds=1)
     )
     # The page watching it stops waiting; a new press is taken.
     assert personal.card_request_get(user=alice, pk=stuck.pk).state == "failed"
@@ -484,6 +485,31 @@ def test_a_request_whose_worker_died_no_longer_holds_the_lock(alice, sent):
         in personal.card_request_get(user=alice, pk=stuck.pk).error
     )
     assert personal.card_request(user=alice, run=run).state == "queued"
+
+
+def test_a_request_waiting_its_turn_keeps_the_lock_until_its_message_is_lost(alice, bob, sent):
+    """Queued behind other learners' runs, a request waits as long as their turns take: only the
+    time since a worker claimed it says that worker was lost; a queued one is released only
+    after CARD_QUEUED_STALE, when its message must have been lost."""
+    make_heartbeat("sim")
+    run = finished_run(alice)
+    waiting = personal.card_request(user=alice, run=run)
+    long_ago = timezone.now() - personal.CARD_REQUEST_STALE - dt.timedelta(minutes=30)
+    PersonalCardRequest.objects.filter(pk=waiting.pk).update(created_at=long_ago)
+    assert personal.card_request_get(user=alice, pk=waiting.pk).state == "queued"
+    with pytest.raises(personal.CardRefused, match="already making a card"):
+        personal.card_request(user=alice, run=run)
+    # Claimed now, after its long wait: the worker's own time starts at the claim.
+    assert personal._card_claim(waiting.pk, "sim@test")
+    assert personal.card_request_get(user=alice, pk=waiting.pk).state == "running"
+    # Never claimed in CARD_QUEUED_STALE: its message was lost; the learner can press again.
+    lost = PersonalCardRequest.objects.create(owner=bob, run=run)
+    PersonalCardRequest.objects.filter(pk=lost.pk).update(
+        created_at=timezone.now() - personal.CARD_QUEUED_STALE - dt.timedelta(seconds=1)
+    )
+    personal._release_stale(lost.owner)
+    lost.refresh_from_db()
+    assert lost.state == "failed" and "lab queue lost this request" in lost.error
 
 
 def test_without_a_lab_worker_or_too_large_nothing_is_queued(alice_client, alice, sent):
