@@ -14,7 +14,6 @@ import contextlib
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -29,6 +28,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from config.celery import app as celery_app
+from config.locks import transaction_lock
 from labs import hooks, turns
 from labs.backends import check_can_start, get_backend, served_instead
 from labs.backends.base import Phase, ProgressCallback
@@ -218,12 +218,7 @@ def _lock_queue_cap(backend: str) -> None:
     ends, so two learners cannot both count the same free places under its global cap. A
     PostgreSQL advisory lock, as there is no row to lock: the cap counts rows not yet written.
     SQLite needs none: its IMMEDIATE transactions already take one write lock at BEGIN."""
-    connection = transaction.get_connection()
-    if connection.vendor != "postgresql":
-        return
-    key = zlib.crc32(f"labs.queue-cap:{backend_queue(backend)}".encode())
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+    transaction_lock(f"labs.queue-cap:{backend_queue(backend)}")
 
 
 class QueueUnavailable(Exception):

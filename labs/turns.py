@@ -15,7 +15,6 @@ queue (the quiz's card requests, through labs.hooks), so they all take their tur
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,6 +22,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from config.locks import transaction_lock
 from labs.models import QueueTurn
 
 
@@ -109,9 +109,4 @@ def _lock_queue_turns(queue: str) -> None:
     """Serialise the takers of one queue until the transaction ends, so a second worker sees the
     first one's claim and turn: a PostgreSQL advisory lock (held for one small read and two
     writes). SQLite needs none: its IMMEDIATE transactions take one write lock at BEGIN."""
-    connection = transaction.get_connection()
-    if connection.vendor != "postgresql":
-        return
-    key = zlib.crc32(f"labs.queue-turn:{queue}".encode())
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+    transaction_lock(f"labs.queue-turn:{queue}")
