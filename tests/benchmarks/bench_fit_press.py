@@ -19,7 +19,6 @@ or  BENCH_FIT_PRESS=1 .venv/bin/pytest tests/benchmarks/bench_fit_press.py -s
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import signal
 import statistics
@@ -53,6 +52,7 @@ def _seed(reviews: int, shape: str) -> str:
     from django.db import transaction
 
     from quiz.models import Card, Deck, ReviewLog
+    from tests.quiz.factories import synthetic_review_rows
     from tests.quiz.synthetic_learners import review_log
     from tests.quiz.test_fitting import long_cards_log
 
@@ -79,21 +79,7 @@ def _seed(reviews: int, shape: str) -> str:
         )
         ids = {int(card.slug.rsplit("-", 1)[1]): card.pk for card in cards}
         ReviewLog.objects.bulk_create(
-            (
-                ReviewLog(
-                    user=user,
-                    card_id=ids[r.card_id],
-                    rating=r.rating,
-                    kind=ReviewLog.Kind.REVIEW,
-                    reviewed_at=dt.datetime.combine(r.study_date, dt.time(9), tzinfo=dt.UTC),
-                    study_date=r.study_date,
-                    duration_ms=5000,
-                    state_before={},
-                    token=f"bench-{i}",
-                )
-                for i, r in enumerate(log)
-            ),
-            batch_size=5000,
+            synthetic_review_rows(user, log, ids, "bench"), batch_size=5000
         )
     print(
         f"seeded {reviews:,} reviews of {len(cards):,} cards: generated in"

@@ -88,3 +88,22 @@ def make_review_state(user, card: Card, *, due: dt.datetime, **overrides: Any):
     }
     values.update(overrides)
     return ReviewState.objects.create(user=user, card=card, **values)
+
+
+def synthetic_review_rows(user: Any, log: Any, card_pks: dict[int, int], token_prefix: str) -> Any:
+    """The ReviewLog rows of a synthetic learner's log (tests/quiz/synthetic_learners.py), each
+    review at 09:00 UTC of its study date, on the card row `card_pks` maps its card to."""
+    return (
+        ReviewLog(
+            user=user,
+            card_id=card_pks[r.card_id],
+            rating=r.rating,
+            kind=ReviewLog.Kind.REVIEW,
+            reviewed_at=dt.datetime.combine(r.study_date, dt.time(9), tzinfo=UTC),
+            study_date=r.study_date,
+            duration_ms=5000,
+            state_before={},
+            token=f"{token_prefix}-{i}",
+        )
+        for i, r in enumerate(log)
+    )

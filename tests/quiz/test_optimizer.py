@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from quiz import optimizer, parameters, scheduling, selectors, services
 from quiz.models import LearnerSettings, ParameterFit, ReviewLog
-from tests.quiz.factories import at, make_card, review
+from tests.quiz.factories import at, make_card, review, synthetic_review_rows
 from tests.quiz.synthetic_learners import review_log, true_parameters
 from tests.quiz.test_fitting import long_cards_log
 from tests.worker import start_worker
@@ -151,21 +151,8 @@ def test_the_workload_grows_with_desired_retention():
 
 def _store(user, log) -> None:
     """Write a synthetic log as the learner's (one card row per synthetic card)."""
-    cards = {card_id: make_card() for card_id in sorted({r.card_id for r in log})}
-    ReviewLog.objects.bulk_create(
-        ReviewLog(
-            user=user,
-            card=cards[r.card_id],
-            rating=r.rating,
-            kind=ReviewLog.Kind.REVIEW,
-            reviewed_at=dt.datetime.combine(r.study_date, dt.time(9), tzinfo=dt.UTC),
-            study_date=r.study_date,
-            duration_ms=5000,
-            state_before={},
-            token=f"synthetic-{i}",
-        )
-        for i, r in enumerate(log)
-    )
+    cards = {card_id: make_card().pk for card_id in sorted({r.card_id for r in log})}
+    ReviewLog.objects.bulk_create(synthetic_review_rows(user, log, cards, "synthetic"))
 
 
 @pytest.mark.django_db
