@@ -254,7 +254,10 @@ def with_device(cal: Calibration, hardware: Hardware, device: DeviceConstants) -
 
 
 def gpu_display_name(hardware: Hardware) -> str:
-    """ "H100 SXM" for a catalog GPU, "a custom GPU" otherwise."""
+    """ "H100 SXM" for a catalog GPU, "a CPU vLLM worker" for gpu cpu, "a custom GPU"
+    otherwise."""
+    if hardware.name == CPU_KIND:
+        return "a CPU vLLM worker"
     found = load_calibration().gpus.get(hardware.name)
     return found.display if found is not None else "a custom GPU"
 
@@ -275,6 +278,14 @@ def calibration_evidence(hardware: Hardware) -> str:
     checked against 1 more", or "not calibrated: ..." for a GPU without a V1 run of its own."""
     calibration = load_calibration()
     fitted, held_out = calibration.gpu_runs.get(hardware.name, (0, 0))
+    if hardware.name == CPU_KIND:
+        # A CPU is calibrated only by its own sweep (labs/device_calibration.py), stored under
+        # its model and cores, which the online CPU worker announces.
+        return (
+            "not calibrated: this CPU has no calibration of its own; a CPU vLLM worker"
+            " calibrates itself when it first starts, and runs find it while that worker is"
+            " online; efficiencies assumed"
+        )
     if not calibration.gpu(hardware).calibrated or not fitted:
         return (
             "not calibrated: no published vLLM run of this GPU;"

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labs.catalog import GPUS, MODELS, Hardware
-from labs.params import EngineConfig
+from labs.params import EngineConfig, parse_lab_params
 from labs.predict import step_time_s
 from labs.sim.cost_model import RooflineCostModel, build_cost_model
 from labs.sim.engine_model import (
@@ -260,6 +260,14 @@ def test_every_simulated_result_says_which_hardware_it_ran_on():
         " checked against 1 more)"
     )
     assert "not calibrated" in where_label(GPUS["l40s"], "realistic")
+    # A CPU is calibrated by its own sweep only: without it, it says so in a CPU's words.
+    cpu = parse_lab_params(
+        {"gpu": "cpu", "model": "lab-llama-20m", "hbm_gb": 23, "bandwidth_tbs": 0.04,
+         "tflops": 0.2, "kv_capacity_tokens": 8192, "block_size": 128}
+    ).hardware  # fmt: skip
+    label = where_label(cpu, "realistic")
+    assert label.startswith("simulated on CPU as a CPU vLLM worker (not calibrated: this CPU")
+    assert "published vLLM run" not in label and "custom GPU" not in label
     assert where_label(A100, "ideal").startswith(
         "simulated on CPU as A100 80GB SXM, ideal hardware"
     )
