@@ -148,3 +148,14 @@ def test_a_real_runs_expected_parts_say_whether_constants_fitted_to_its_device_p
         record = gpu_record_slower_than_the_model(params)
         breakdown = run_breakdown(params, record, summarize(record))
         assert breakdown["calibrated"] is calibrated, gpu
+
+
+def test_every_part_of_where_the_time_went_has_a_colour_on_the_run_page():
+    """A part without its .part-<name> rule draws as an empty segment of the stacked bar."""
+    from pathlib import Path
+
+    from labs.predict import BREAKDOWN_PARTS
+
+    css = (Path(__file__).resolve().parents[2] / "static" / "css" / "labs.css").read_text()
+    missing = [p for p in (*BREAKDOWN_PARTS, "unexplained") if f".part-{p} {{" not in css]
+    assert not missing, missing
