@@ -90,10 +90,10 @@ def frontend_s(
     """(latency, per other stream in flight) of the API server in front of the engine: the
     device's own measurement, else the published calibration's for the GPU kind. The ideal
     profile, the engine the predicted column describes, has no front end."""
-    if device is not None:
-        return device.frontend_latency_s or 0.0, device.frontend_per_stream_s or 0.0
     if params.engine.sim_profile == "ideal":
         return 0.0, 0.0
+    if device is not None:
+        return device.frontend_latency_s or 0.0, device.frontend_per_stream_s or 0.0
     return (calibration or load_calibration()).frontend(params.hardware)
 
 

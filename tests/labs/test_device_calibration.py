@@ -318,3 +318,16 @@ def test_a_devices_per_sequence_cost_shrinks_the_predicted_batching_gain_as_its_
         sim = build_simulator(params(batch), device=costly).run()
         measured = summarize(sim)["output_tokens_per_s"]
         assert predicted(batch, costly) == pytest.approx(measured, rel=0.25)
+
+
+def test_a_devices_front_end_stays_off_the_ideal_engine():
+    """The ideal profile is the engine the predicted column describes, which has no API server,
+    even on a device whose calibration measured one; the realistic profile keeps it."""
+    from labs.sim.lab import build_simulator
+
+    device = _constants(frontend_latency_s=0.5, frontend_per_stream_s=0.1)
+    params = _params("h100-sxm")
+    ideal = replace(params, engine=replace(params.engine, sim_profile="ideal"))
+    assert build_simulator(ideal, device=device).frontend_latency_s == 0.0
+    realistic = build_simulator(params, device=device)
+    assert (realistic.frontend_latency_s, realistic.frontend_per_stream_s) == (0.5, 0.1)
