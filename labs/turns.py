@@ -1,13 +1,13 @@
 """Whose turn it is on a lab queue: a queue serves learners in turn, not in the order work came.
 
-Celery's queue is one FIFO list, so work sent to it in turn runs in the order it was sent: 28 long
-runs from seven accounts once ran before another learner's one short run (issue 52). So the
-message sent for each piece of queued work (a lab run, each point of a sweep, a card being made)
-names no work: it is a turn on its queue (`labs.run_next`). The worker that receives it asks
-`take` what goes now: the oldest waiting work of the learner whose work was last taken from that
-queue longest ago (one never served before anyone; between equals, whoever has waited longest),
-claimed in the same transaction. One message per queued piece of work, so none waits without
-one; a message whose work was cancelled takes another learner's work, or finds nothing.
+Celery's queue is one FIFO list, so work sent to it runs in the order it was sent: one learner's
+many long runs would all go before another learner's one short run. So the message sent for each
+piece of queued work (a lab run, each point of a sweep, a card being made) names no work: it is a
+turn on its queue (`labs.run_next`). The worker that receives it asks `take` what goes now: the
+oldest waiting work of the learner whose work was last taken from that queue longest ago (one never
+served before anyone; between equals, whoever has waited longest), claimed in the same transaction.
+One message per queued piece of work, so none waits without one; a message whose work was cancelled
+takes another learner's work, or finds nothing.
 
 The work comes from `WorkKind`s: lab runs (labs.services) and what other apps queue on a lab
 queue (the quiz's card requests, through labs.hooks), so they all take their turns together.

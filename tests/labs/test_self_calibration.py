@@ -114,9 +114,9 @@ def test_switched_off_or_a_simulator_worker_queues_nothing(settings, sent):
     sent.assert_not_called()
 
 
-def test_a_self_calibration_past_its_time_limit_fails_saying_so(settings):
-    settings.LABS_SELF_CALIBRATE_TIME_LIMIT_S = -1  # already past when the first run would start
-    job = CalibrationJob.objects.create(
+def _l4_self_job() -> CalibrationJob:
+    """A short calibration an L4 worker queued itself, pending."""
+    return CalibrationJob.objects.create(
         device="l4",
         queue="labs.gpu.l4.x1",
         base={"model": "qwen2.5-0.5b", "gpu": "l4"},
@@ -124,6 +124,24 @@ def test_a_self_calibration_past_its_time_limit_fails_saying_so(settings):
         rounds=1,
         self_started=True,
     )
+
+
+def _cpu_self_job(**fields: Any) -> CalibrationJob:
+    """The short calibration this CPU worker queues itself on its first start."""
+    return CalibrationJob.objects.create(
+        device=CPU_KEY,
+        queue="labs.gpu.cpu.x1",
+        base={"model": "lab-llama-20m", "gpu": "cpu"},
+        repeats=2,
+        rounds=4,
+        self_started=True,
+        **fields,
+    )
+
+
+def test_a_self_calibration_past_its_time_limit_fails_saying_so(settings):
+    settings.LABS_SELF_CALIBRATE_TIME_LIMIT_S = -1  # already past when the first run would start
+    job = _l4_self_job()
     vllm = StandInVllm()
     with mock.patch("labs.device_calibration_jobs.get_backend", return_value=vllm):
         assert calibrate_device_task.run(job.pk) == RunState.FAILED
@@ -133,14 +151,7 @@ def test_a_self_calibration_past_its_time_limit_fails_saying_so(settings):
 
 
 def test_a_self_calibration_is_stored_like_a_staff_one():
-    job = CalibrationJob.objects.create(
-        device="l4",
-        queue="labs.gpu.l4.x1",
-        base={"model": "qwen2.5-0.5b", "gpu": "l4"},
-        repeats=1,
-        rounds=1,
-        self_started=True,
-    )
+    job = _l4_self_job()
     with mock.patch("labs.device_calibration_jobs.get_backend", return_value=StandInVllm()):
         assert calibrate_device_task.run(job.pk) == RunState.DONE
     job.refresh_from_db()
@@ -151,15 +162,7 @@ def test_the_lab_and_run_pages_say_the_device_is_calibrating_itself(client):
     user = make_user("learner")
     client.force_login(user)
     cpu_worker()
-    CalibrationJob.objects.create(
-        device=CPU_KEY,
-        queue="labs.gpu.cpu.x1",
-        base={"model": "lab-llama-20m", "gpu": "cpu"},
-        repeats=2,
-        rounds=4,
-        state=RunState.RUNNING,
-        self_started=True,
-    )
+    _cpu_self_job(state=RunState.RUNNING)
     url = reverse("labs:lab-detail", args=["batching"])
     html = client.get(f"{url}?{urlencode(device_lab_settings('vllm', CPU_KIND))}").content.decode()
     assert "This device is calibrating itself: predictions use its probe figures" in html
@@ -177,14 +180,7 @@ def test_the_lab_and_run_pages_say_the_device_is_calibrating_itself(client):
 def test_the_devices_page_says_the_worker_started_its_own_calibration(client):
     client.force_login(make_user("root", is_staff=True))
     cpu_worker()
-    CalibrationJob.objects.create(
-        device=CPU_KEY,
-        queue="labs.gpu.cpu.x1",
-        base={"model": "lab-llama-20m", "gpu": "cpu"},
-        repeats=2,
-        rounds=4,
-        self_started=True,
-    )
+    _cpu_self_job()
     html = client.get(reverse("labs:devices")).content.decode()
     assert "by the worker itself, on its first start" in html
 
