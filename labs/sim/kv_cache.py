@@ -140,6 +140,13 @@ class KVCacheManager:
         t.num_blocks[idx] = num_blocks
         t.num_cached_blocks[idx] = num_hit
         t.num_computed_tokens[idx] = num_hit * bs
+        if self.caching and num_hit < self._num_shared_blocks:
+            # vLLM V1 registers a request's full blocks when it schedules them, before the
+            # step computes them (KVCacheManager.allocate_slots), so a request admitted later
+            # in the same step already hits the shared prefix this one is computing: whether
+            # prompts arrive together or spread out does not change which of them compute it.
+            shared_tokens = min(num_hit * bs + num_new_tokens, self._num_shared_blocks * bs)
+            self._cache(idx, num_hit, shared_tokens)
         return True
 
     def blocks_needed(self, idx: np.ndarray, num_new_tokens: np.ndarray) -> np.ndarray:

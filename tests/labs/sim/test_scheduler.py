@@ -101,6 +101,25 @@ def test_a_shared_prefix_is_computed_once_and_then_hit():
     assert [r.cached_prompt_tokens for r in record.requests] == [0, 8]
 
 
+def test_prompts_arriving_together_share_the_prefix_the_first_one_is_computing():
+    # vLLM V1 registers a request's full blocks when it schedules them (allocate_slots), so B,
+    # admitted in the same step as A, already hits the 2 prefix blocks A computes in it: whether
+    # prompts arrive together or apart (a front end spacing them) does not change who computes
+    # the prefix.
+    for arrivals in ([0.0, 0.0], [0.0, 1.0]):
+        steps: list[dict[int, int]] = []
+        sim = make_sim(
+            make_workload([10, 10], [3, 3], arrivals, shared_prefix_tokens=8),
+            prefix_caching=True,
+            max_num_batched_tokens=32,
+            on_step=record_steps(steps),
+        )
+        record = sim.run()
+        assert [r.cached_prompt_tokens for r in record.requests] == [0, 8], arrivals
+        assert record.counters.prefix_cache_hits == 8
+    assert steps[0] == {0: 10}
+
+
 def test_prefix_hits_leave_at_least_the_last_prompt_token_to_compute():
     # The prompt is exactly the 8-token shared prefix: only 1 block (not 2) may be hit.
     steps: list[dict[int, int]] = []
