@@ -14,7 +14,8 @@ fitted to; docs/engine-model.md explains them, and
          + attention          max(4 x layers x heads x head_dim x token pairs / (FLOP/s x attn eff),
                                   KV bytes read / (bandwidth x kv_bandwidth_efficiency))
          + per-step overhead  decode-only steps (CUDA graphs) or mixed steps, + per sequence
-         + communication      tp > 1: 2 all-reduces per layer, latency + ring bytes / link
+         + communication      tp > 1: 2 all-reduces per layer, each as vLLM performs it (its
+                              custom all-reduce or NCCL): a latency + the bytes over the link
          + speculation        k draft passes, each c x a plain decode step, + the fixed CPU
                               time speculation adds to every step of a speculating engine
                               (its proposer runs after each step, drafts found or not)
@@ -32,6 +33,10 @@ Two profiles:
 - `ideal`: the predictor's own `step_time_s` (efficiency 1, no overheads unless the lab sets
   them), so the simulator differs from the formulas only through scheduling.
 
+What the host in front of the engine adds to a request (the API server, or an engine in the
+client's own process) is the host's, not the GPU's (`Host`, calibration.yaml `hosts`); the
+simulator puts it between a client and the engine (labs/sim/lab.frontend_s).
+
 Each step is also split into additive parts (PARTS), which labs/sim/breakdown.py accumulates per
 request: the ideal roofline time, the efficiency loss, the fixed overheads, communication and
 speculation. Every price is vectorised over steps (`steps_parts_s`): the simulator's fast path
@@ -43,6 +48,7 @@ Pure Python + numpy + PyYAML; never Django.
 from __future__ import annotations
 
 import re
+import statistics
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -89,14 +95,41 @@ class GpuConstants:
     # Fixed CPU time of a decode-only step where this GPU's measurements pin it down (its
     # engine version's scheduler); None = the global constant.
     decode_step_overhead_s: float | None = None
-    # The API server's time per request and what each other request in flight adds to it, where
-    # this GPU's own runs pin them down (the host such a GPU is rented with); None = global.
-    frontend_latency_s: float | None = None
-    frontend_per_stream_s: float | None = None
     # False where no published vLLM run of this GPU was found and its efficiencies are
     # borrowed from a calibrated part (their source says "not calibrated").
     calibrated: bool = True
     borrows: str = ""  # which part's constants an uncalibrated GPU uses, and how
+    borrows_from: str = ""  # the catalog name of that part ("" for the custom GPU's assumed ones)
+
+
+@dataclass(frozen=True)
+class AllReduceConstants:
+    """What a tensor-parallel all-reduce costs beyond its bytes, per link ("nvlink" | "pcie"):
+    vLLM's custom all-reduce (one kernel: peers read each other's buffers directly) and NCCL's.
+    `bandwidth_efficiency` is the share of the link's one-way bandwidth both reach."""
+
+    custom_latency_s: dict[str, float]
+    nccl_latency_s: dict[str, float]
+    bandwidth_efficiency: float
+
+
+@dataclass(frozen=True)
+class Host:
+    """What the host in front of the engine adds to every request: the time between a client
+    sending it and the engine seeing it (HTTP, chat template, tokenization, the hand-over to the
+    engine core, and the first token's way back), and what each other request in flight adds
+    to that time (one front-end process relays every stream). A host's, not a GPU's."""
+
+    name: str
+    kind: str  # "api_server" (an HTTP server) | "in_process" (an engine in the client's process)
+    latency_s: float
+    per_stream_s: float
+    display: str = ""
+
+
+# The two kinds of front end a client can reach an engine through, and the host a lab run gets.
+HOST_KINDS = ("api_server", "in_process")
+DEFAULT_HOST = "api_server"
 
 
 @dataclass(frozen=True)
@@ -110,15 +143,14 @@ class Calibration:
     decode_step_overhead_s: float
     mixed_step_overhead_s: float
     per_seq_overhead_s: float
-    allreduce_latency_s: dict[str, float]
+    allreduce: AllReduceConstants
     dequant_overhead: dict[str, float]
     num_fitted: int
     num_held_out: int
     spec_step_overhead_s: float = 0.0
-    # The front end (API server) before the engine sees a request: a fixed time, and what each
-    # other request in flight adds (one API server process relays every stream).
-    frontend_latency_s: float = 0.0
-    frontend_per_stream_s: float = 0.0
+    # The hosts in front of the engine: one per kind (the defaults, `HOST_KINDS`) and one per
+    # published source that measured its own (`published_hosts`).
+    hosts: dict[str, Host] = field(default_factory=dict)
     # Per GPU kind: its own (fit, held-out) published runs, which its provenance label names.
     gpu_runs: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -133,27 +165,28 @@ class Calibration:
             return found
         return replace(self.gpus["custom"], name=hardware.name)
 
-    def frontend(self, hardware: Hardware) -> tuple[float, float]:
-        """(latency, per other stream) of the front end, in seconds, for this GPU kind."""
-        own = self.gpu(hardware)
-        latency = own.frontend_latency_s
-        per_stream = own.frontend_per_stream_s
-        return (
-            self.frontend_latency_s if latency is None else latency,
-            self.frontend_per_stream_s if per_stream is None else per_stream,
-        )
+    def host(self, name: str | None = None) -> Host:
+        """The host `name` (a published source's own, or a kind's default); the API server's
+        default for None or a host this calibration does not hold (a source left out)."""
+        return self.hosts.get(name or DEFAULT_HOST) or self.hosts[DEFAULT_HOST]
+
+    def frontend(self, host: str | None = None) -> tuple[float, float]:
+        """(latency, per other stream in flight) of the front end of `host`, in seconds."""
+        found = self.host(host)
+        return found.latency_s, found.per_stream_s
+
+    def published_hosts(self, kind: str = DEFAULT_HOST) -> list[Host]:
+        """The hosts published runs measured, of one kind (what the default is the median of,
+        and the spread a lab page quotes)."""
+        return [h for h in self.hosts.values() if h.kind == kind and h.name not in HOST_KINDS]
 
 
-_NESTED = ("allreduce_latency_us", "dequant_overhead")
+_NESTED = ("allreduce", "dequant_overhead")
 
 
 def _value(entry: Any) -> Any:
     """A constant is either a bare value or {value: ..., source: ...}."""
     return entry["value"] if isinstance(entry, dict) and "value" in entry else entry
-
-
-def _ms(value: Any) -> float | None:
-    return None if value is None else float(value) * 1e-3
 
 
 def parse_calibration(data: dict[str, Any]) -> Calibration:
@@ -180,10 +213,9 @@ def parse_calibration(data: dict[str, Any]) -> Calibration:
                 if "decode_step_overhead_ms" in c
                 else None
             ),
-            frontend_latency_s=_ms(c.get("frontend_latency_ms")),
-            frontend_per_stream_s=_ms(c.get("frontend_per_stream_ms")),
             calibrated=not borrowed,
             borrows=str(c.get("borrows", "")),
+            borrows_from=str(c.get("borrows_from", "")),
         )
     if "custom" not in gpus:
         raise ValueError("calibration.yaml needs a `custom` GPU entry")
@@ -204,17 +236,57 @@ def parse_calibration(data: dict[str, Any]) -> Calibration:
         decode_step_overhead_s=float(g["decode_step_overhead_ms"]) * 1e-3,
         mixed_step_overhead_s=float(g["mixed_step_overhead_ms"]) * 1e-3,
         per_seq_overhead_s=float(g["per_seq_overhead_us"]) * 1e-6,
-        allreduce_latency_s={
-            k: float(_value(v)) * 1e-6 for k, v in g["allreduce_latency_us"].items()
-        },
+        allreduce=_allreduce(g["allreduce"]),
         dequant_overhead={k: float(_value(v)) for k, v in g["dequant_overhead"].items()},
         num_fitted=roles.count("fit"),
         num_held_out=roles.count("held_out"),
         spec_step_overhead_s=float(_value(g.get("spec_step_overhead_ms", 0.0))) * 1e-3,
-        frontend_latency_s=float(g.get("frontend_latency_ms", 0.0)) * 1e-3,
-        frontend_per_stream_s=float(g.get("frontend_per_stream_ms", 0.0)) * 1e-3,
+        hosts=parse_hosts(data["hosts"]),
         gpu_runs={name: (fitted, held) for name, (fitted, held) in gpu_runs.items()},
     )
+
+
+def _allreduce(entry: dict[str, Any]) -> AllReduceConstants:
+    def per_link(key: str) -> dict[str, float]:
+        return {link: float(_value(v)) * 1e-6 for link, v in entry[key].items()}
+
+    return AllReduceConstants(
+        custom_latency_s=per_link("custom_latency_us"),
+        nccl_latency_s=per_link("nccl_latency_us"),
+        bandwidth_efficiency=float(_value(entry["bandwidth_efficiency"])),
+    )
+
+
+def parse_hosts(entries: dict[str, Any]) -> dict[str, Host]:
+    """The hosts of the YAML's `hosts`: every published one (a source's own front end), then
+    each kind's default. A default given as `median` takes, constant by constant, the median
+    of the published hosts of its kind: the typical host, which no single source decides. An
+    entry marked `left_out` (a leave-one-source-out fold without its source) is skipped, so
+    its runs get their kind's default."""
+    hosts: dict[str, Host] = {}
+    for name, e in entries.items():
+        if name in HOST_KINDS or e.get("left_out"):
+            continue
+        hosts[name] = Host(
+            name,
+            str(e["kind"]),
+            float(_value(e["latency_ms"])) * 1e-3,
+            float(_value(e["per_stream_ms"])) * 1e-3,
+            str(e.get("display", name)),
+        )
+    for kind in HOST_KINDS:
+        e = entries[kind]
+        if e.get("default") == "median":
+            own = [h for h in hosts.values() if h.kind == kind]
+            if not own:
+                raise ValueError(f"hosts.{kind} is the median of published hosts, and has none")
+            latency = statistics.median(h.latency_s for h in own)
+            per_stream = statistics.median(h.per_stream_s for h in own)
+        else:
+            latency = float(_value(e["latency_ms"])) * 1e-3
+            per_stream = float(_value(e["per_stream_ms"])) * 1e-3
+        hosts[kind] = Host(kind, kind, latency, per_stream, str(e.get("display", kind)))
+    return hosts
 
 
 @cache
@@ -286,10 +358,13 @@ def calibration_evidence(hardware: Hardware) -> str:
             " calibrates itself when it first starts, and runs find it while that worker is"
             " online; efficiencies assumed"
         )
-    if not calibration.gpu(hardware).calibrated or not fitted:
+    gpu = calibration.gpu(hardware)
+    if not gpu.calibrated or not fitted:
+        lender = calibration.gpus.get(gpu.borrows_from)
+        source = lender.display if lender is not None else "between the A100's and the H100's"
         return (
-            "not calibrated: no published vLLM run of this GPU;"
-            " efficiencies borrowed from a calibrated GPU"
+            "not calibrated: no published vLLM V1 run of this GPU;"
+            f" efficiencies borrowed from {source}"
         )
     runs = "run" if fitted == 1 else "runs"
     return f"calibrated to {fitted} published vLLM {runs}, checked against {held_out} more"
@@ -405,18 +480,62 @@ def step_overhead_s(
     return fixed + cal.per_seq_overhead_s * num_seqs
 
 
-def tp_communication_s(
-    cal: Calibration, gpu: GpuConstants, model: ModelSpec, tp: int, num_tokens: np.ndarray | float
-) -> np.ndarray | float:
-    """Tensor-parallel all-reduces: two per layer (after attention and after the MLP), each a
-    ring all-reduce of the step's activations: 2 (tp - 1) hops (reduce-scatter, then
-    all-gather), each paying the link's hop latency, and 2 (tp - 1) / tp x tokens x hidden x 2
-    bytes over the GPU's link (NVLink on SXM parts, PCIe on PCIe cards)."""
+# vLLM's custom all-reduce (vllm/distributed/device_communicators/custom_all_reduce.py and
+# csrc/custom_all_reduce.cuh): the world sizes it supports, the largest message it takes (its
+# default buffer; anything this size or larger goes to NCCL), and where its kernel switches from
+# one stage (every GPU reads every peer's whole buffer) to two (reduce-scatter, then all-gather).
+CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
+CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
+ONE_STAGE_MAX_BYTES = {4: 512 * 1024, 8: 256 * 1024}  # world size at most the key
+
+
+def allreduce_algorithm(tp: int, link: str, num_bytes: float) -> str:
+    """How vLLM reduces a message of `num_bytes` over `tp` GPUs joined by `link`: "one-stage"
+    or "two-stage" (its custom all-reduce), or "nccl". The custom kernel needs a supported world
+    size and a message under its buffer; over PCIe it runs only on two GPUs (beyond two, GPUs
+    that are not fully connected by NVLink go to NCCL)."""
+    if tp not in CUSTOM_AR_WORLD_SIZES or num_bytes >= CUSTOM_AR_MAX_BYTES:
+        return "nccl"
+    if tp == 2:
+        return "one-stage"
+    if link != "nvlink":
+        return "nccl"
+    small = (tp <= 4 and num_bytes < ONE_STAGE_MAX_BYTES[4]) or num_bytes < ONE_STAGE_MAX_BYTES[8]
+    return "one-stage" if small else "two-stage"
+
+
+def allreduce_s(cal: Calibration, gpu: GpuConstants, tp: int, num_bytes: float) -> float:
+    """Seconds of one all-reduce of `num_bytes` over `tp` GPUs, as vLLM performs it: a fixed
+    latency (a kernel replayed in the CUDA graph and its flag handshakes over the link, or NCCL's
+    protocol) plus the bytes each GPU receives over its link at the all-reduce's share of the
+    link's bandwidth. One stage: each GPU reads the whole message from each of its tp - 1
+    peers. Two stages and NCCL's ring: 2 (tp - 1) / tp of the message each way; two stages pay
+    the custom kernel's handshake twice."""
     if tp <= 1:
-        return np.zeros_like(np.asarray(num_tokens, dtype=np.float64))
-    hop = cal.allreduce_latency_s.get(gpu.link, max(cal.allreduce_latency_s.values()))
-    ring_bytes = 2 * (tp - 1) / tp * num_tokens * model.hidden_size * ACTIVATION_BYTES
-    return 2 * model.layers * (2 * (tp - 1) * hop + ring_bytes / gpu.link_bytes_per_s)
+        return 0.0
+    ar = cal.allreduce
+    link = gpu.link if gpu.link in ar.custom_latency_s else "pcie"
+    rate = gpu.link_bytes_per_s * ar.bandwidth_efficiency
+    algorithm = allreduce_algorithm(tp, link, num_bytes)
+    if algorithm == "one-stage":
+        return ar.custom_latency_s[link] + (tp - 1) * num_bytes / rate
+    moved = 2 * (tp - 1) / tp * num_bytes / rate
+    if algorithm == "two-stage":
+        return 2 * ar.custom_latency_s[link] + moved
+    return ar.nccl_latency_s[link] + moved
+
+
+def tp_communication_s(
+    cal: Calibration, gpu: GpuConstants, model: ModelSpec, tp: int, num_tokens: float
+) -> float:
+    """Tensor-parallel all-reduces of one step of `num_tokens` tokens: two per layer (after
+    attention's output projection and after the MLP), each of the step's activations (tokens x
+    hidden x 2 bytes), priced by `allreduce_s`. A decode step's messages are kilobytes, so the
+    latency dominates and barely grows with tp; a long prefill's go to NCCL and its bytes."""
+    if tp <= 1:
+        return 0.0
+    num_bytes = float(num_tokens) * model.hidden_size * ACTIVATION_BYTES
+    return 2 * model.layers * allreduce_s(cal, gpu, tp, num_bytes)
 
 
 def dequant_overhead(cal: Calibration, hardware: Hardware, weight_dtype: str) -> float:

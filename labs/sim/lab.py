@@ -34,9 +34,12 @@ def build_simulator(
     on_step: Callable[[StepInfo], None] | None = None,
     device: DeviceConstants | None = None,
     calibration: Calibration | None = None,
+    host: str | None = None,
 ) -> Simulator:
     """A Simulator for validated lab parameters; `device` = the lab's GPU's own calibration,
-    `calibration` = the published one to price with (default: labs/sim/calibration.yaml).
+    `calibration` = the published one to price with (default: labs/sim/calibration.yaml),
+    `host` = the published host whose front end the requests pass (default: the API server's
+    default; a published run names its own source's).
 
     Raises:
         ParamError: the KV pool cannot hold even one request (naming kv_capacity_tokens).
@@ -67,7 +70,7 @@ def build_simulator(
     # The seed's first stream draws the requests (lab_workload), the second draft acceptance.
     _, run_seed = np.random.SeedSequence(work.seed).spawn(2)
     workload = lab_workload(work)
-    frontend_latency_s, frontend_per_stream_s = frontend_s(params, device, calibration)
+    frontend_latency_s, frontend_per_stream_s = frontend_s(params, device, calibration, host)
     try:
         return Simulator(
             config,
@@ -85,16 +88,20 @@ def build_simulator(
 
 
 def frontend_s(
-    params: LabParams, device: DeviceConstants | None, calibration: Calibration | None = None
+    params: LabParams,
+    device: DeviceConstants | None,
+    calibration: Calibration | None = None,
+    host: str | None = None,
 ) -> tuple[float, float]:
-    """(latency, per other stream in flight) of the API server in front of the engine: the
-    device's own measurement, else the published calibration's for the GPU kind. The ideal
+    """(latency, per other stream in flight) of the front end in front of the engine: a host's
+    own, never the GPU's. A device's own calibration measured its worker's host; otherwise the
+    published `host` (a published run's source), else the default API server. The ideal
     profile, the engine the predicted column describes, has no front end."""
     if params.engine.sim_profile == "ideal":
         return 0.0, 0.0
     if device is not None:
         return device.frontend_latency_s or 0.0, device.frontend_per_stream_s or 0.0
-    return (calibration or load_calibration()).frontend(params.hardware)
+    return (calibration or load_calibration()).frontend(host)
 
 
 def run_breakdown(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -19,14 +20,17 @@ from labs.catalog import GPUS
 from labs.sim.engine_model import CALIBRATION_PATH, load_calibration, parse_calibration
 from labs.sim.published_calibration import (
     ACCURACY_PATH,
+    AIMS,
     ROLES,
     SCORED,
     TOLERANCE,
     Fold,
+    _set,
     accuracy_records,
     fit,
     fitted_constants,
     fold_data,
+    format_constants,
     format_folds,
     format_report,
     format_table,
@@ -34,6 +38,7 @@ from labs.sim.published_calibration import (
     leave_one_source_out,
     load_measurements,
     metric_kind,
+    out_of_prior,
     relative_error,
     simulate,
     tolerance,
@@ -150,35 +155,116 @@ def test_a_fold_starts_the_constants_only_its_source_pinned_from_their_prior():
     data = yaml.safe_load(CALIBRATION_PATH.read_text())
     h200_left_out, orphaned = fold_data(data, "prelude-h200")
     assert sorted(orphaned) == [
-        f"gpus.h200.{k}"
-        for k in ("decode_step_overhead_ms", "frontend_latency_ms", "frontend_per_stream_ms")
+        "gpus.h200.decode_step_overhead_ms",
+        "hosts.prelude-h200.latency_ms",
+        "hosts.prelude-h200.per_stream_ms",
     ]
     cal = parse_calibration(h200_left_out)
     assert cal.gpus["h200"].decode_step_overhead_s is None  # the global constant prices it
-    # ... and the global front end, which no fit run sets, is its API server.
-    assert cal.frontend(GPUS["h200"]) == (cal.frontend_latency_s, cal.frontend_per_stream_s)
-    assert cal.frontend(GPUS["h200"]) != load_calibration().frontend(GPUS["h200"])
+    # ... and its runs meet the default API server, the median of the other sources' hosts.
+    assert "prelude-h200" not in cal.hosts
+    assert cal.frontend("prelude-h200") == cal.frontend() != load_calibration().frontend()
+    others = [h for h in load_calibration().published_hosts() if h.name != "prelude-h200"]
+    assert cal.frontend()[1] == pytest.approx(statistics.median(h.per_stream_s for h in others))
     assert "decode_step_overhead_ms" in data["gpus"]["h200"]  # the file's mapping is untouched
+    assert "left_out" not in data["hosts"]["prelude-h200"]
     l4_left_out, orphaned = fold_data(data, "inference-bench-l4")
     assert sorted(orphaned) == [
-        f"gpus.l4.{k}"
-        for k in (
-            "bandwidth_efficiency",
-            "frontend_latency_ms",
-            "frontend_per_stream_ms",
-            "gemm_efficiency",
-            "gemm_half_tokens",
-        )
+        "gpus.l4.bandwidth_efficiency",
+        "gpus.l4.gemm_efficiency",
+        "gpus.l4.gemm_half_tokens",
+        "hosts.inference-bench-l4.latency_ms",
+        "hosts.inference-bench-l4.per_stream_ms",
     ]
     assert (
         l4_left_out["gpus"]["l4"]["gemm_efficiency"]["value"]
         == data["gpus"]["custom"]["gemm_efficiency"]["value"]
     )
-    # F1 and F3 still pin what F2 did; only the H100's front end had no other source.
+    # F1 and F3 still pin what F2 did; only the source's own host had no other source.
     assert sorted(fold_data(data, "yobitel-concurrency-sweep")[1]) == [
-        "gpus.h100-sxm.frontend_latency_ms",
-        "gpus.h100-sxm.frontend_per_stream_ms",
+        "hosts.yobitel-h100.latency_ms",
+        "hosts.yobitel-h100.per_stream_ms",
     ]
+
+
+def test_every_fitted_constant_states_the_range_its_physics_allows_and_lies_inside_it():
+    data = yaml.safe_load(CALIBRATION_PATH.read_text())
+    constants = fitted_constants(data)
+    assert constants
+    for c in constants:
+        assert c.prior_range is not None, f"{c.path} states no prior range"
+        assert c.prior_range[0] < c.prior_range[1], c.path
+    # Global constants say why beside the value; a GPU's or a host's may share its section's.
+    assert all(c.prior_why for c in constants if c.path.startswith("global."))
+    assert out_of_prior(data) == []
+    report = format_constants(data)
+    for c in constants:
+        (line,) = [row for row in report.splitlines() if row.strip().startswith(c.path + " ")]
+        assert f"[{c.prior_range[0]:g}, {c.prior_range[1]:g}]" in line and "inside" in line
+    # A value outside is a model error, and the report says so.
+    first = constants[0]
+    _set(data, first.path, first.prior_range[1] * 2)
+    assert out_of_prior(data) == [
+        f"{first.path} = {first.prior_range[1] * 2:.4g}, outside"
+        f" [{first.prior_range[0]:g}, {first.prior_range[1]:g}]"
+    ]
+    assert "OUTSIDE" in format_constants(data)
+
+
+def test_the_report_opens_with_leave_one_source_out_and_says_whether_the_aims_are_met():
+    runs = {m.id: m for m in load_measurements()}
+    close = Fold(
+        "a",
+        (),
+        ((runs["T1"], runs["T1"].published * 1.05), (runs["F2"], runs["F2"].published * 1.02)),
+    )
+    far = Fold(
+        "b", (), ((runs["T5"], runs["T5"].published * 0.5),), ("gpus.l4.x = 9, outside [0, 1]",)
+    )
+    report = format_folds([close, far])
+    lines = report.splitlines()
+    assert lines[0].startswith("LEAVE ONE SOURCE OUT")
+    (ttft,) = [line for line in lines if line.strip().startswith("V1 TTFT: median")]
+    assert "worst -50.0% (aim <= 35%)" in ttft and ttft.endswith("NOT MET")
+    (tpot,) = [line for line in lines if line.strip().startswith("V1 TPOT: median")]
+    assert "median 2.0% (aim <= 8%)" in tpot and tpot.endswith(": MET")
+    assert "OUTSIDE ITS PRIOR in this fold: gpus.l4.x = 9" in report
+    assert AIMS == {"TTFT": (0.15, 0.35), "TPOT": (0.08, 0.25)}
+    assert "QUICK" in format_folds([close], refitted=False).splitlines()[0]
+
+
+def test_held_out_ttfts_are_held_to_40_percent_and_everything_else_held_out_to_20():
+    held = [m for m in load_measurements() if m.role == "held_out"]
+    assert {tolerance(m) for m in held if m.kind == "TTFT"} == {0.40}
+    assert {tolerance(m) for m in held if m.kind != "TTFT"} == {0.20}
+
+
+def test_the_h100_chatbot_rows_run_at_the_lengths_their_harness_sends():
+    # yobitel bench's chatbot-short: ten built-in questions of 10-15 words with max_tokens=128,
+    # each question sent again every ten requests (its whole blocks cached); not 128 in / 256 out.
+    rows = [m for m in load_measurements() if m.source_id == "yobitel-concurrency-sweep"]
+    assert {m.id for m in rows} >= {"T1", "T2", "T4", "T14"}
+    for m in rows:
+        assert (m.settings["prompt_tokens"], m.settings["output_tokens"]) == (45, 128), m.id
+        assert m.settings["shared_prefix_tokens"] == 32, m.id
+        assert m.host == "yobitel-h100"
+
+
+def test_each_published_host_serves_its_own_sources_runs_only():
+    cal = load_calibration()
+    hosts = {m.source_id: m.host for m in load_measurements()}
+    assert hosts["yobitel-concurrency-sweep"] == "yobitel-h100"
+    assert hosts["inference-bench-l4"] == "inference-bench-l4"
+    assert hosts["accelmark-b200"] == "in_process"  # AsyncLLM / LLM in the benchmark's process
+    assert hosts["tt-inference-server-143"] == "api_server"
+    published = {h.name for h in cal.published_hosts()}
+    assert published == {"yobitel-h100", "prelude-h200", "inference-bench-l4"}
+    for name in published:  # one source's runs, and no other source's, meet it
+        assert len({m.source_id for m in load_measurements() if m.host == name}) == 1, name
+    # A T1 on the L4 host's front end would be slower: the host, not the GPU, sets it.
+    t1 = next(m for m in load_measurements() if m.id == "T1")
+    on_l4_host = replace(t1, host="inference-bench-l4")
+    assert simulate(on_l4_host) > simulate(t1)
 
 
 def test_a_source_left_out_is_predicted_without_its_fit_runs():
@@ -192,9 +278,9 @@ def test_a_source_left_out_is_predicted_without_its_fit_runs():
     report = format_folds([fold])
     assert "prelude-h200 (V1, vLLM 0.18.0)" in report
     assert "gpus.h200.decode_step_overhead_ms" in report
-    (row,) = [line for line in report.splitlines() if line.strip().startswith("V1 TPOT")]
+    (row,) = [line for line in report.splitlines() if line.strip().startswith("V1 TPOT  ")]
     assert row.split()[2:4] == ["2", "1"]  # 2 runs, 1 source
-    (row,) = [line for line in report.splitlines() if line.strip().startswith("V1 TTFT")]
+    (row,) = [line for line in report.splitlines() if line.strip().startswith("V1 TTFT  ")]
     assert row.split()[2:4] == ["3", "1"]
     assert "h200 TPOT" in report
 
