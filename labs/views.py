@@ -200,7 +200,13 @@ def lab_predict(request: HttpRequest, lab: str) -> HttpResponse:
         "calibrating_note": _calibrating_note(form.params),
         "load": _load(form),
     }
-    return render(request, "labs/lab_detail.html#prediction", context, status=200 if valid else 400)
+    # The simulation's expected error sits in the run panel, beside what a run will show; it
+    # follows the form's GPU by an out-of-band swap.
+    body = render_to_string("labs/lab_detail.html#prediction", context, request=request)
+    body += render_to_string(
+        "labs/lab_detail.html#sim-error", {**context, "oob": True}, request=request
+    )
+    return HttpResponse(body, status=200 if valid else 400)
 
 
 @require_GET
@@ -291,10 +297,32 @@ def _run_context(run: Any) -> dict[str, Any]:
         "breakdown_source": (breakdown or {}).get("source"),
         "charts": selectors.run_charts(run) if run.result else None,
         "shown_params": [(name, run.params.get(name)) for name in lab.fields],
+        **_run_errors(run),
         "definitions": definitions.shown(run.backend, run.params or {}, run.result),
         "next_url": reverse("labs:lab-detail", args=[lab.slug])
         + "?"
         + urlencode({k: _text(v) for k, v in rerun_values(lab, run.params).items()}),
+    }
+
+
+def _run_errors(run: Any) -> dict[str, Any]:
+    """The error lines beside a finished run's columns (labs.accuracy): the simulation's
+    expected error beside a run simulated with the published constants, the formulas' own gap
+    beside the predicted column."""
+    if not run.result:
+        return {}
+    try:
+        params = parse_lab_params(run.params or {}, ignore_unknown=True)
+    except ParamError:
+        return {}
+    predicted = [m.predicted for m in results.METRICS if m.predicted]
+    # A device's own calibration ("calibrated on <worker>, ...") priced it, not published runs.
+    published = "calibrated on " not in (run.where or "")
+    return {
+        "expected_error": expected_errors(params.hardware, predicted),
+        "simulated_published": run.backend == "sim"
+        and params.engine.sim_profile == "realistic"
+        and published,
     }
 
 
