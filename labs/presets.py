@@ -304,6 +304,60 @@ LABS: dict[str, Lab] = {
             tags=("kv-memory", "capacity-planning", "quantization"),
         ),
         Lab(
+            slug="tensor-parallel",
+            title="Tensor parallelism",
+            question="What do more GPUs per replica buy a large model, and what do they cost?",
+            explanation=(
+                "With tp GPUs each holds 1/tp of every weight matrix, so a decode step reads "
+                "1/tp of the weights per GPU and the memory-bound part of the step shrinks "
+                "almost as 1/tp. The GPUs also pool their memory, so the KV cache grows.",
+                "Each layer then sums its partial results across the GPUs twice (after "
+                "attention and after the MLP). For a decode step that is a few kilobytes per "
+                "sequence, which vLLM's own all-reduce sends over NVLink in a few microseconds, "
+                "so communication stays a modest share of the step; over PCIe, or for a long "
+                "prompt's megabytes, NCCL takes over and the bytes count.",
+                "The per-step CPU work does not shrink with tp, so past some point more GPUs "
+                "flatten the latency instead of cutting it. Sweep tp and read where the time "
+                "went.",
+            ),
+            fields=(
+                "tp",
+                "model",
+                "gpu",
+                "concurrency",
+                "num_prompts",
+                "prompt_tokens",
+                "output_tokens",
+                "max_num_seqs",
+            ),
+            defaults={
+                **_SMALL,
+                "model": "llama-3-70b",
+                "gpu": "h100-sxm",
+                "tp": 4,
+                "concurrency": 16,
+                "num_prompts": 64,
+            },
+            predicted=(
+                "weight_bytes",
+                "decode_step_s",
+                "tpot_s",
+                "ttft_s",
+                "loaded_e2e_s",
+                "output_tokens_per_s",
+                "kv_capacity_tokens",
+                "bound",
+            ),
+            sweep_field="tp",
+            sweep_values="2, 4, 8",
+            sweep_metrics=(
+                ("e2e_s.mean", "loaded_e2e_s"),
+                ("tpot_s.p50", "tpot_s"),
+                ("output_tokens_per_s", "output_tokens_per_s"),
+            ),
+            tags=("tensor-parallelism", "multi-gpu"),
+        ),
+        Lab(
             slug="sandbox",
             title="Sandbox",
             question="Every setting, for your own experiments.",

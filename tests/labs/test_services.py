@@ -13,6 +13,7 @@ from labs import services
 from labs.backends.base import Phase
 from labs.models import LabRun, RunState, Sweep
 from labs.params import ParamError, parse_lab_params
+from labs.presets import LABS, load_presets
 from labs.services import RunRefused, RunStopped
 from tests.labs.factories import SMALL, make_heartbeat, make_run
 
@@ -177,6 +178,30 @@ def test_a_sweep_is_one_group_on_the_backend_queue(alice, sent, django_capture_o
     assert [r.predicted["running_seqs"] for r in runs] == [1, 1, 1]  # concurrency 1
     [(queues, options)] = sent  # a turn for each point
     assert queues == ["labs.sim"] * 3 and options["queue"] == "labs.sim"
+
+
+def test_the_tensor_parallel_lab_sweeps_tp_over_its_preset(
+    alice, sent, django_capture_on_commit_callbacks
+):
+    # The lab and the deck's preset: Llama 3 70B on H100 SXM, 16 clients, swept over tp 2, 4, 8.
+    lab, preset = LABS["tensor-parallel"], load_presets()["tp-llama3-70b-h100-16-clients"]
+    assert (lab.sweep_field, lab.sweep_values) == ("tp", "2, 4, 8") and preset.lab == lab.slug
+    make_heartbeat("sim")
+    with django_capture_on_commit_callbacks(execute=True):
+        sweep = services.sweep_request(
+            owner=alice,
+            lab=lab.slug,
+            backend="sim",
+            data={**lab.defaults, **preset.params},
+            field=lab.sweep_field,
+            raw_values=lab.sweep_values,
+        )
+    runs = list(sweep.runs.order_by("sweep_index"))
+    assert [r.params["tp"] for r in runs] == [2, 4, 8]
+    assert all(r.params["model"] == "llama-3-70b" for r in runs)
+    # The formulas' decode step shrinks with tp (each GPU reads 1/tp of the weights).
+    steps = [r.predicted["decode_step_s"] for r in runs]
+    assert steps[0] > steps[1] > steps[2]
 
 
 @pytest.mark.parametrize(
