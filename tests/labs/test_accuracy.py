@@ -111,7 +111,8 @@ def test_a_gpu_whose_only_published_runs_are_older_says_so_with_their_error():
     saved = {r.id for r in load_errors() if r.gpu == "a100-80gb"}
     assert saved == {"F8", "H6"}
     shown = expected_errors(GPUS["a100-80gb"], ("tpot_s",))
-    assert shown.older_runs.startswith("Its published runs of an older V0 engine (F8, H6) set no constant")
+    older = "Its published runs of an older V0 engine (F8, H6) set no constant"
+    assert shown.older_runs.startswith(older)
     assert "median" in shown.older_runs
     assert expected_errors(GPUS["h200"], ("tpot_s",)).older_runs == ""
 

@@ -77,7 +77,8 @@ def test_an_uncalibrated_gpu_gets_every_gpus_figure_and_names_what_it_borrows(al
 def test_the_a100_80gb_page_counts_its_published_runs(alice_client):
     texts = _texts(_section(_live(alice_client, "a100-80gb"), "data-expected-error"))
     assert not any("no published run" in t and "no error estimate" in t for t in texts)
-    assert any(t.startswith("Its published runs of an older V0 engine (F8, H6) set no constant") for t in texts)
+    older = "Its published runs of an older V0 engine (F8, H6) set no constant"
+    assert any(t.startswith(older) for t in texts)
 
 
 def _finished_run(alice, gpu: str, backend: str = "sim") -> LabRun:
