@@ -2,8 +2,10 @@
 
 The quiz makes personal cards from a learner's lab runs (quiz/personal.py) and shows a learner's
 own measurement beside a deck card's answer; for that it reads runs, asks for predictions and
-simulations, and words figures as the lab pages do. Labs never imports the quiz: what it asks of
-the quiz is registered here (`answer_for_labs`, from the quiz's AppConfig.ready).
+simulations, and words figures as the lab pages do. It asks lab questions again
+(quiz/lab_questions.py): what to ask at a neighbouring setting and how an answer grades, as plain
+data. Labs never imports the quiz: what it asks of the quiz is registered here
+(`answer_for_labs`, from the quiz's AppConfig.ready).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
+from django.urls import reverse
 
 from labs import hooks, results, selectors, services, turns
 from labs.backends import get_backend
@@ -21,6 +24,9 @@ from labs.metrics import summarize
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.params import ParamError, parse_lab_params
 from labs.presets import LABS, Lab
+from labs.questions import content as question_content
+from labs.questions import services as questions
+from labs.questions.figures import FIGURES
 from labs.results import Metric, dig
 from labs.sim.engine_model import short_where_label
 from labs.sizing import sim_precheck, sim_steps
@@ -43,6 +49,14 @@ __all__ = [
     "lab_of",
     "metric",
     "prediction",
+    "question_answer",
+    "question_ask",
+    "question_card",
+    "question_figure_text",
+    "question_url",
+    "questions_export",
+    "questions_load",
+    "questions_read",
     "run_get_for_owner",
     "send_turn",
     "short_where_label",
@@ -177,3 +191,62 @@ def metric(key: str) -> Metric | None:
     """The metric a run's summary `key` holds, with its label and unit as the lab pages show
     them; None for a key no lab page shows."""
     return next((m for m in results.METRICS if m.measured == key), None)
+
+
+# -- lab questions -------------------------------------------------------------------------------
+
+QuestionError = questions.QuestionError
+questions_read = question_content.questions_read
+questions_load = question_content.questions_load
+questions_export = question_content.questions_export
+
+
+def question_card(slug: str) -> dict[str, Any] | None:
+    """What a quiz card of the question says: {slug, title, prompt, lab, topic, figure, unit};
+    None for a question retired or unknown."""
+    question = questions.question_get(slug)
+    if question is None:
+        return None
+    figure = question.the_figure
+    return {
+        "slug": question.slug,
+        "title": question.title,
+        "prompt": question.prompt,
+        "lab": question.lab,
+        "topic": question.topic,
+        "figure": figure.label,
+        "unit": figure.unit,
+    }
+
+
+def question_ask(slug: str, *, user_id: int, turn: int) -> dict[str, Any] | None:
+    """What to ask a learner reviewing the question for the `turn`-th time: a neighbouring point
+    whose simulation is stored (in turn), else their own graded run of it. Plain data (JSON):
+    question, title, figure, label, unit, at, changed, settings, measured, formulas, band,
+    band_words, where, source. None when there is nothing to grade an answer against."""
+    question = questions.question_get(slug)
+    if question is None:
+        return None
+    return questions.ask(question=question, user_id=user_id, turn=turn)
+
+
+def question_answer(
+    *, owner: Any, asked: Mapping[str, Any], value: float, token: str
+) -> dict[str, Any]:
+    """Grade `value` against what `question_ask` asked and keep it with the learner's
+    predictions (one per `token`). Returns {rating (1, 2 or 3), name, words}."""
+    grade = questions.answer(owner=owner, asked=asked, value=value, token=token)
+    return {"rating": grade.rating, "name": grade.name, "words": grade.words}
+
+
+def question_figure_text(figure: str, value: float | None) -> str:
+    """A question's figure as the lab pages write it ("5.2×", "1,240 tok/s")."""
+    return questions.figure_text(FIGURES[figure], value)
+
+
+def question_url(slug: str, at: int = 0) -> str:
+    """The lab page that predicts and runs the question at point `at` ("run it")."""
+    question = questions.question_get(slug)
+    lab = question.lab if question is not None else "sandbox"
+    url = reverse("labs:question-detail", args=[lab, slug])
+    return f"{url}?at={at}" if at else url

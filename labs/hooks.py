@@ -11,10 +11,14 @@ its functions from its AppConfig.ready (through labs.api.answer_for_labs).
   flight; the first also against the simulator queue's cap and the learner's share of it;
 - `queued_work`: the kinds of the quiz's work that wait on a lab queue (card requests, on the
   simulator's), taken in turn with lab runs (labs.turns): a learner's card waits for the
-  learners before it in turn, not for every run queued before it.
+  learners before it in turn, not for every run queued before it;
+- `prediction_graded(data)`: a prediction a learner committed before a run was graded
+  (labs.questions): the quiz records it as a review of that lab question. `data` is plain:
+  prediction (id), user_id, question (slug), title, rating (1 Again, 2 Hard, 3 Good), answer and
+  measured (the two figures as words), graded_at.
 
-Unanswered (no quiz installed), a learner has answered nothing, no card uses a lab and no other
-work is in flight or queued.
+Unanswered (no quiz installed), a learner has answered nothing, no card uses a lab, no other
+work is in flight or queued, and a graded prediction is remembered by labs alone.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from labs.turns import WorkKind
 ReviewsAtLeast = Callable[[int, int], bool]
 CardsUsing = Callable[[Sequence[str]], list[dict[str, Any]]]
 WorkInFlight = Callable[[int | None], tuple[int, int]]
+PredictionGraded = Callable[[dict[str, Any]], object]
 
 _answers: dict[str, Any] = {}
 
@@ -37,11 +42,14 @@ def answer(
     cards_using: CardsUsing,
     work_in_flight: WorkInFlight | None = None,
     queued_work: Sequence[WorkKind] = (),
+    prediction_graded: PredictionGraded | None = None,
 ) -> None:
     """Register the functions that answer labs' questions (see the module docstring)."""
     _answers.update(reviews_at_least=reviews_at_least, cards_using=cards_using)
     if work_in_flight is not None:
         _answers["work_in_flight"] = work_in_flight
+    if prediction_graded is not None:
+        _answers["prediction_graded"] = prediction_graded
     _answers["queued_work"] = tuple(queued_work)
 
 
@@ -68,3 +76,12 @@ def work_in_flight(user_id: int | None) -> tuple[int, int]:
 def queued_work() -> tuple[WorkKind, ...]:
     """The other apps' kinds of work that wait on lab queues; () unanswered."""
     return tuple(_answers.get("queued_work", ()))
+
+
+def prediction_graded(data: dict[str, Any]) -> bool:
+    """Tell the quiz a prediction was graded; False when nothing listens."""
+    tell: PredictionGraded | None = _answers.get("prediction_graded")
+    if tell is None:
+        return False
+    tell(data)
+    return True

@@ -283,3 +283,7 @@ class CalibrationJob(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+
+# Lab questions' models live with their package; imported here so the app registers them.
+from labs.questions.models import LabQuestion, Prediction, QuestionSimulation  # noqa: E402, F401

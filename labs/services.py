@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from config.celery import app as celery_app
 from config.locks import transaction_lock
-from labs import hooks, turns
+from labs import events, hooks, turns
 from labs.backends import check_can_start, get_backend, served_instead
 from labs.backends.base import Phase, ProgressCallback
 from labs.metrics import summarize
@@ -308,14 +308,34 @@ def run_request(
         ParamError: bad parameters (or backend), one message per field.
         RunRefused: valid, but it cannot run now; nothing was saved or enqueued.
     """
+    return runs_request(owner=owner, lab=lab, backend=backend, datas=[data], preset=preset)[0]
+
+
+def runs_request(
+    *,
+    owner: object,
+    lab: str,
+    backend: str,
+    datas: Sequence[Mapping[str, object]],
+    preset: str = "",
+    then: Callable[[list[LabRun]], object] | None = None,
+) -> list[LabRun]:
+    """`run_request` for runs that go together (a ratio's run and its baseline run): all are
+    checked before any is saved, saved in one transaction with whatever `then(runs)` saves
+    beside them, and each sent its turn after it commits.
+
+    Raises:
+        ParamError: bad parameters of any of them, one message per field.
+        RunRefused: as for `run_request`; nothing was saved or enqueued.
+    """
     backend_queue(backend)
-    params = parse_lab_params(data, ignore_unknown=True)
     _check_preset(preset)
-    queue = _precheck(backend, params)
+    points = [parse_lab_params(data, ignore_unknown=True) for data in datas]
+    queues = [_precheck(backend, params) for params in points]
     created: list[LabRun] = []
 
     def create() -> tuple[list[int], list[str]]:
-        created.append(
+        created.extend(
             LabRun.objects.create(
                 owner=owner,
                 lab=lab,
@@ -325,11 +345,14 @@ def run_request(
                 params=params.as_dict(),
                 predicted=_predicted(params),
             )
+            for params, queue in zip(points, queues, strict=True)
         )
-        return [created[0].pk], [created[0].queue]
+        if then is not None:
+            then(created)
+        return [run.pk for run in created], [run.queue for run in created]
 
-    _save_and_enqueue(create, owner, backend, 1)
-    return created[0]
+    _save_and_enqueue(create, owner, backend, len(points))
+    return created
 
 
 def sweep_values_parse(field: str, raw: str) -> list[str]:
@@ -609,7 +632,17 @@ def run_execute(*, run_id: int, hostname: str) -> str:
         state = LabRun.objects.filter(pk=run_id).values_list("state", flat=True).first()
         logger.info("run %s not claimed (state %s): duplicate or cancelled", run_id, state)
         return str(state)
-    return _run_claimed(run_id)
+    return _run_and_announce(run_id)
+
+
+def _run_and_announce(run_id: int) -> str:
+    """Run a claimed run, then tell labs' listeners (a prediction waiting for this run) that it
+    ended; what fails there is logged, and is not the run's failure. Returns the final state."""
+    state = _run_claimed(run_id)
+    for _receiver, outcome in events.run_finished.send_robust(sender=LabRun, run_id=run_id):
+        if isinstance(outcome, Exception):
+            logger.error("after run %s: %r", run_id, outcome, exc_info=outcome)
+    return state
 
 
 def _run_claim(run_id: int, hostname: str) -> bool:
@@ -716,7 +749,7 @@ LAB_RUNS = turns.WorkKind(
     name="lab run",
     waiting=_runs_waiting,
     claim=_run_claim,
-    execute=lambda run_id, _hostname: f"run {run_id} {_run_claimed(run_id)}",
+    execute=lambda run_id, _hostname: f"run {run_id} {_run_and_announce(run_id)}",
     fail=lambda run_id, exc: run_fail(run_id=run_id, error=f"{type(exc).__name__}: {exc}"),
 )
 
@@ -725,7 +758,7 @@ def run_next(*, queue: str, hostname: str) -> str:
     """Take the work whose turn it is on `queue` (labs.turns: a lab run, or work another app
     queued there, labs.hooks) and do it. Returns a line for the worker's log."""
     taken = _with_retries(
-        lambda: turns.take(queue, hostname, [LAB_RUNS, *hooks.queued_work()]),
+        lambda: turns.take(queue, hostname, [LAB_RUNS, *turns.registered(), *hooks.queued_work()]),
         within_s=settings.LABS_DB_RETRY_S,
         what=f"a turn on {queue}",
     )

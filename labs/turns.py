@@ -9,8 +9,9 @@ served before anyone; between equals, whoever has waited longest), claimed in th
 One message per queued piece of work, so none waits without one; a message whose work was cancelled
 takes another learner's work, or finds nothing.
 
-The work comes from `WorkKind`s: lab runs (labs.services) and what other apps queue on a lab
-queue (the quiz's card requests, through labs.hooks), so they all take their turns together.
+The work comes from `WorkKind`s: lab runs (labs.services), labs' other kinds (`register`: the
+simulations lab questions store ahead of time) and what other apps queue on a lab queue (the
+quiz's card requests, through labs.hooks), so they all take their turns together.
 """
 
 from __future__ import annotations
@@ -49,6 +50,19 @@ class WorkKind:
     execute: Callable[[int, str], str]
     # Record that claimed work stopped on what escaped `execute`.
     fail: Callable[[int, Exception], object]
+
+
+_registered: dict[str, WorkKind] = {}
+
+
+def register(kind: WorkKind) -> None:
+    """Take `kind` in turn with lab runs on every lab queue (labs' own kinds, from its
+    AppConfig.ready); registering a kind of the same name again replaces it."""
+    _registered[kind.name] = kind
+
+
+def registered() -> tuple[WorkKind, ...]:
+    return tuple(_registered.values())
 
 
 @dataclass(frozen=True)

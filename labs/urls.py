@@ -1,6 +1,6 @@
 from django.urls import path
 
-from labs import views
+from labs import question_views, views
 
 app_name = "labs"
 urlpatterns = [
@@ -14,9 +14,14 @@ urlpatterns = [
     path("sweeps/<int:pk>/cancel/", views.sweep_cancel, name="sweep-cancel"),
     path("devices/", views.devices, name="devices"),
     path("devices/calibrate/", views.device_calibrate, name="device-calibrate"),
-    # Lab slugs last: "runs", "sweeps", "preset" and "devices" above are not labs.
+    path("instincts/", question_views.instincts, name="instincts"),
+    # Lab slugs last: "runs", "sweeps", "preset", "devices" and "instincts" above are not labs.
     path("<slug:lab>/", views.lab_detail, name="lab-detail"),
     path("<slug:lab>/predict/", views.lab_predict, name="lab-predict"),
     path("<slug:lab>/runs/", views.run_create, name="run-create"),
     path("<slug:lab>/sweeps/", views.sweep_create, name="sweep-create"),
+    path(
+        "<slug:lab>/questions/<slug:slug>/", question_views.question_detail, name="question-detail"
+    ),
+    path("<slug:lab>/questions/<slug:slug>/run/", question_views.question_run, name="question-run"),
 ]

@@ -27,6 +27,9 @@ from labs.forms import LabParamsForm, SweepForm
 from labs.params import FIELDS_BY_NAME, LabParams, ParamError, parse_lab_params
 from labs.predict import budget_notice
 from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
+from labs.questions import selectors as question_selectors
+from labs.questions import services as questions
+from labs.waterfall import run_waterfalls
 from labs.workers import cpu_worker_hardware, devices_online, engines_busy, gpu_offer
 
 # A refusal is not the learner's mistake: no worker or no queue is the service being unavailable.
@@ -103,6 +106,8 @@ def _lab_page(
         "preset": preset,
         "presets": [p for p in load_presets().values() if p.lab == lab.slug],
         "cards": selectors.cards_for_lab(lab.slug),
+        "questions": questions.questions_for_lab(lab.slug),
+        "preset_question": questions.question_for_preset(preset.slug if preset else ""),
         "backends": backends,
         "preset_gpu_note": _preset_gpu_note(preset, form, offer),
         "cpu_worker": _cpu_worker_offer(lab),
@@ -295,6 +300,8 @@ def _run_context(run: Any) -> dict[str, Any]:
         "headline": results.headline(rows, breakdown),
         "breakdown": results.breakdown_bars(breakdown, expected.get("breakdown")),
         "breakdown_source": (breakdown or {}).get("source"),
+        "waterfalls": run_waterfalls(run.result, run.predicted, run.params) if run.result else {},
+        "prediction_panel": question_selectors.prediction_panel(run),
         "charts": selectors.run_charts(run) if run.result else None,
         "shown_params": [(name, run.params.get(name)) for name in lab.fields],
         **_run_errors(run),

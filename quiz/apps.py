@@ -10,6 +10,7 @@ class QuizConfig(AppConfig):
 
         from labs import api as labs_api
         from quiz import models
+        from quiz.lab_questions import prediction_graded
         from quiz.personal import CARD_REQUESTS, work_in_flight
         from quiz.selectors import card_cache_clear, cards_using_presets, reviews_at_least
 
@@ -23,4 +24,5 @@ class QuizConfig(AppConfig):
             cards_using=cards_using_presets,
             work_in_flight=work_in_flight,
             queued_work=[CARD_REQUESTS],
+            prediction_graded=prediction_graded,
         )

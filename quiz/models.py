@@ -72,6 +72,9 @@ class Card(models.Model):
         CHOICE = "choice", "Multiple choice"
         NUMERIC = "numeric", "Numeric"
         RECALL = "recall", "Recall"
+        # A lab question a learner predicted before a run (quiz/lab_questions.py): asked again
+        # at a neighbouring setting. Only ever a personal card, made by the quiz.
+        PREDICTION = "prediction", "Prediction"
 
     deck = models.ForeignKey(Deck, on_delete=models.PROTECT, related_name="cards")
     slug = models.SlugField(max_length=120, unique=True)
@@ -469,3 +472,19 @@ class ParameterFit(models.Model):
 
     def __str__(self) -> str:
         return f"fit {self.pk} of {self.user_id}: {self.status}"
+
+
+class PredictionAsk(models.Model):
+    """What one showing of a lab-question card asks (quiz/lab_questions.py): the point, the
+    figure it is graded against and its band, as labs.api gave them when the card was shown, so
+    the answer is graded against what the learner saw. Then the learner's figure and its grade."""
+
+    showing = models.OneToOneField(Showing, on_delete=models.CASCADE, related_name="ask")
+    question = models.SlugField(max_length=120)
+    asked = models.JSONField(help_text="labs.api.question_ask's plain data")
+    value = models.FloatField(null=True, blank=True)
+    rating = models.PositiveSmallIntegerField(null=True, blank=True)
+    grade_words = models.CharField(max_length=400, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.question} in showing {self.showing_id}"

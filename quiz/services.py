@@ -25,7 +25,7 @@ from django.db import connections, transaction
 from django.db.models import F
 
 from config import rows
-from quiz import scheduling
+from quiz import prediction_asks, scheduling
 from quiz.content import CardSpec, ContentTree
 from quiz.models import (
     Card,
@@ -188,6 +188,8 @@ def _judge(card: Card, showing: Showing, answer: Answer) -> tuple[str, bool | No
         if answer.number is None:
             return "", False
         return answer.raw, card.numeric_accepts(answer.number)
+    if card.kind == Card.Kind.PREDICTION:
+        return prediction_asks.judge(card, showing, answer)
     return "", None
 
 

@@ -22,7 +22,7 @@ from django_htmx.middleware import HtmxDetails
 
 from labs import api as labs_api
 from labs.api import LabRun
-from quiz import personal, scheduling, selectors, services
+from quiz import personal, prediction_asks, scheduling, selectors, services
 from quiz.anki import deck_apkg
 from quiz.forms import AnswerForm, GradeForm, LearnerSettingsForm
 from quiz.models import Card, LearnerSettings, PersonalCardRequest, Showing
@@ -73,6 +73,8 @@ def _card_context(card: Card, showing: Showing, day: selectors.StudyDay) -> dict
     if showing.revealed_at:
         context["buttons"] = _grade_buttons(showing, day.tz, day.rollover_hour)
         context["your_number"] = personal.your_number(user_id=showing.user_id, card=card)
+    if card.kind == Card.Kind.PREDICTION:
+        context.update(prediction_asks.today_context(card, showing, context))
     return context
 
 

@@ -8,12 +8,15 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from labs import api as labs_api
 from quiz.content import write_tree
 from quiz.selectors import content_snapshot
 
 
 class Command(BaseCommand):
-    help = "Write decks and active cards to content/ (retired cards' files are removed)."
+    help = (
+        "Write decks, active cards and lab questions to content/ (retired ones' files are removed)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--path", default=str(settings.BASE_DIR / "content"))
@@ -22,5 +25,7 @@ class Command(BaseCommand):
         tree, retired = content_snapshot()
         changed = write_tree(tree, Path(path), retired=retired)
         self.stdout.write(f"{len(tree.cards)} cards exported; {len(changed)} file(s) changed")
-        for changed_path in changed:
+        questions = labs_api.questions_export(Path(path))
+        self.stdout.write(f"lab questions exported; {len(questions)} file(s) changed")
+        for changed_path in [*changed, *questions]:
             self.stdout.write(f"  {changed_path}")

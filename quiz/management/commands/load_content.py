@@ -1,4 +1,5 @@
-"""Load the deck from content/ into the database (upsert by slug; removed cards are retired)."""
+"""Load the deck from content/ into the database (upsert by slug; removed cards are retired), and
+the lab questions beside it (content/labs/questions, through labs.api)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from labs import api as labs_api
 from quiz.content import ContentError, read_tree
 from quiz.models import Card
 from quiz.selectors import edited_decks
@@ -47,9 +49,12 @@ class Command(BaseCommand):
             return
         try:
             tree = read_tree(Path(path))
-        except ContentError as exc:
+            # Every file is checked before anything is written.
+            questions = labs_api.questions_read(Path(path))
+        except (ContentError, labs_api.QuestionError) as exc:
             raise CommandError(str(exc), returncode=2) from None
         report = content_load(tree=tree, force=force)
+        loaded = labs_api.questions_load(questions, force=force)
         self.stdout.write(
             f"{len(tree.cards)} cards in {len(tree.decks)} deck(s): "
             f"{len(report.created)} created, {len(report.updated)} updated, "
@@ -61,7 +66,17 @@ class Command(BaseCommand):
         overwritten = [*report.overwritten, *(f"deck {s}" for s in report.decks_overwritten)]
         for name in overwritten:
             self.stdout.write(f"  overwritten (--force): {name} lost its admin edits")
-        self._warn_kept(report.conflicts, report.deck_conflicts)
+        self.stdout.write(
+            f"{len(questions)} lab questions: {len(loaded.created)} created, "
+            f"{len(loaded.updated)} updated, {len(loaded.retired)} retired, "
+            f"{len(loaded.conflicts)} kept (edited in the admin)"
+        )
+        for slug in loaded.overwritten:
+            self.stdout.write(f"  overwritten (--force): question {slug} lost its admin edits")
+        self._warn_kept(
+            [*report.conflicts, *(f"question {s}" for s in loaded.conflicts)],
+            report.deck_conflicts,
+        )
 
     def _warn_kept(self, slugs: list[str], deck_slugs: list[str]) -> None:
         names = [*slugs, *(f"deck {slug}" for slug in deck_slugs)]
