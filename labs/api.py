@@ -54,6 +54,7 @@ __all__ = [
     "question_card",
     "question_figure_text",
     "question_url",
+    "questions_edited",
     "questions_export",
     "questions_load",
     "questions_read",
@@ -199,6 +200,7 @@ QuestionError = questions.QuestionError
 questions_read = question_content.questions_read
 questions_load = question_content.questions_load
 questions_export = question_content.questions_export
+questions_edited = question_content.questions_edited
 
 
 def question_card(slug: str) -> dict[str, Any] | None:

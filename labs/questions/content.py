@@ -27,14 +27,16 @@ def questions_dir(root: Path) -> Path:
     return root / "labs" / "questions"
 
 
-def questions_read(root: Path) -> list[Question]:
+def questions_read(root: Path) -> list[Question] | None:
     """Every question file under `root` (the content folder), checked; at least MIN_PER_LAB
-    questions for every lab.
+    questions for every lab. None when the folder has no labs/questions/ (a deck alone).
 
     Raises:
         QuestionError: the first bad file or field, named; nothing is written.
     """
     folder = questions_dir(root)
+    if not folder.is_dir():
+        return None
     questions = []
     for path in sorted(folder.glob("*.yaml")):
         try:
@@ -119,6 +121,15 @@ def questions_load(questions: list[Question], *, force: bool = False) -> Questio
         row.save(update_fields=["is_active", "edited_since_load", "updated_at"])
         report.retired.append(slug)
     return report
+
+
+def questions_edited() -> list[str]:
+    """Slugs of the questions edited in the admin since the last load (a load keeps them)."""
+    return list(
+        LabQuestion.objects.filter(edited_since_load=True)
+        .order_by("slug")
+        .values_list("slug", flat=True)
+    )
 
 
 def question_of(row: LabQuestion) -> Question:

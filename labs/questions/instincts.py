@@ -2,9 +2,9 @@
 sentence that says where their model is off, only where their own points show it.
 
 A figure's predictions lean one way when at least LEAN of them (and MIN_POINTS in all) fall
-outside the band on the same side. Where the question's neighbours vary a setting, the sentence
-says at which end of it the lean sits ("at large batch") only when the points on that end lean and
-those on the other end do not. Pure Python; no Django.
+outside the band on the same side. Where the question's neighbours vary a setting, the points at
+one end of it may lean while those at the other do not: the sentence then says where ("at large
+batch"), with the values it saw. Pure Python; no Django.
 """
 
 from __future__ import annotations
@@ -133,10 +133,12 @@ def reading(points: Sequence[Point]) -> str:
         if len(group) < MIN_POINTS:
             continue
         for side, verb in ((1, "overestimate"), (-1, "underestimate")):
-            if sum(p.side == side for p in group) / len(group) < LEAN:
-                continue
+            # An end of the varied setting that leans while the other does not, else the
+            # whole figure if it leans.
             where, there = _where(group, side)
             leaning = [p for p in there if p.side == side]
+            if len(leaning) / len(there) < LEAN:
+                continue
             factor = statistics.median(p.factor for p in leaning)
             there_words = "there " if where else ""
             way = "above" if side > 0 else "below"

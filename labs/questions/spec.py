@@ -74,6 +74,11 @@ class Question:
     def the_lab(self) -> Lab:
         return LABS[self.lab]
 
+    @property
+    def paragraphs(self) -> list[str]:
+        """The prompt's paragraphs, each with its wrapped lines joined (the file wraps them)."""
+        return [" ".join(p.split()) for p in self.prompt.split("\n\n") if p.strip()]
+
     def given(self, at: int) -> dict[str, Any]:
         """The settings written for point `at` (0: the question's, i: neighbour i)."""
         if not 0 <= at <= len(self.neighbours):

@@ -45,6 +45,7 @@ class Command(BaseCommand):
                 .order_by("slug")
                 .values_list("slug", flat=True)
             )
+            slugs += [f"question {slug}" for slug in labs_api.questions_edited()]
             self._warn_kept(slugs, sorted(edited_decks()))
             return
         try:
@@ -54,7 +55,7 @@ class Command(BaseCommand):
         except (ContentError, labs_api.QuestionError) as exc:
             raise CommandError(str(exc), returncode=2) from None
         report = content_load(tree=tree, force=force)
-        loaded = labs_api.questions_load(questions, force=force)
+        loaded = None if questions is None else labs_api.questions_load(questions, force=force)
         self.stdout.write(
             f"{len(tree.cards)} cards in {len(tree.decks)} deck(s): "
             f"{len(report.created)} created, {len(report.updated)} updated, "
@@ -66,17 +67,17 @@ class Command(BaseCommand):
         overwritten = [*report.overwritten, *(f"deck {s}" for s in report.decks_overwritten)]
         for name in overwritten:
             self.stdout.write(f"  overwritten (--force): {name} lost its admin edits")
-        self.stdout.write(
-            f"{len(questions)} lab questions: {len(loaded.created)} created, "
-            f"{len(loaded.updated)} updated, {len(loaded.retired)} retired, "
-            f"{len(loaded.conflicts)} kept (edited in the admin)"
-        )
-        for slug in loaded.overwritten:
-            self.stdout.write(f"  overwritten (--force): question {slug} lost its admin edits")
-        self._warn_kept(
-            [*report.conflicts, *(f"question {s}" for s in loaded.conflicts)],
-            report.deck_conflicts,
-        )
+        kept = list(report.conflicts)
+        if questions is not None and loaded is not None:
+            self.stdout.write(
+                f"{len(questions)} lab questions: {len(loaded.created)} created, "
+                f"{len(loaded.updated)} updated, {len(loaded.retired)} retired, "
+                f"{len(loaded.conflicts)} kept (edited in the admin)"
+            )
+            for slug in loaded.overwritten:
+                self.stdout.write(f"  overwritten (--force): question {slug} lost its admin edits")
+            kept += [f"question {slug}" for slug in loaded.conflicts]
+        self._warn_kept(kept, report.deck_conflicts)
 
     def _warn_kept(self, slugs: list[str], deck_slugs: list[str]) -> None:
         names = [*slugs, *(f"deck {slug}" for slug in deck_slugs)]
@@ -84,7 +85,8 @@ class Command(BaseCommand):
             return
         self.stdout.write(
             self.style.WARNING(
-                f"{len(slugs)} card(s) and {len(deck_slugs)} deck(s) edited in the admin differ "
+                f"{len(slugs)} card(s) or question(s) and {len(deck_slugs)} deck(s) edited in the "
+                "admin differ "
                 "from content/ and were left as they are. Run `manage.py export_content` to write "
                 "the edits to content/, or `manage.py load_content --force` to discard them:"
             )
