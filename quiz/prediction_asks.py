@@ -43,9 +43,11 @@ def ask_for(card: Card, showing: Showing) -> PredictionAsk | None:
     if found is not None:
         return found
     question = question_of(card)
-    asked = labs_api.question_ask(question, user_id=showing.user_id, turn=_turn(showing))
+    turn = _turn(showing)
+    asked = labs_api.question_ask(question, user_id=showing.user_id, turn=turn)
     if asked is None:
         return None
+    asked["turn"] = turn
     try:
         with transaction.atomic():
             return PredictionAsk.objects.create(showing=showing, question=question, asked=asked)
@@ -62,8 +64,10 @@ def judge(card: Card, showing: Showing, answer: Any) -> tuple[str, bool | None]:
     if answer.number is None or answer.number <= 0:
         PredictionAsk.objects.filter(pk=ask.pk).update(value=None, rating=1, grade_words="")
         return "", False
+    # One kept prediction per turn of the card: an answer undone and given again replaces it.
+    kept_as = f"card-{showing.card_id}-turn-{ask.asked.get('turn', 0)}"
     grade = labs_api.question_answer(
-        owner=showing.user, asked=ask.asked, value=answer.number, token=showing.token
+        owner=showing.user, asked=ask.asked, value=answer.number, token=kept_as
     )
     PredictionAsk.objects.filter(pk=ask.pk).update(
         value=answer.number, rating=grade["rating"], grade_words=grade["words"][:400]

@@ -101,24 +101,25 @@ def _numeric(value: Any) -> float | None:
 def _where(points: Sequence[Point], side: int) -> tuple[str, list[Point]]:
     """The end of the varied setting the lean sits at ("at large batch (concurrency 64 to 128)")
     and the points there; ("", points) when it does not sit at one end."""
-    valued = [p for p in points if _numeric(p.varies_value) is not None]
-    levels = sorted({_numeric(p.varies_value) for p in valued})
-    if len(levels) < 3 or not valued[0].varies_word:
+    valued = [(p, v) for p in points if (v := _numeric(p.varies_value)) is not None]
+    levels = sorted({v for _, v in valued})
+    if len(levels) < 3 or not valued[0][0].varies_word:
         return "", list(points)
     middle = statistics.median(levels)
     for word, upper in (("large", True), ("small", False)):
-        end = [p for p in valued if (_numeric(p.varies_value) > middle) == upper
-               and _numeric(p.varies_value) != middle]  # fmt: skip
-        rest = [p for p in valued if p not in end]
+        end = [(p, v) for p, v in valued if v != middle and (v > middle) == upper]
+        rest = [p for p, v in valued if (p, v) not in end]
         if len(end) < 2 or not rest:
             continue
-        leans_end = sum(p.side == side for p in end) / len(end) >= LEAN
+        leans_end = sum(p.side == side for p, _ in end) / len(end) >= LEAN
         leans_rest = sum(p.side == side for p in rest) / len(rest) >= LEAN
         if leans_end and not leans_rest:
-            seen = sorted({_numeric(p.varies_value) for p in end})
+            seen = sorted({v for _, v in end})
             span = f"{seen[0]:g}" if len(seen) == 1 else f"{seen[0]:g} to {seen[-1]:g}"
-            setting = valued[0].varies_setting
-            return f" at {word} {valued[0].varies_word} ({setting} {span})", end
+            first = valued[0][0]
+            return f" at {word} {first.varies_word} ({first.varies_setting} {span})", [
+                p for p, _ in end
+            ]
     return "", list(points)
 
 

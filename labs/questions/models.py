@@ -92,7 +92,7 @@ class Prediction(models.Model):
     simulation = models.ForeignKey(
         "labs.QuestionSimulation", null=True, blank=True, on_delete=models.SET_NULL
     )
-    token = models.CharField(max_length=64, blank=True, help_text="the quiz showing it answers")
+    token = models.CharField(max_length=64, blank=True, help_text="the quiz's ask it answers")
     measured = models.FloatField(null=True, blank=True)
     formulas = models.FloatField(null=True, blank=True)
     band = models.FloatField(null=True, blank=True, help_text="relative")

@@ -532,7 +532,7 @@ def ask(*, question: Question, user_id: int, turn: int) -> dict[str, Any] | None
 
 def answer(*, owner: Any, asked: Mapping[str, Any], value: float, token: str) -> bands.Grade:
     """Grade the learner's `value` for what `ask` asked, and keep it with their predictions (one
-    per quiz showing, `token`: answering the same showing again replaces it)."""
+    per `token`, the quiz's name for the ask: answering it again replaces it)."""
     figure = FIGURES[str(asked["figure"])]
     band = bands.Band(float(asked["band"]), str(asked["band_words"]), "stored")
     measured = float(asked["measured"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,7 +158,9 @@ def _settings(value: Any, label: str, key: str) -> dict[str, Any]:
 
 def _check_point(question: Question, at: int, label: str) -> dict[str, Any]:
     where = "settings" if at == 0 else f"neighbours[{at}]"
-    runs = [("", lambda: point_params(question, at))]
+    runs: list[tuple[str, Callable[[], dict[str, Any] | None]]] = [
+        ("", lambda: point_params(question, at))
+    ]
     if question.the_figure.ratio is not None:
         runs.append((" (its baseline run)", lambda: baseline_params(question, at)))
     params: dict[str, Any] = {}

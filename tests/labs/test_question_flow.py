@@ -199,3 +199,49 @@ def test_hard_and_again_are_suggested_from_the_band(alice, alice_client, loaded)
     # Grading with the suggested button reviews the card as any card.
     alice_client.post(reverse("quiz:review-grade", args=[token]), {"rating": str(HARD)})
     assert ReviewLog.objects.filter(user=alice, card=card).count() == 2
+
+
+def test_an_answer_undone_and_given_again_is_kept_once(alice, alice_client, loaded):
+    make_heartbeat("sim")
+    question = questions.question_get(TTFT)
+    prediction = questions.prediction_request(
+        owner=alice, question=question, at=0, value=50, backend="sim"
+    )
+    _run_all(prediction)
+    card = Card.objects.get(owner=alice, kind=Card.Kind.PREDICTION)
+    ReviewState.objects.filter(user=alice, card=card).update(due=timezone.now())
+    for value in ("100", "120"):
+        page = alice_client.get(reverse("quiz:today"))
+        token = page.context["showing"].token
+        alice_client.post(reverse("quiz:answer-submit", args=[token]), {"value": value})
+        alice_client.post(reverse("quiz:review-grade", args=[token]), {"rating": "1"})
+        if value == "100":
+            alice_client.post(reverse("quiz:review-undo"))
+    kept = Prediction.objects.filter(owner=alice, source=Prediction.Source.QUIZ)
+    assert list(kept.values_list("value", flat=True)) == [120.0]
+
+
+def test_the_lab_worker_takes_a_questions_simulations_in_turn(alice, loaded):
+    question = questions.question_get(TTFT)
+    assert questions.simulations_ensure(question, requested_by=alice) == 4
+    # Asked again while queued: nothing more is queued.
+    assert questions.simulations_ensure(question, requested_by=alice) == 0
+    for _ in range(4):
+        assert "question simulation" in services.run_next(queue="labs.sim", hostname="w@here")
+    done = QuestionSimulation.objects.filter(question=TTFT, state="done")
+    assert done.count() == 4
+    assert all(s.measured > 0 and s.band > 0 and s.where for s in done)
+    # One that lost its worker long ago is queued again.
+    lost = done.first()
+    QuestionSimulation.objects.filter(pk=lost.pk).update(
+        state="running", started_at=timezone.now() - questions.RUNNING_STALE * 2
+    )
+    assert questions.simulations_ensure(question, requested_by=alice) == 1
+
+
+def test_a_preset_with_a_question_offers_it(alice_client, loaded):
+    page = alice_client.get(reverse("labs:lab-detail", args=["speculative"]), {
+        "preset": "speculation-k3-batch-128"})  # fmt: skip
+    html = page.content.decode()
+    url = reverse("labs:question-detail", args=["speculative", "speculation-speedup-batch-128"])
+    assert f'This preset has a question: <a href="{url}">' in html

@@ -67,7 +67,7 @@ class Command(BaseCommand):
         overwritten = [*report.overwritten, *(f"deck {s}" for s in report.decks_overwritten)]
         for name in overwritten:
             self.stdout.write(f"  overwritten (--force): {name} lost its admin edits")
-        kept = list(report.conflicts)
+        left = list(report.conflicts)
         if questions is not None and loaded is not None:
             self.stdout.write(
                 f"{len(questions)} lab questions: {len(loaded.created)} created, "
@@ -76,8 +76,8 @@ class Command(BaseCommand):
             )
             for slug in loaded.overwritten:
                 self.stdout.write(f"  overwritten (--force): question {slug} lost its admin edits")
-            kept += [f"question {slug}" for slug in loaded.conflicts]
-        self._warn_kept(kept, report.deck_conflicts)
+            left += [f"question {slug}" for slug in loaded.conflicts]
+        self._warn_kept(left, report.deck_conflicts)
 
     def _warn_kept(self, slugs: list[str], deck_slugs: list[str]) -> None:
         names = [*slugs, *(f"deck {slug}" for slug in deck_slugs)]
