@@ -300,7 +300,7 @@ def _run_context(run: Any) -> dict[str, Any]:
         "headline": results.headline(rows, breakdown),
         "breakdown": results.breakdown_bars(breakdown, expected.get("breakdown")),
         "breakdown_source": (breakdown or {}).get("source"),
-        "waterfalls": run_waterfalls(run.result, run.predicted, run.params) if run.result else {},
+        "waterfalls": run_waterfalls(run.result, run.predicted, run.params, rows),
         "prediction_panel": question_selectors.prediction_panel(run),
         "charts": selectors.run_charts(run) if run.result else None,
         "shown_params": [(name, run.params.get(name)) for name in lab.fields],

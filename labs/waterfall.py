@@ -9,7 +9,7 @@ script and no inline style. Pure functions over stored JSON; no Django.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,15 +127,19 @@ def build(
 
 
 def run_waterfalls(
-    summary: Mapping[str, Any] | None, predicted: Mapping[str, Any], params: Mapping[str, Any]
+    summary: Mapping[str, Any] | None,
+    predicted: Mapping[str, Any],
+    params: Mapping[str, Any],
+    rows: Sequence[results.Row] | None = None,
 ) -> dict[str, Waterfall]:
-    """Every compared metric of a finished run that has named parts, by its row label."""
+    """Every compared metric of a finished run that has named parts, by its row label. `rows`:
+    the run's table (results.compare), when the caller has it already."""
     found: dict[str, Waterfall] = {}
     if not summary:
         return found
     expected = results.derived_predictions(predicted, params)
     metrics = {m.label: m for m in results.METRICS}
-    for row in results.compare(summary, predicted, params):
+    for row in rows if rows is not None else results.compare(summary, predicted, params):
         metric = metrics.get(row.label)
         if metric is None or row.explanation is None or metric.predicted is None:
             continue

@@ -245,6 +245,12 @@ class CardAdminForm(ExactTextMixin, forms.ModelForm):
         # leave that deck out, so a shared card moved there would break them.
         if "deck" in self.fields and self.instance.owner_id is None:
             self.fields["deck"].queryset = Deck.objects.exclude(slug=PERSONAL_DECK)
+        # A prediction card is a learner's own, made by the quiz from a lab question; the deck's
+        # files have no such kind.
+        if "kind" in self.fields and self.instance.kind != Card.Kind.PREDICTION:
+            self.fields["kind"].choices = [
+                c for c in self.fields["kind"].choices if c[0] != Card.Kind.PREDICTION
+            ]
 
     def clean_slug(self) -> str:
         slug = self.cleaned_data["slug"]

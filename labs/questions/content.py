@@ -144,10 +144,13 @@ def question_of(row: LabQuestion) -> Question:
 def questions_export(root: Path) -> list[Path]:
     """Write every active question to its file, remove retired ones' files. Unchanged files are
     not rewritten. Returns the paths that changed."""
+    rows = list(LabQuestion.objects.order_by("slug"))
+    if not rows:
+        return []  # none loaded: the folder, if any, is not this database's to empty
     folder = questions_dir(root)
     folder.mkdir(parents=True, exist_ok=True)
     changed = []
-    for row in LabQuestion.objects.order_by("slug"):
+    for row in rows:
         path = folder / f"{row.slug}.yaml"
         if not row.is_active:
             if path.exists():
