@@ -7,102 +7,240 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('labs', '0008_queueturn'),
+        ("labs", "0008_queueturn"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='LabQuestion',
+            name="LabQuestion",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('slug', models.SlugField(max_length=120, unique=True)),
-                ('lab', models.SlugField(max_length=40)),
-                ('title', models.CharField(max_length=200)),
-                ('figure', models.CharField(help_text='labs/questions/figures.py FIGURES key', max_length=40)),
-                ('topic', models.SlugField(max_length=60)),
-                ('preset', models.CharField(blank=True, help_text="a preset's slug", max_length=120)),
-                ('varies', models.CharField(blank=True, help_text='what neighbours vary', max_length=80)),
-                ('prompt', models.TextField(blank=True, help_text='Markdown.')),
-                ('settings_json', models.TextField(help_text="The question's lab settings, as JSON.")),
-                ('neighbours_json', models.TextField(help_text='A JSON list of settings, each over settings.')),
-                ('is_active', models.BooleanField(default=True)),
-                ('edited_since_load', models.BooleanField(default=False, help_text='Changed in the admin since content/ was last loaded.')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("slug", models.SlugField(max_length=120, unique=True)),
+                ("lab", models.SlugField(max_length=40)),
+                ("title", models.CharField(max_length=200)),
+                (
+                    "figure",
+                    models.CharField(
+                        help_text="labs/questions/figures.py FIGURES key", max_length=40
+                    ),
+                ),
+                ("topic", models.SlugField(max_length=60)),
+                (
+                    "preset",
+                    models.CharField(blank=True, help_text="a preset's slug", max_length=120),
+                ),
+                (
+                    "varies",
+                    models.CharField(blank=True, help_text="what neighbours vary", max_length=80),
+                ),
+                ("prompt", models.TextField(blank=True, help_text="Markdown.")),
+                (
+                    "settings_json",
+                    models.TextField(help_text="The question's lab settings, as JSON."),
+                ),
+                (
+                    "neighbours_json",
+                    models.TextField(help_text="A JSON list of settings, each over settings."),
+                ),
+                ("is_active", models.BooleanField(default=True)),
+                (
+                    "edited_since_load",
+                    models.BooleanField(
+                        default=False,
+                        help_text="Changed in the admin since content/ was last loaded.",
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'ordering': ['lab', 'slug'],
+                "ordering": ["lab", "slug"],
             },
         ),
         migrations.CreateModel(
-            name='QuestionSimulation',
+            name="QuestionSimulation",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('question', models.SlugField(max_length=120)),
-                ('at', models.PositiveSmallIntegerField()),
-                ('key', models.CharField(help_text='hash of the settings simulated', max_length=64)),
-                ('params', models.JSONField()),
-                ('baseline', models.JSONField(blank=True, null=True)),
-                ('state', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('done', 'Done'), ('failed', 'Failed')], default='queued', max_length=8)),
-                ('measured', models.FloatField(blank=True, help_text="in the figure's unit", null=True)),
-                ('formulas', models.FloatField(blank=True, null=True)),
-                ('band', models.FloatField(blank=True, null=True)),
-                ('band_words', models.CharField(blank=True, max_length=300)),
-                ('where', models.CharField(blank=True, max_length=200)),
-                ('error', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('requested_by', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("question", models.SlugField(max_length=120)),
+                ("at", models.PositiveSmallIntegerField()),
+                (
+                    "key",
+                    models.CharField(help_text="hash of the settings simulated", max_length=64),
+                ),
+                ("params", models.JSONField()),
+                ("baseline", models.JSONField(blank=True, null=True)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("done", "Done"),
+                            ("failed", "Failed"),
+                        ],
+                        default="queued",
+                        max_length=8,
+                    ),
+                ),
+                (
+                    "measured",
+                    models.FloatField(blank=True, help_text="in the figure's unit", null=True),
+                ),
+                ("formulas", models.FloatField(blank=True, null=True)),
+                ("band", models.FloatField(blank=True, null=True)),
+                ("band_words", models.CharField(blank=True, max_length=300)),
+                ("where", models.CharField(blank=True, max_length=200)),
+                ("error", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "requested_by",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Prediction',
+            name="Prediction",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('question', models.SlugField(max_length=120)),
-                ('topic', models.SlugField(max_length=60)),
-                ('figure', models.CharField(max_length=40)),
-                ('at', models.PositiveSmallIntegerField(default=0, help_text="0: the question's settings")),
-                ('changed', models.JSONField(blank=True, default=dict, help_text='what the point changes')),
-                ('varies', models.JSONField(blank=True, help_text="the varied setting's value", null=True)),
-                ('value', models.FloatField(help_text="the learner's figure, in the figure's unit")),
-                ('source', models.CharField(choices=[('lab', 'before a run'), ('quiz', 'in the quiz')], default='lab', max_length=8)),
-                ('state', models.CharField(choices=[('waiting', 'waiting for the run'), ('graded', 'graded'), ('void', 'not graded')], default='waiting', max_length=8)),
-                ('token', models.CharField(blank=True, help_text="the quiz's ask it answers", max_length=64)),
-                ('measured', models.FloatField(blank=True, null=True)),
-                ('formulas', models.FloatField(blank=True, null=True)),
-                ('band', models.FloatField(blank=True, help_text='relative', null=True)),
-                ('band_words', models.CharField(blank=True, max_length=300)),
-                ('rating', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('grade_words', models.CharField(blank=True, max_length=400)),
-                ('where', models.CharField(blank=True, max_length=200)),
-                ('error', models.CharField(blank=True, max_length=400)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('graded_at', models.DateTimeField(blank=True, null=True)),
-                ('reported_at', models.DateTimeField(blank=True, null=True)),
-                ('baseline', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='labs.labrun')),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('run', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='labs.labrun')),
-                ('simulation', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to='labs.questionsimulation')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("question", models.SlugField(max_length=120)),
+                ("topic", models.SlugField(max_length=60)),
+                ("figure", models.CharField(max_length=40)),
+                (
+                    "at",
+                    models.PositiveSmallIntegerField(
+                        default=0, help_text="0: the question's settings"
+                    ),
+                ),
+                (
+                    "changed",
+                    models.JSONField(blank=True, default=dict, help_text="what the point changes"),
+                ),
+                (
+                    "varies",
+                    models.JSONField(blank=True, help_text="the varied setting's value", null=True),
+                ),
+                (
+                    "value",
+                    models.FloatField(help_text="the learner's figure, in the figure's unit"),
+                ),
+                (
+                    "source",
+                    models.CharField(
+                        choices=[("lab", "before a run"), ("quiz", "in the quiz")],
+                        default="lab",
+                        max_length=8,
+                    ),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("waiting", "waiting for the run"),
+                            ("graded", "graded"),
+                            ("void", "not graded"),
+                        ],
+                        default="waiting",
+                        max_length=8,
+                    ),
+                ),
+                (
+                    "token",
+                    models.CharField(
+                        blank=True, help_text="the quiz's ask it answers", max_length=64
+                    ),
+                ),
+                ("measured", models.FloatField(blank=True, null=True)),
+                ("formulas", models.FloatField(blank=True, null=True)),
+                ("band", models.FloatField(blank=True, help_text="relative", null=True)),
+                ("band_words", models.CharField(blank=True, max_length=300)),
+                ("rating", models.PositiveSmallIntegerField(blank=True, null=True)),
+                ("grade_words", models.CharField(blank=True, max_length=400)),
+                ("where", models.CharField(blank=True, max_length=200)),
+                ("error", models.CharField(blank=True, max_length=400)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("graded_at", models.DateTimeField(blank=True, null=True)),
+                ("reported_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "baseline",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="labs.labrun",
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="labs.labrun",
+                    ),
+                ),
+                (
+                    "simulation",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to="labs.questionsimulation",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.AddConstraint(
-            model_name='questionsimulation',
-            constraint=models.UniqueConstraint(fields=('question', 'key'), name='labs_question_sim_key'),
+            model_name="questionsimulation",
+            constraint=models.UniqueConstraint(
+                fields=("question", "key"), name="labs_question_sim_key"
+            ),
         ),
         migrations.AddIndex(
-            model_name='prediction',
-            index=models.Index(fields=['owner', 'state'], name='labs_prediction_owner_state'),
+            model_name="prediction",
+            index=models.Index(fields=["owner", "state"], name="labs_prediction_owner_state"),
         ),
         migrations.AddConstraint(
-            model_name='prediction',
-            constraint=models.UniqueConstraint(condition=models.Q(('token', ''), _negated=True), fields=('owner', 'token'), name='labs_prediction_token'),
+            model_name="prediction",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("token", ""), _negated=True),
+                fields=("owner", "token"),
+                name="labs_prediction_token",
+            ),
         ),
     ]

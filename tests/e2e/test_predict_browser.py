@@ -36,7 +36,10 @@ def _shot(page, name: str, *, width: dict = PHONE, element=None) -> None:
     assert scroll <= width["width"], f"{page.url} scrolls sideways at {width['width']}px: {scroll}"
     SHOTS.mkdir(parents=True, exist_ok=True)
     if element is not None:
-        element.screenshot(path=str(SHOTS / name))
+        # Clipped from the whole page, so the sticky top bar does not cover the element.
+        page.evaluate("window.scrollTo(0, 0)")
+        box = element.bounding_box()
+        page.screenshot(path=str(SHOTS / name), full_page=True, clip=box)
     else:
         page.screenshot(path=str(SHOTS / name), full_page=True)
 
