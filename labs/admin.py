@@ -20,17 +20,9 @@ class LabQuestionForm(forms.ModelForm):
 
     class Meta:
         model = LabQuestion
+        # A question file's fields, in its order; the two mappings as JSON text.
         fields = [
-            "slug",
-            "lab",
-            "title",
-            "figure",
-            "topic",
-            "preset",
-            "varies",
-            "prompt",
-            "settings_json",
-            "neighbours_json",
+            *(f"{k}_json" if k in ("settings", "neighbours") else k for k in KEYS),
             "is_active",
         ]
         widgets = {

@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from labs import api as labs_api
 from quiz import services
-from quiz.models import PERSONAL_DECK, Card, Deck, Showing
+from quiz.models import Card, Showing, personal_deck
 from quiz.prediction_asks import card_slug
 
 logger = logging.getLogger(__name__)
@@ -41,10 +41,7 @@ def _card_for(user: Any, question: str, title: str) -> Card:
             found.is_active = True
             found.save(update_fields=["is_active", "updated_at"])
         return found
-    deck, _ = Deck.objects.get_or_create(
-        slug=PERSONAL_DECK,
-        defaults={"title": "Your runs", "description": "Cards made from your own lab runs."},
-    )
+    deck = personal_deck()
     about = labs_api.question_card(question) or {}
     prompt = f"Predict: {title}."
     if about.get("prompt"):

@@ -44,6 +44,16 @@ class Deck(models.Model):
         return self.title
 
 
+def personal_deck() -> Deck:
+    """The deck of every learner's own cards (made from lab questions; quiz/personal.py makes
+    its own, from runs, the same way)."""
+    deck, _ = Deck.objects.get_or_create(
+        slug=PERSONAL_DECK,
+        defaults={"title": "Your runs", "description": "Cards made from your own lab runs."},
+    )
+    return deck
+
+
 class Tag(models.Model):
     slug = models.SlugField(max_length=60, unique=True)
 

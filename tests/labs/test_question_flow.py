@@ -42,6 +42,19 @@ def _run_all(prediction: Prediction) -> Prediction:
     return Prediction.objects.get(pk=prediction.pk)
 
 
+def _graded_and_due(owner) -> tuple[Prediction, Card]:
+    """A TTFT prediction committed, run and graded, its card made due now."""
+    make_heartbeat("sim")
+    question = questions.question_get(TTFT)
+    prediction = questions.prediction_request(
+        owner=owner, question=question, at=0, value=50, backend="sim"
+    )
+    graded = _run_all(prediction)
+    card = Card.objects.get(owner=owner, kind=Card.Kind.PREDICTION)
+    ReviewState.objects.filter(user=owner, card=card).update(due=timezone.now())
+    return graded, card
+
+
 def test_the_question_page_hides_the_formulas_until_commit_or_skip(alice_client, loaded):
     page = alice_client.get(reverse("labs:question-detail", args=["batching", SPEEDUP]))
     html = page.content.decode()
@@ -136,21 +149,13 @@ def test_a_failed_run_leaves_the_prediction_ungraded_and_unreviewed(alice, loade
 def test_today_asks_at_a_neighbouring_point_graded_against_the_stored_simulation(
     alice, alice_client, loaded
 ):
-    make_heartbeat("sim")
-    question = questions.question_get(TTFT)
-    prediction = questions.prediction_request(
-        owner=alice, question=question, at=0, value=50, backend="sim"
-    )
-    _run_all(prediction)
-    card = Card.objects.get(owner=alice, kind=Card.Kind.PREDICTION)
+    _, card = _graded_and_due(alice)
     # Simulate the points as the lab worker would.
     for sim in QuestionSimulation.objects.filter(question=TTFT):
         assert questions._sim_claim(sim.pk, "test")
         questions._sim_execute(sim.pk)
     sims = {s.at: s for s in QuestionSimulation.objects.filter(question=TTFT)}
     assert all(s.state == "done" and s.measured > 0 for s in sims.values())
-    # Make it due now.
-    ReviewState.objects.filter(user=alice, card=card).update(due=timezone.now())
 
     page = alice_client.get(reverse("quiz:today"))
     html = page.content.decode()
@@ -178,14 +183,7 @@ def test_today_asks_at_a_neighbouring_point_graded_against_the_stored_simulation
 
 
 def test_hard_and_again_are_suggested_from_the_band(alice, alice_client, loaded):
-    make_heartbeat("sim")
-    question = questions.question_get(TTFT)
-    prediction = questions.prediction_request(
-        owner=alice, question=question, at=0, value=50, backend="sim"
-    )
-    graded = _run_all(prediction)
-    card = Card.objects.get(owner=alice, kind=Card.Kind.PREDICTION)
-    ReviewState.objects.filter(user=alice, card=card).update(due=timezone.now())
+    graded, card = _graded_and_due(alice)
     # Nothing simulated yet: asked at the question's own settings, against the learner's run.
     page = alice_client.get(reverse("quiz:today"))
     ask = PredictionAsk.objects.get(showing__card=card)
@@ -202,14 +200,7 @@ def test_hard_and_again_are_suggested_from_the_band(alice, alice_client, loaded)
 
 
 def test_an_answer_undone_and_given_again_is_kept_once(alice, alice_client, loaded):
-    make_heartbeat("sim")
-    question = questions.question_get(TTFT)
-    prediction = questions.prediction_request(
-        owner=alice, question=question, at=0, value=50, backend="sim"
-    )
-    _run_all(prediction)
-    card = Card.objects.get(owner=alice, kind=Card.Kind.PREDICTION)
-    ReviewState.objects.filter(user=alice, card=card).update(due=timezone.now())
+    _, card = _graded_and_due(alice)
     for value in ("100", "120"):
         page = alice_client.get(reverse("quiz:today"))
         token = page.context["showing"].token
