@@ -62,6 +62,10 @@ def test_predict_run_graded_then_asked_again_at_a_neighbour(page, celery_worker)
 
     # The lab offers its questions; a question's page hides the formulas' figures.
     page.goto("/labs/batching/")
+    box = page.locator(".questions-box")
+    assert box.get_by_role("heading", name="Predict, then run").is_visible()
+    _shot(page, "0-lab-questions-phone.png", element=box)
+    page.set_viewport_size(LAPTOP)
     page.locator(f"[data-question={QUESTION}]").click()
     page.wait_for_url(f"**/labs/batching/questions/{QUESTION}/")
     assert page.locator("#prediction").count() == 0  # the live "Predicted" panel
