@@ -34,6 +34,8 @@ class Point:
     varies_value: Any = None  # its value at this point
     varies_setting: str = ""  # the setting's name ("concurrency")
     count: bool = False
+    value_text: str = ""  # the two figures as the pages write them, with their unit
+    measured_text: str = ""
 
     @property
     def side(self) -> int:

@@ -82,6 +82,8 @@ def _point(p: Prediction, questions: dict[str, Question]) -> instincts.Point | N
         varies_value=p.varies,
         varies_setting=setting,
         count=figure.unit == "sequences",
+        value_text=services.figure_text(figure, p.value),
+        measured_text=services.figure_text(figure, p.measured),
     )
 
 

@@ -514,11 +514,13 @@ def ask(*, question: Question, user_id: int, turn: int) -> dict[str, Any] | None
     )
     if own is None or own.measured is None or own.band is None:
         return None
+    # The settings the run had (the question may have been edited since).
+    ran = own.run.params if own.run is not None else {}
     return {
         **base,
         "at": own.at,
         "changed": setting_words(own.changed or {}),
-        "settings": {k: question.points[own.at].get(k) for k in question.the_lab.fields},
+        "settings": {k: ran.get(k) for k in question.the_lab.fields},
         "measured": own.measured,
         "formulas": own.formulas,
         "band": own.band,
