@@ -236,3 +236,32 @@ def test_a_preset_with_a_question_offers_it(alice_client, loaded):
     html = page.content.decode()
     url = reverse("labs:question-detail", args=["speculative", "speculation-speedup-batch-128"])
     assert f'This preset has a question: <a href="{url}">' in html
+
+
+def test_on_a_real_engine_the_band_is_the_devices_run_to_run_spread(alice, loaded):
+    from tests.labs.factories import make_run
+
+    question = questions.question_get(TTFT)
+    params = question.points[0]
+    where = "vLLM 0.33.0 on NVIDIA H100"
+
+    def done(ttft_s: float) -> LabRun:
+        result = {"ttft_s": {"p50": ttft_s}, "output_tokens_per_s": 1000.0}
+        return make_run(
+            alice, lab="batching", backend="vllm", params=params, state=RunState.DONE,
+            result=result, where=where, predicted={},
+        )  # fmt: skip
+
+    done(0.300)
+    done(0.330)
+    prediction = Prediction.objects.create(
+        owner=alice, question=TTFT, topic="scheduling", figure="ttft_p50", value=320,
+        run=done(0.310),
+    )  # fmt: skip
+    graded = questions.prediction_grade(prediction)
+    # Median 310 ms; the farthest, 330 ms, is 6.5% from it: the band.
+    assert graded.band == pytest.approx(0.02 / 0.31)
+    assert graded.band_words.endswith(
+        "this device's run-to-run spread over 3 runs of these settings"
+    )
+    assert graded.rating == GOOD  # 320 is 3.2% from 310
