@@ -82,7 +82,7 @@ def test_predict_run_graded_then_asked_again_at_a_neighbour(page, celery_worker)
     prediction = Prediction.objects.get(owner__username="predictor")
     figures = graded.locator(".side-by-side").inner_text()
     assert "Yours\n400 ms" in figures
-    assert "The formulas" in figures and "Measured" in figures
+    assert "The formulas" in figures and "Simulated" in figures
     grade = graded.locator("[data-grade]").inner_text()
     assert grade == {1: "Again", 2: "Hard", 3: "Good"}[prediction.rating]
     assert "Band: ±" in graded.inner_text()
