@@ -163,6 +163,8 @@ def draw_values(rng: np.random.Generator) -> dict[str, object]:
     v["num_prompts"] = prompts
     if rng.random() < 0.4:
         v["request_rate"] = round(_log_uniform(rng, 0.05, 500), 3)
+        if rng.random() < 0.25:
+            v["max_concurrency"] = _log_int(rng, 1, prompts)
     else:
         v["concurrency"] = _log_int(rng, 1, prompts)
     return v

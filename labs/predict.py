@@ -230,7 +230,9 @@ def _preemption_uncovered(
     engine, work = params.engine, params.workload
     if engine.kv_allocation != "paged":
         return {}
-    in_flight = work.max_concurrency if work.max_concurrency is not None else work.concurrency
+    in_flight = work.concurrency
+    if work.request_rate is not None and work.max_concurrency is not None:
+        in_flight = work.max_concurrency
     wanted = min(in_flight, work.num_prompts, engine.max_num_seqs)
     used = work.prompt_tokens + work.output_tokens
     full = shared_kv_seqs(capacity, used, engine.block_size, cached)

@@ -136,11 +136,24 @@ def load_label(params: Mapping[str, Any]) -> str:
     )
 
 
+def not_covered(label: str) -> str:
+    """What a page prints instead of a figure the formulas do not cover for these settings."""
+    return f"the formulas do not cover {label[0].lower() + label[1:]} here"
+
+
 def predicted_items(predicted: Mapping[str, Any], keys: tuple[str, ...]) -> list[dict[str, str]]:
+    """The lab page's predicted figures; one the formulas do not cover for these settings
+    (`Prediction.uncovered`) is said so in words, with why (`note`), never as a number."""
+    uncovered = predicted.get("uncovered") or {}
     items = []
     for key in keys:
         label, unit = PREDICTED_LABELS.get(key, (key, ""))
         value = predicted.get(key)
+        if key in uncovered:
+            items.append(
+                {"key": key, "label": label, "value": not_covered(label), "note": uncovered[key]}
+            )
+            continue
         text = value.replace("-", " ") if isinstance(value, str) else format_value(value, unit)
         items.append({"key": key, "label": label, "value": text})
     return items
@@ -159,7 +172,7 @@ class Metric:
 
 METRICS: tuple[Metric, ...] = (
     Metric("TTFT, mean", "ttft_s.mean", "loaded_ttft_s", "s", "time"),
-    Metric("TTFT, median", "ttft_s.p50", None, "s"),
+    Metric("TTFT, median", "ttft_s.p50", "loaded_ttft_p50_s", "s"),
     Metric("TTFT, p99", "ttft_s.p99", None, "s"),
     Metric("TPOT, mean", "tpot_s.mean", "tpot_s", "s", "time"),
     Metric("TPOT, median", "tpot_s.p50", None, "s"),
@@ -236,6 +249,21 @@ class Row:
         return None if self.ratio is None else (self.ratio - 1) * 100
 
 
+def change(before: Any, after: Any) -> float | None:
+    """after / before, the change between two runs or two points of a sweep (the batching
+    gain of a throughput, the speedup of a TPOT, the ratio of two TTFTs); None when either is
+    missing, not a number, or before is 0."""
+    a, b = _finite(before), _finite(after)
+    if a is None or b is None or a == 0:
+        return None
+    return b / a
+
+
+def format_change(ratio: float | None) -> str:
+    """'×3.1' (3.1 times), '×0.52'; '' when there is no change to show."""
+    return "" if ratio is None else f"×{ratio:.3g}"
+
+
 def percent_diff(measured: float | None, predicted: float | None) -> tuple[str, float | None]:
     if measured is None or predicted is None or predicted == 0:
         return "", None
@@ -271,6 +299,7 @@ def compare(
         return []
     expected = derived_predictions(predicted, params)
     evidence = explain.evidence(summary, expected, params)
+    uncovered = expected.get("uncovered") or {}
     rows = []
     for m in METRICS:
         measured = _finite(dig(summary, m.measured))
@@ -279,6 +308,22 @@ def compare(
                 rows.append(_not_reported(m.label))
             elif m.measured in GAUGE_PEAKS and summary.get("gauges_unobserved"):
                 rows.append(_not_observed(m.label))
+            continue
+        if m.predicted in uncovered:
+            # No figure, so no difference and no "why they differ" built on one.
+            reading = f"{not_covered(m.label).capitalize()}: {uncovered[m.predicted]}."
+            rows.append(
+                Row(
+                    label=m.label,
+                    measured=format_value(measured, m.unit),
+                    predicted="not covered",
+                    diff="",
+                    diff_class="",
+                    reading=reading,
+                    ratio=None,
+                    evidence=evidence,
+                )
+            )
             continue
         want = _finite(expected.get(m.predicted)) if m.predicted else None
         diff, shown, ratio = _shown_diff(measured, want, m.unit)

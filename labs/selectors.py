@@ -242,6 +242,7 @@ def sweep_detail(sweep: Sweep) -> dict[str, Any]:
                 "unit": unit,
                 "points": points,
                 "gap": _largest_gap(sweep.values, points),
+                "changes": _changes(sweep.values, points),
             }
         )
     agg = sweep.runs.aggregate(first=Min("started_at"), last=Max("finished_at"))
@@ -267,6 +268,29 @@ def sweep_detail(sweep: Sweep) -> dict[str, Any]:
     }
 
 
+def _changes(values: list[Any], points: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Each point after the first against the first, measured and predicted: the lesson of a
+    sweep (batching gain, speculation speedup, how TTFT grows) without arithmetic. Only points
+    where both sides have a figure at both ends."""
+    if not points:
+        return []
+    first = points[0]
+    rows = []
+    for value, point in zip(values[1:], points[1:], strict=False):
+        measured = results.change(first["measured"], point["measured"])
+        predicted = results.change(first["predicted"], point["predicted"])
+        if measured is None and predicted is None:
+            continue
+        rows.append(
+            {
+                "value": str(value),
+                "measured": results.format_change(measured),
+                "predicted": results.format_change(predicted),
+            }
+        )
+    return rows
+
+
 def _largest_gap(values: list[Any], points: list[dict[str, Any]]) -> str:
     """'32 (−24%)': the swept value where measured and predicted differ most."""
     gaps = []
@@ -285,6 +309,8 @@ def run_compare(a: LabRun, b: LabRun) -> dict[str, Any]:
         (k, a.params.get(k), b.params.get(k)) for k in keys if a.params.get(k) != b.params.get(k)
     ]
     rows = []
+    expected_a = results.derived_predictions(a.predicted or {}, a.params)
+    expected_b = results.derived_predictions(b.predicted or {}, b.params)
     for m in results.METRICS:
         va = results.dig(a.result, m.measured)
         vb = results.dig(b.result, m.measured)
@@ -293,12 +319,18 @@ def run_compare(a: LabRun, b: LabRun) -> dict[str, Any]:
         diff, _ = results.percent_diff(
             vb if isinstance(vb, int | float) else None, va if isinstance(va, int | float) else None
         )
+        predicted = None
+        if m.predicted:
+            # A figure the formulas do not cover is None: no predicted change built on it.
+            predicted = results.change(expected_a.get(m.predicted), expected_b.get(m.predicted))
         rows.append(
             {
                 "label": m.label,
                 "a": results.format_value(va, m.unit),
                 "b": results.format_value(vb, m.unit),
                 "diff": diff,
+                "change": results.format_change(results.change(va, vb)),
+                "predicted_change": results.format_change(predicted),
             }
         )
     return {"changed": changed, "rows": rows}

@@ -73,7 +73,7 @@ _ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("kv_capacity_tokens", "KV capacity", _count("tokens")),
     ("max_concurrent_seqs", "most concurrent sequences", _count("sequences")),
     ("contiguous_max_concurrent_seqs", "same with contiguous reservations", _count("sequences")),
-    ("running_seqs", "sequences decoding together", _count("sequences")),
+    ("running_seqs", "most sequences running at once", _count("sequences")),
     ("replicas_needed", "replicas for the concurrency", _count("replicas")),
     ("gpus_needed", "GPUs for the concurrency", _count("GPUs")),
     ("prefix_cached_tokens", "prompt tokens from the prefix cache", _count("tokens")),
@@ -84,10 +84,13 @@ _ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("decode_step_s", "decode step", _seconds),
     ("tpot_s", "TPOT", _seconds),
     ("e2e_s", "end to end", _seconds),
-    ("queue_wait_s", "wait for a slot under this load (mean)", _seconds),
+    ("capacity_requests_per_s", "requests/s the engine serves", lambda v: f"{v:,.3g} req/s"),
+    ("queue_wait_s", "wait before the first step (mean)", _seconds),
     ("loaded_ttft_s", "TTFT under this load (mean)", _seconds),
+    ("loaded_ttft_p50_s", "TTFT under this load (median)", _seconds),
     ("loaded_e2e_s", "end to end under this load (mean)", _seconds),
-    ("output_tokens_per_s", "output throughput", lambda v: f"{v:,.1f} tokens/s"),
+    ("output_tokens_per_s", "output throughput over the run", lambda v: f"{v:,.1f} tokens/s"),
+    ("decode_tokens_per_s", "decode throughput of the batch", lambda v: f"{v:,.1f} tokens/s"),
     ("batch_speedup_vs_batch1", "throughput vs batch 1", _ratio),
     ("spec_tokens_per_step", "tokens per target pass (speculation)", lambda v: f"{v:.2f}"),
     ("spec_speedup", "speculation speedup at small batch", _ratio),
@@ -117,7 +120,14 @@ def format_table(params: LabParams, prediction: Prediction) -> str:
     width = max(len(label) for _, label, _ in _ROWS)
     for key, label, fmt in _ROWS:
         value = values[key]
-        shown = "- (does not fit)" if value is None else fmt(value)  # type: ignore[arg-type]
+        if key in prediction.uncovered:
+            shown = f"not covered here: {prediction.uncovered[key]}"
+        elif value is None:
+            shown = "- (does not fit)" if not prediction.fits else "-"
+        else:
+            shown = fmt(value)  # type: ignore[arg-type]
         lines.append(f"  {label:<{width}}  {shown}")
     lines.append(f"  {'binding resource':<{width}}  {prediction.bound}")
+    if prediction.regime:
+        lines.append(f"  {'what sets the pace':<{width}}  {prediction.regime}")
     return "\n".join(lines) + "\n"

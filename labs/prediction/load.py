@@ -571,10 +571,14 @@ def predict_load(
 
 
 def _in_flight(workload: Workload) -> int:
-    """Requests the client keeps in flight: max_concurrency, else `concurrency` (the lab's
-    batch; labs.params.align_run_batch makes the two agree for a run)."""
+    """Requests the client keeps in flight: `concurrency`, the batch the prediction assumes
+    (labs.params.align_run_batch makes max_concurrency follow it for a run); with a request
+    rate, max_concurrency when set, else every prompt."""
     n = workload.num_prompts
-    c = workload.max_concurrency if workload.max_concurrency is not None else workload.concurrency
+    if workload.request_rate is None:
+        c = workload.concurrency
+    else:
+        c = workload.max_concurrency if workload.max_concurrency is not None else n
     return max(1, min(c, n))
 
 
