@@ -131,14 +131,15 @@ def draw_values(rng: np.random.Generator) -> dict[str, object]:
     prompt = _log_int(rng, 1, min(context // 2, 32_768))
     output = _log_int(rng, 1, min(context - prompt, 4096))
     v["prompt_tokens"], v["output_tokens"] = prompt, output
+    input_ratio = output_ratio = 0.0
     if rng.random() < 0.25:
-        v["input_range_ratio"] = round(float(rng.uniform(0, 0.9)), 2)
+        input_ratio = v["input_range_ratio"] = round(float(rng.uniform(0, 0.9)), 2)
     if rng.random() < 0.25:
-        v["output_range_ratio"] = round(float(rng.uniform(0, 0.9)), 2)
-    longest_prompt = math.floor(prompt * (1 + float(v.get("input_range_ratio", 0.0))))
-    longest_output = math.floor(output * (1 + float(v.get("output_range_ratio", 0.0))))
+        output_ratio = v["output_range_ratio"] = round(float(rng.uniform(0, 0.9)), 2)
+    longest_prompt = math.floor(prompt * (1 + input_ratio))
+    longest_output = math.floor(output * (1 + output_ratio))
     v["max_tokens"] = min(context - longest_prompt, longest_output + _log_int(rng, 1, 2048) - 1)
-    shortest_prompt = max(1, math.ceil(prompt * (1 - float(v.get("input_range_ratio", 0.0)))))
+    shortest_prompt = max(1, math.ceil(prompt * (1 - input_ratio)))
     if rng.random() < 0.5:
         v["shared_prefix_tokens"] = int(rng.integers(0, shortest_prompt + 1))
     seqs = _log_int(rng, 1, 1024)

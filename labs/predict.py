@@ -211,6 +211,24 @@ def shared_kv_seqs(capacity_tokens: int, tokens_per_seq: int, block_size: int, s
     return max(pool - shared_blocks, 0) // own
 
 
+def _spec_speedup_under_load(
+    params: LabParams, seq_cap: int, cached: int, load: LoadPrediction | None
+) -> float | None:
+    """TPOT without drafts over TPOT with them, both under this load: at batch 1 the small-batch
+    speedup (tokens per pass / (k c + 1)); at a batch its verified k + 1 tokens per sequence
+    cost compute and budget the prompts also need, so the gain shrinks. None without
+    speculation's figures (nothing fits, one-token outputs)."""
+    if load is None or load.tpot_s is None:
+        return None
+    engine = params.engine
+    if not engine.spec_tokens:
+        return 1.0
+    plain_engine = replace(engine, spec_tokens=0, spec_method="none", draft_cost=0.0)
+    hw, model, work = params.hardware, params.model, params.workload
+    plain = predict_load(hw, model, plain_engine, work, seq_cap, cached)
+    return plain.tpot_s / load.tpot_s if plain.tpot_s else None
+
+
 LOADED_FIGURES = (
     "running_seqs",
     "loaded_ttft_s",
@@ -333,9 +351,7 @@ def predict(params: LabParams, device: DeviceConstants | None = None) -> Predict
         batch_speedup_vs_batch1=batch * single / decode_s if fits else None,
         spec_tokens_per_step=spec_tokens_per_step(k, alpha),
         spec_speedup=spec_speedup(k, alpha, engine.draft_cost),
-        spec_speedup_at_batch=(
-            decode_s / token_time_s(hw, model, engine, batch, work.context_tokens) if fits else None
-        ),
+        spec_speedup_at_batch=_spec_speedup_under_load(params, per_replica, cached, load),
         bound=bound,
         fits=fits,
         capacity_requests_per_s=load.capacity_requests_per_s if load else None,

@@ -658,7 +658,8 @@ def _closed_loop(
     )
     tpot = None
     if d > 0:
-        tpot = float((first_decode.sum() / d + later * cyc.tpot_s(shape.output)) / n)
+        steady_tpot = cyc.tpot_s(shape.output) or 0.0
+        tpot = float((first_decode.sum() / d + later * steady_tpot) / n)
     decode_mean = float((first_decode.sum() + later * (cyc.seconds - cyc.first_token_s)) / n)
     return LoadPrediction(
         batch=running,

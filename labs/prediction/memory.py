@@ -56,7 +56,7 @@ def weight_bytes(model: ModelSpec, weight_dtype: str) -> float:
     return model.params * WEIGHT_DTYPE_BYTES[weight_dtype]
 
 
-def weight_bytes_read(model: ModelSpec, weight_dtype: str, num_tokens: int) -> float:
+def weight_bytes_read(model: ModelSpec, weight_dtype: str, num_tokens: float) -> float:
     """Weight bytes one step reads when it processes `num_tokens` tokens.
 
     A dense model reads every weight once per step. A mixture of experts reads its shared layers

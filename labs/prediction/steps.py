@@ -33,7 +33,7 @@ def memory_rate(hardware: Hardware, engine: EngineConfig) -> float:
 
 
 def step_compute_s(
-    hardware: Hardware, model: ModelSpec, engine: EngineConfig, num_tokens: int
+    hardware: Hardware, model: ModelSpec, engine: EngineConfig, num_tokens: float
 ) -> float:
     """Compute time of a step over `num_tokens` tokens: 2 x active parameters per token."""
     return 2 * model.active_params * num_tokens / compute_rate(hardware, engine)
@@ -43,8 +43,8 @@ def step_memory_s(
     hardware: Hardware,
     model: ModelSpec,
     engine: EngineConfig,
-    num_tokens: int,
-    kv_tokens_read: int,
+    num_tokens: float,
+    kv_tokens_read: float,
 ) -> float:
     """Memory time of a step: the weights once, plus the KV cache of `kv_tokens_read` tokens."""
     kv = kv_tokens_read * kv_bytes_per_token(model, engine.kv_dtype)
@@ -57,9 +57,9 @@ def step_time_s(
     hardware: Hardware,
     model: ModelSpec,
     engine: EngineConfig,
-    num_prefill_tokens: int,
-    num_decode_tokens: int,
-    kv_tokens_read: int,
+    num_prefill_tokens: float,
+    num_decode_tokens: float,
+    kv_tokens_read: float,
     *,
     num_seqs: float | None = None,
 ) -> float:
@@ -101,7 +101,7 @@ def decode_step_time(
 
 
 def draft_time_s(
-    hardware: Hardware, model: ModelSpec, engine: EngineConfig, batch: int, kv_tokens_read: int
+    hardware: Hardware, model: ModelSpec, engine: EngineConfig, batch: float, kv_tokens_read: float
 ) -> float:
     """Time to propose `engine.spec_tokens` drafts for `batch` sequences: each draft token costs
     `engine.draft_cost` of a plain decode step of the target at that batch. Add it to the
