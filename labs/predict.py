@@ -420,7 +420,10 @@ def predicted_breakdown(params: LabParams) -> dict[str, object] | None:
     def figures(e: EngineConfig) -> tuple[float, float, LoadPrediction]:
         """(own prefill, TPOT without others' prompts in its steps, the load) priced with `e`."""
         load = predict_load(hw, model, e, work, per_replica, cached)
-        return load.own_prefill_s, load.plain_tpot_s or 0.0, load
+        # A cycle's heavy steps decode fewer sequences than its light ones, so TPOT can come
+        # out a hair under a light step's: then no prompt time is left to charge.
+        plain = min(load.plain_tpot_s or 0.0, load.tpot_s or 0.0)
+        return load.own_prefill_s, plain, load
 
     full, bare, peak = figures(engine), figures(no_overhead), figures(at_peak)
     load = full[2]

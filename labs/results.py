@@ -138,7 +138,8 @@ def load_label(params: Mapping[str, Any]) -> str:
 
 def not_covered(label: str) -> str:
     """What a page prints instead of a figure the formulas do not cover for these settings."""
-    return f"the formulas do not cover {label[0].lower() + label[1:]} here"
+    acronym = label[:2].isupper()  # "TTFT, mean" stays as it is
+    return f"the formulas do not cover {label if acronym else label[0].lower() + label[1:]} here"
 
 
 def predicted_items(predicted: Mapping[str, Any], keys: tuple[str, ...]) -> list[dict[str, str]]:
@@ -421,7 +422,15 @@ def headline(rows: list[Row], breakdown: Mapping[str, Any] | None = None) -> str
     where = breakdown_sentence(breakdown, None if said else evidence)
     uncalibrated = evidence is not None and not evidence.calibrated
     note = UNCALIBRATED_NOTE if uncalibrated else ""
-    if worst is None:
+    uncovered = [r for r in rows if r.predicted == "not covered"]
+    if uncovered:
+        # What the formulas left uncovered comes first; "agree" would claim too much.
+        names = ", ".join(r.label for r in uncovered)
+        why = uncovered[0].reading.split(": ", 1)[-1]
+        line = f"The formulas do not cover {names} here: {why}"
+        if worst is not None and worst.diff_class != "agree":
+            line += f" {worst.label} differs most ({worst.diff}): {worst.reading}"
+    elif worst is None:
         line = ""
     elif worst.diff_class == "agree":
         line = (

@@ -819,6 +819,8 @@ def _open_loop_fixed_point(
         # most n - 1 of them in the run.
         bounded = s * light + others_most * step_extra
         decode_s = min(s * light / (1 - extra), bounded) if extra < 1 else bounded
+        if not s:
+            decode_s = 0.0  # one token each: nothing decodes after the first
         # Steps per second of each kind, for the step an arrival finds in progress: its mean
         # remaining time is E[t^2] / (2 E[t]) over the time spent in each kind.
         heavy_rate = rate * chunks

@@ -102,8 +102,12 @@ def test_block_size_updates_the_prediction_then_a_run_draws_its_charts(page, cel
     assert axis == "simulated time in the run (s), not wall-clock"
     ttft = page.locator("table.results tr", has_text="TTFT, mean")
     assert re.fullmatch(r"[\d.]+ m?s", ttft.locator("td.measured").inner_text())
-    assert re.fullmatch(r"[\d.]+ m?s", ttft.locator("td.predicted").inner_text())
-    assert re.fullmatch(r"[+−][\d,]+%", ttft.locator("td.diff").inner_text())
+    # 64 requests on a pool that holds 16 at full length but admits 21 on their prompts: they
+    # are preempted mid-decode, which the formulas do not follow, and the row says so.
+    assert ttft.locator("td.predicted").inner_text() == "not covered"
+    assert "preempted" in ttft.inner_text()
+    kv = page.locator("table.results tr", has_text="KV usage, peak")
+    assert re.fullmatch(r"[\d.]+%", kv.locator("td.measured").inner_text())
     settings_box = page.locator(".settings-box")
     settings_box.locator("summary").click()
     assert "256" in settings_box.inner_text()

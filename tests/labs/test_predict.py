@@ -78,8 +78,10 @@ def test_speculation_with_k3_alpha07_c01_gives_253_tokens_and_195x():
     assert round(p.spec_tokens_per_step, 2) == 2.53
     assert round(p.spec_speedup, 2) == 1.95
     # At batch 1 decode is memory-bound, so verifying 4 tokens costs one pass: the TPOT gain is
-    # the small-batch formula's.
-    assert round(p.spec_speedup_at_batch, 2) == 1.95
+    # the small-batch formula's, less the last steps of each request, which draft only up to its
+    # last token (1.94x over 256 tokens).
+    assert p.spec_speedup_at_batch == pytest.approx(1.95, rel=0.01)
+    assert p.spec_speedup_at_batch < p.spec_speedup
 
 
 def test_e2e_is_ttft_plus_tpot_for_each_later_token():
