@@ -423,15 +423,14 @@ def headline(rows: list[Row], breakdown: Mapping[str, Any] | None = None) -> str
     uncalibrated = evidence is not None and not evidence.calibrated
     note = UNCALIBRATED_NOTE if uncalibrated else ""
     uncovered = [r for r in rows if r.predicted == "not covered"]
-    if uncovered:
-        # What the formulas left uncovered comes first; "agree" would claim too much.
-        names = ", ".join(r.label for r in uncovered)
-        why = uncovered[0].reading.split(": ", 1)[-1]
-        line = f"The formulas do not cover {names} here: {why}"
-        if worst is not None and worst.diff_class != "agree":
-            line += f" {worst.label} differs most ({worst.diff}): {worst.reading}"
-    elif worst is None:
+    if worst is None:
         line = ""
+    elif worst.diff_class == "agree" and uncovered:
+        # "The run behaved like the formulas" would claim the figures they do not cover too.
+        line = (
+            "The figures the formulas cover agree within 15% "
+            f"(largest difference: {worst.label}, {worst.diff})."
+        )
     elif worst.diff_class == "agree":
         line = (
             "Measured and predicted agree within 15%: the run behaved like the formulas "
@@ -441,6 +440,10 @@ def headline(rows: list[Row], breakdown: Mapping[str, Any] | None = None) -> str
         line = f"{worst.label} differs most ({worst.diff})."  # the note says why no part
     else:
         line = f"{worst.label} differs most ({worst.diff}): {worst.reading}"
+    if uncovered:
+        names = ", ".join(r.label for r in uncovered)
+        why = uncovered[0].reading.split(": ", 1)[-1]
+        line = " ".join(p for p in (line, f"The formulas do not cover {names} here: {why}") if p)
     return " ".join(p for p in (note, line, where) if p)
 
 

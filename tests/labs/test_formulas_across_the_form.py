@@ -17,6 +17,9 @@ import pytest
 from labs.form_draws import Tally, run_draws
 from tests.budget import examples
 
+# One process computes the draws for every test here (they share the module's fixture).
+pytestmark = pytest.mark.xdist_group("form-draws")
+
 DRAWS = examples(1000)
 SEED = 20260
 AIM = 0.90
