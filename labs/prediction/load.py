@@ -213,30 +213,31 @@ class FirstWave:
 def first_wave(pricer: Pricer, shape: Shape, engine: EngineConfig, count: int) -> FirstWave:
     """Request j's first token comes at the end of the step that computes the last of its
     prompt: the wave's prompt tokens fill the budget in turn, step after step (chunked
-    prefill), or whole prompts fill it as far as they go (chunked prefill off). The prompts
-    of the first step are cold (the shared prefix is cached only once a step has computed it),
-    the rest warm. Each step is priced by its own tokens; no prompt gets its first token sooner
-    than it would alone. O(count) in numpy; count is at most max_num_seqs."""
+    prefill), or whole prompts fill it as far as they go (chunked prefill off). Only the
+    first prompt is cold: the engine registers the shared prefix's blocks when it schedules
+    them, so every later prompt, even of the same step, hits them. Each step is priced by its
+    own tokens; no prompt gets its first token sooner than it would alone. O(count) in numpy;
+    count is at most max_num_seqs."""
     count = max(count, 1)
     budget = engine.max_num_batched_tokens
     cold, warm = shape.prompt, shape.warm
+    num_cold = 1  # later prompts, even of the same step, hit the prefix it schedules
     if engine.chunked_prefill:
-        num_cold = min(count, max(1, -(-budget // cold)))
         tokens = np.full(count, warm, dtype=np.int64)
-        tokens[:num_cold] = cold
+        tokens[0] = cold
         ends = np.cumsum(tokens)
         done_step = -(-ends // budget)
         steps = int(done_step[-1])
         step_tokens = np.full(steps, budget, dtype=np.int64)
         step_tokens[-1] = int(ends[-1]) - budget * (steps - 1)
     else:
-        num_cold = min(count, max(1, budget // cold))
         per_step = max(1, budget // warm)
+        first = 1 + max(0, budget - cold) // warm  # the cold prompt and the warm that fit beside
         index = np.arange(count)
-        done_step = np.where(index < num_cold, 1, 2 + (index - num_cold) // per_step)
+        done_step = np.where(index < first, 1, 2 + (index - first) // per_step)
         steps = int(done_step[-1])
         step_tokens = np.bincount(done_step - 1, minlength=steps) * warm
-        step_tokens[0] = num_cold * cold
+        step_tokens[0] += cold - warm
     seconds = np.array([pricer.step(float(t), 0, 0, prefilling=1) for t in np.unique(step_tokens)])
     step_s = seconds[np.searchsorted(np.unique(step_tokens), step_tokens)]
     clock = np.cumsum(step_s)
