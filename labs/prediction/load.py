@@ -232,9 +232,10 @@ def first_wave(pricer: Pricer, shape: Shape, engine: EngineConfig, count: int) -
         step_tokens[-1] = int(ends[-1]) - budget * (steps - 1)
     else:
         per_step = max(1, budget // warm)
-        first = 1 + max(0, budget - cold) // warm  # the cold prompt and the warm that fit beside
+        # The first step: the cold prompt and the warm ones that fit beside it.
+        in_first = 1 + max(0, budget - cold) // warm
         index = np.arange(count)
-        done_step = np.where(index < first, 1, 2 + (index - first) // per_step)
+        done_step = np.where(index < in_first, 1, 2 + (index - in_first) // per_step)
         steps = int(done_step[-1])
         step_tokens = np.bincount(done_step - 1, minlength=steps) * warm
         step_tokens[0] += cold - warm
