@@ -74,9 +74,17 @@ register_device_rules(CPU_KIND, cpu_device_refusals)
 
 
 def max_gpu_memory_utilization(memory_bytes: float) -> float:
-    """The largest gpu_memory_utilization (2 decimals) vLLM can get on a GPU of this size: it
-    refuses to start when free memory, the GPU less its CUDA context, is below that share."""
-    return math.floor((memory_bytes - CUDA_CONTEXT_BYTES) / memory_bytes * 100) / 100
+    """The largest gpu_memory_utilization vLLM can get on a GPU of this size: it refuses to
+    start when free memory, the GPU less its CUDA context, is below that share. Not rounded:
+    vLLM compares the learner's figure as given (0.9915 starts where 0.99 is the 2-decimal
+    floor)."""
+    return (memory_bytes - CUDA_CONTEXT_BYTES) / memory_bytes
+
+
+def _share_text(share: float) -> str:
+    """A share for a message, cut (never rounded up) to 4 decimals: every figure at or below
+    the text is allowed."""
+    return f"{math.floor(share * 10_000) / 10_000:.4f}"
 
 
 def gpu_refusals(params: LabParams, device: Device) -> dict[str, str]:
@@ -93,8 +101,9 @@ def gpu_refusals(params: LabParams, device: Device) -> dict[str, str]:
     # With a fixed pool the server passes no utilization (vLLM's default 0.9 applies).
     if engine.kv_capacity_tokens is None and engine.gpu_memory_utilization > most:
         errors["gpu_memory_utilization"] = (
-            f"gpu_memory_utilization must be at most {most:.2f} on {device.kind}: vLLM refuses to "
-            "start when free memory is below that share, and the CUDA context takes about "
+            f"gpu_memory_utilization must be at most {_share_text(most)} on {device.kind}: vLLM "
+            "refuses to start when free memory is below that share, and the CUDA context takes "
+            "about "
             f"{CUDA_CONTEXT_BYTES / 1024**2:.0f} MiB of each GPU first; got "
             f"{engine.gpu_memory_utilization:g}"
         )

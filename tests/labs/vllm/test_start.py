@@ -83,12 +83,24 @@ def test_with_no_gpu_announced_the_catalog_still_decides_fit_and_tp():
 
 
 def test_gpu_memory_utilization_one_is_refused_with_the_largest_that_starts():
-    assert max_gpu_memory_utilization(H100) == 0.99
+    # vLLM starts when the GPU less its CUDA context holds the share asked for, compared as
+    # given: 80 GB less 512 MiB is 0.99329 of it.
+    most = (H100 - 512 * 1024**2) / H100
+    assert max_gpu_memory_utilization(H100) == pytest.approx(most)
     errors = refusal(params(gpu="h100-sxm", gpu_memory_utilization=1.0), [])
     assert errors["gpu_memory_utilization"].startswith(
-        "gpu_memory_utilization must be at most 0.99 on h100-sxm"
+        "gpu_memory_utilization must be at most 0.9932 on h100-sxm"
     )
     check_can_start(params(gpu="h100-sxm", gpu_memory_utilization=0.99), [])
+
+
+def test_a_share_above_two_decimals_is_judged_as_vllm_judges_it():
+    # Rounded down to 0.99, the largest share once refused 0.9915, which vLLM starts with.
+    check_can_start(params(gpu="h100-sxm", gpu_memory_utilization=0.9915), [])
+    check_can_start(params(gpu="h100-sxm", gpu_memory_utilization=0.9932), [])
+    errors = refusal(params(gpu="h100-sxm", gpu_memory_utilization=0.9934), [])
+    assert "at most 0.9932" in errors["gpu_memory_utilization"]
+    assert errors["gpu_memory_utilization"].endswith("got 0.9934")
 
 
 def test_a_pool_smaller_than_the_longest_request_is_refused_and_max_model_len_never_exceeds_it():
