@@ -110,20 +110,24 @@ class LabParamsForm(forms.Form):
         self.fields["sim_profile"].widget.attrs["form"] = FORM_ID
         self.params: LabParams | None = None
 
-    def offer_gpus(self, vllm_online: bool, offer: dict[str, int]) -> None:
+    def offer_gpus(
+        self, vllm_online: bool, offer: dict[str, int], *, elsewhere: bool = False
+    ) -> None:
         """Offer vLLM only while a GPU worker is online, and mark the GPU kinds and tp values
         no online worker can run as simulator-only (the simulator runs them all).
 
         Args:
             vllm_online: some vLLM worker is online.
             offer: GPU kind -> the most GPUs one online worker of that kind has.
+            elsewhere: a worker measuring a server elsewhere (base_url) is online; it
+                announces no GPUs and takes any catalog kind, so none is simulator-only.
         """
         backend = self.fields["backend"].widget
         if not vllm_online:
             backend.choices = [(b, label) for b, label in backend.choices if b != "vllm"]
             return
-        if not offer:
-            return  # a worker measuring a server elsewhere (base_url) announces no GPUs
+        if not offer or elsewhere:
+            return
         kinds = ", ".join(
             "this CPU" if k == CPU_KIND else f"{k} \u00d7{n}" for k, n in sorted(offer.items())
         )

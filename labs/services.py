@@ -39,7 +39,13 @@ from labs.presets import load_presets
 from labs.selectors import device_prediction, lab_calibration
 from labs.sim.lab import run_breakdown
 from labs.sizing import RunTooLarge
-from labs.workers import devices_online, placement_queue, served_queues, start_command
+from labs.workers import (
+    devices_online,
+    online_without_devices,
+    placement_queue,
+    served_queues,
+    start_command,
+)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -95,10 +101,17 @@ def _precheck(backend: str, params: LabParams) -> str:
     Raises:
         ParamError: what cannot start, by field.
     """
-    placement = check_can_start(
-        backend, params, devices_online(backend), **backend_options(backend)
-    )
+    placement = check_can_start(backend, params, devices_online(backend), **start_options(backend))
     return placement_queue(backend_queue(backend), placement)
+
+
+def start_options(backend: str) -> dict[str, object]:
+    """What a backend's start-up check is given besides the online devices: the simulator's
+    memory allowance, or whether a worker without a device (measuring a server elsewhere) is
+    online."""
+    if backend == "sim":
+        return backend_options(backend)
+    return {"elsewhere": online_without_devices(backend)}
 
 
 def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:

@@ -30,7 +30,13 @@ from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
 from labs.questions import selectors as question_selectors
 from labs.questions import services as questions
 from labs.waterfall import run_waterfalls
-from labs.workers import cpu_worker_hardware, devices_online, engines_busy, gpu_offer
+from labs.workers import (
+    cpu_worker_hardware,
+    devices_online,
+    engines_busy,
+    gpu_offer,
+    online_without_devices,
+)
 
 # A refusal is not the learner's mistake: no worker or no queue is the service being unavailable.
 REFUSAL_STATUS = {
@@ -93,7 +99,8 @@ def _lab_page(
         form.is_valid()
     backends = selectors.backends_online()
     offer = gpu_offer()
-    form.offer_gpus(any(b.online for b in backends if b.backend == "vllm"), offer)
+    vllm_online = any(b.online for b in backends if b.backend == "vllm")
+    form.offer_gpus(vllm_online, offer, elsewhere=online_without_devices("vllm"))
     context = {
         "lab": lab,
         "labs": LABS.values(),
@@ -109,7 +116,7 @@ def _lab_page(
         "questions": questions.questions_for_lab(lab.slug),
         "preset_question": questions.question_for_preset(preset.slug if preset else ""),
         "backends": backends,
-        "preset_gpu_note": _preset_gpu_note(preset, form, offer),
+        "preset_gpu_note": _preset_gpu_note(preset, form, vllm_online),
         "cpu_worker": _cpu_worker_offer(lab),
         "engines_busy": engines_busy(),
         "recent": [
@@ -138,15 +145,18 @@ def _cpu_worker_offer(lab: Lab) -> dict[str, object] | None:
     }
 
 
-def _preset_gpu_note(preset: Any, form: SweepForm, offer: dict[str, int]) -> str:
-    """For a preset no online GPU worker can run: what GPU it needs (it opens on the
-    simulator, as every lab does)."""
+def _preset_gpu_note(preset: Any, form: SweepForm, vllm_online: bool) -> str:
+    """For a preset no online vLLM worker would take: what GPU it needs (it opens on the
+    simulator, as every lab does); "" when a run of it on vLLM would be accepted now (by a
+    worker with its GPU, or one measuring a server elsewhere)."""
     if preset is None or form.params is None:
         return ""
     params = form.params
-    if params.hardware.name in offer:
+    if vllm_online:
         try:
-            check_can_start("vllm", params, devices_online("vllm"))
+            check_can_start(
+                "vllm", params, devices_online("vllm"), **services.start_options("vllm")
+            )
             return ""
         except ParamError:
             pass

@@ -1,8 +1,9 @@
 """The worker process's side of labs, connected to Celery's worker signals (labs.tasks imports
 this module, so every worker that runs lab tasks has them):
 
-- after setup, a worker on `labs.gpu` also consumes `labs.gpu.<its GPU kind>.x<n>` for each
-  count n it can serve (labs.workers names the queues);
+- after setup, a worker on `labs.gpu` with a device consumes `labs.gpu.<its GPU kind>.x<n>`
+  for each count n it can serve instead (labs.workers names the queues); `labs.gpu` itself is
+  left to workers without one (measuring a server elsewhere);
 - when ready, it announces itself (labs.workers.announce), a vLLM worker whose device has no
   calibration queues a short one to itself (LABS_SELF_CALIBRATE), and it starts a daemon
   thread that announces it again every LABS_WORKER_HEARTBEAT_S and runs the stale-run reaper
@@ -57,6 +58,9 @@ def _add_gpu_kind_queue(sender: Any = None, instance: Any = None, **_: Any) -> N
     names = queues_for_count(kind_queue, inventory["count"])
     for name in names:
         queues.select_add(name)
+    # `labs.gpu` carries the runs meant for workers without a device (measuring a server
+    # elsewhere): one with a device takes its own kind's runs only, never one it cannot start.
+    queues.deselect([GPU_QUEUE])
     logger.info("labs: %s consumes %s", device_label("vllm", inventory), ", ".join(names))
 
 

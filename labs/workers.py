@@ -219,12 +219,15 @@ def placement_queue(base: str, placement: Placement | None) -> str:
 
 
 def served_queues(backend: str, announced: str, gpus: dict[str, Any] | None) -> set[str]:
-    """Every queue a worker consumes, from its heartbeat row: its backend's, the one it
-    announced, and for a device inventory one per count it can serve."""
-    served = {announced, settings.LABS_BACKEND_QUEUES.get(backend, announced)}
+    """Every queue a worker consumes, from its heartbeat row: the one it announced, and for a
+    device inventory one per count it can serve; without one, its backend's (a vLLM worker
+    with a device leaves `labs.gpu` to those without: labs.worker_signals)."""
+    served = {announced}
     device = Device.from_announced(gpus)
     if device is not None:
         served.update(queues_for_count(announced, device.count))
+    else:
+        served.add(settings.LABS_BACKEND_QUEUES.get(backend, announced))
     return served
 
 
@@ -237,6 +240,15 @@ def devices_online(backend: str, now: object = None) -> list[Device]:
     gpus = (g for g in rows.values_list("gpus", flat=True) if not (g or {}).get("busy"))
     devices = (Device.from_announced(g) for g in gpus)
     return [d for d in devices if d is not None]
+
+
+def online_without_devices(backend: str, now: object = None) -> bool:
+    """Whether an online worker of `backend` announced no device (a vLLM worker measuring a
+    server elsewhere, LABS_VLLM_BASE_URL): it takes runs of any GPU kind the catalog knows."""
+    from labs.models import WorkerHeartbeat
+
+    rows = WorkerHeartbeat.objects.online(now).filter(backend=backend)
+    return any(Device.from_announced(g) is None for g in rows.values_list("gpus", flat=True))
 
 
 def engines_busy(now: object = None) -> list[str]:

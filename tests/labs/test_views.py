@@ -446,6 +446,35 @@ def test_a_preset_no_worker_can_run_opens_on_the_simulator_saying_what_it_needs(
     assert not re.search(r'<option value="vllm"[^>]*selected', html)
 
 
+def test_a_preset_a_worker_elsewhere_would_run_does_not_say_it_runs_on_the_simulator(
+    alice_client,
+):
+    make_heartbeat("sim")
+    make_heartbeat("vllm", hostname="l4@box", gpus={"kind": "l4", "count": 1, "name": "NVIDIA L4"})
+    # A worker measuring a server elsewhere (no device announced) takes the H100 run.
+    make_heartbeat("vllm", hostname="remote@box", gpus={})
+    url = reverse("labs:lab-detail", args=["kv-capacity"]) + "?preset=kv-capacity-70b-tp4-8k"
+    html = alice_client.get(url).content.decode()
+    assert "runs on the simulator here" not in html
+    assert "(simulator only)" not in html
+    response = alice_client.post(
+        reverse("labs:run-create", args=["kv-capacity"]),
+        {**_preset_form(html), "backend": "vllm"},
+    )
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    assert LabRun.objects.latest("pk").queue == "labs.gpu"
+
+
+def _preset_form(html: str) -> dict[str, str]:
+    """The lab form's values as the page filled them in (inputs and selected options)."""
+    values = dict(re.findall(r'<input[^>]*name="([^"]+)"[^>]*value="([^"]*)"', html))
+    for name, body in re.findall(r'<select[^>]*name="([^"]+)"[^>]*>(.*?)</select>', html, re.S):
+        chosen = re.search(r'<option value="([^"]*)"[^>]*selected', body)
+        if chosen:
+            values[name] = chosen.group(1)
+    return {k: v for k, v in values.items() if k != "csrfmiddlewaretoken"}
+
+
 def test_history_rows_show_the_settings_that_set_runs_apart(alice_client, alice, done_run):
     make_run(alice, lab="paged-kv", params={**done_run.params, "block_size": 64})
     html = alice_client.get(reverse("labs:run-list")).content.decode()

@@ -45,6 +45,10 @@ def device_lab_settings(kind: str) -> dict[str, str]:
 
 
 def worker_inventory() -> dict[str, Any] | None:
+    """This worker's devices; none for a worker measuring a server on another machine
+    (LABS_VLLM_BASE_URL), which announces none either (VLLMBackend.describe)."""
+    if not VLLMBackend().runs_here():
+        return None
     inventory = gpu_inventory()
     return None if inventory is None else inventory.as_dict()
 

@@ -147,10 +147,12 @@ def where_label(version: str | None, gpu: str | None, tp: int, base_url: str | N
     label = f"vLLM {version or '(version unknown)'}"
     if base_url and not _is_local(base_url):
         return f"{label} at {httpx.URL(base_url).host}"
-    if base_url and (gpu is None or cpu.device() == "cpu"):
-        # A server on this machine, a CPU worker's or one with no GPU that nvidia-smi or torch
-        # can see: vLLM's CPU build, labelled as the CPU worker labels its own runs.
-        return cpu.where_label(version, {"name": cpu.cpu_inventory().name, "cores": cpu.cores()})
+    if base_url and gpu is None:
+        # A server on this machine that this worker did not start: nothing here says what it
+        # runs on (no GPU is visible, and vLLM's CPU build reports a version like any other),
+        # so its address is named, not a device it may not use.
+        url = httpx.URL(base_url)
+        return f"{label} at {url.host}:{url.port or 80} (already running on this machine)"
     if gpu is None:
         return f"{label} on an unknown GPU"
     return f"{label} on {tp}\u00d7 {gpu}" if tp > 1 else f"{label} on {gpu}"
@@ -272,6 +274,10 @@ class VLLMBackend:
             os.environ.get("LABS_VLLM_READ_TIMEOUT_S", "300")
         )
 
+    def runs_here(self) -> bool:
+        """Whether the engine it measures is on this machine (its own, or a local base_url)."""
+        return self.base_url is None or _is_local(self.base_url)
+
     def describe(self) -> dict[str, Any]:
         """How this worker's results are labelled (for its heartbeat row)."""
         if cpu.device() == "cpu" and self.base_url is None:
@@ -284,7 +290,7 @@ class VLLMBackend:
                 "gpus": gpus,
             }
         version, gpu, inventory = installed_vllm(), None, None
-        if self.base_url is None or _is_local(self.base_url):
+        if self.runs_here():
             gpu, inventory = gpu_name(), gpu_inventory()
         gpus = inventory.as_dict() if inventory is not None else {}
         if gpus:

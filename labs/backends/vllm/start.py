@@ -19,8 +19,10 @@ settings can break:
   on a CPU the same sum with vLLM's own processes in place of the CUDA context, within the
   machine's memory the CPU worker announced.
 
-With no device announced (a worker measuring a server elsewhere announces none) the lab is
-still checked against the catalog: its GPU kind, up to fit.MAX_TP of them.
+A worker measuring a server elsewhere (LABS_VLLM_BASE_URL) announces no device: with one
+online, a lab whose GPU kind no online device has is still checked against the catalog (its
+GPU kind, up to fit.MAX_TP of them) and goes to such a worker, not refused because a worker
+with other GPUs is online too.
 """
 
 from __future__ import annotations
@@ -178,27 +180,32 @@ def _s(n: int) -> str:
     return "" if n == 1 else "s"
 
 
-def check_can_start(params: LabParams, devices: Sequence[Device]) -> Placement | None:
+def check_can_start(
+    params: LabParams, devices: Sequence[Device], *, elsewhere: bool = False
+) -> Placement | None:
     """Where the lab starts: tp devices of its GPU kind, on the smallest worker that can; None
-    when no device was announced (any worker of the backend's queue).
+    for a worker that announced no device (it measures a server elsewhere: the backend's own
+    queue, which only such workers consume).
 
     Args:
         params: validated lab parameters.
-        devices: the online workers' devices (at submit), or this worker's (before a start);
-            empty when none announced any: then the catalog's GPU, up to MAX_TP of them.
+        devices: the online workers' devices (at submit), or this worker's (before a start).
+        elsewhere: a worker that announced no device is online too. A kind no device has, or
+            no device announced at all, is then judged against the catalog's GPU, up to MAX_TP
+            of them.
 
     Raises:
         ParamError: every setting that cannot start, by field, saying what would fit.
     """
     errors = settings_refusals(params)
     kind, tp = params.hardware.name, params.engine.tp
-    if devices:
-        candidates = sorted((d for d in devices if d.kind == kind), key=lambda d: d.count)
-    else:
+    candidates = sorted((d for d in devices if d.kind == kind), key=lambda d: d.count)
+    on_catalog = not candidates and (elsewhere or not devices)
+    if on_catalog:
         catalog = _catalog_device(params)
         candidates = [catalog] if catalog else []
     if not candidates:
-        if devices:
+        if devices and not elsewhere:
             online = ", ".join(sorted({f"{d.kind} (up to {d.count})" for d in devices}))
             errors["gpu"] = (
                 f"gpu must be a GPU kind an online vLLM worker has: {online}; got {kind}. "
@@ -229,9 +236,9 @@ def check_can_start(params: LabParams, devices: Sequence[Device]) -> Placement |
         errors.setdefault(field, message)
     if errors:
         raise ParamError(errors)
-    # With no device announced, the online workers measure servers elsewhere
-    # (LABS_VLLM_BASE_URL): no kind queue, the backend's own queue, which every one consumes.
-    return Placement(kind, tp) if devices else None
+    # Judged on the catalog, it goes to a worker measuring a server elsewhere
+    # (LABS_VLLM_BASE_URL): no kind queue, the backend's own, which only those consume.
+    return None if on_catalog else Placement(kind, tp)
 
 
 def requirement(params: LabParams) -> str:

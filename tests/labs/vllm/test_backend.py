@@ -473,6 +473,54 @@ def test_a_worker_measuring_a_server_elsewhere_receives_the_runs(db: Any) -> Non
         services._precheck("vllm", parse_lab_params({"model": "llama-3.1-70b", "gpu": "h100-sxm"}))
 
 
+def test_a_gpu_worker_online_does_not_turn_away_runs_a_worker_elsewhere_takes(db: Any) -> None:
+    """With an H100 worker and a base-URL worker online, an A100 run goes to the base-URL
+    worker's queue, which the H100 worker does not consume; with the H100 worker alone it is
+    refused, naming what is online."""
+    from labs import services
+    from labs.workers import served_queues
+    from tests.labs.factories import make_heartbeat
+
+    h100 = {"count": 1, "name": "NVIDIA H100", "kind": "h100-sxm", "memory_bytes": 80 * 10**9}
+    make_heartbeat("vllm", hostname="gpu@box", queue="labs.gpu.h100-sxm", gpus=h100)
+    a100 = parse_lab_params({**PARAMS, "gpu": "a100-80gb"})
+    with pytest.raises(ParamError, match=r"gpu must be a GPU kind an online vLLM worker has"):
+        services._precheck("vllm", a100)
+    make_heartbeat("vllm", hostname="remote@box", queue="labs.gpu", gpus={})
+    queue = services._precheck("vllm", a100)
+    assert queue == "labs.gpu"
+    assert queue in served_queues("vllm", "labs.gpu", {})
+    assert queue not in served_queues("vllm", "labs.gpu.h100-sxm", h100)
+    # The H100's own runs still go to its kind's queue, and the catalog still decides the rest.
+    assert services._precheck("vllm", parse_lab_params({**PARAMS, "gpu": "h100-sxm"})) == (
+        "labs.gpu.h100-sxm.x1"
+    )
+    with pytest.raises(ParamError, match="tp 2 would fit"):
+        services._precheck("vllm", parse_lab_params({"model": "llama-3.1-70b", "gpu": "a100-80gb"}))
+
+
+def test_a_worker_with_a_device_leaves_the_shared_gpu_queue_to_workers_without_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from config.celery import app
+    from labs import worker_signals
+
+    queues = app.amqp.Queues({})
+    queues.select_add("labs.gpu")
+    monkeypatch.setattr(
+        worker_signals,
+        "worker_inventory",
+        lambda _: {"count": 2, "name": "NVIDIA L4", "kind": "l4", "memory_bytes": 24 * 10**9},
+    )
+    worker_signals._add_gpu_kind_queue(
+        instance=SimpleNamespace(app=SimpleNamespace(amqp=SimpleNamespace(queues=queues)))
+    )
+    assert "labs.gpu" not in queues.consume_from
+    assert {"labs.gpu.l4.x1", "labs.gpu.l4.x2"} <= set(queues.consume_from)
+
+
 @pytest.mark.usefixtures("fresh_backend_manager")
 def test_speculation_on_the_stand_in_is_independent_acceptance_at_alpha(
     standin: StandIn, monkeypatch: pytest.MonkeyPatch

@@ -14,7 +14,6 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from labs.backends.vllm import backend as vllm_backend
-from labs.backends.vllm import cpu
 from labs.backends.vllm.backend import VLLMBackend, where_label
 from labs.backends.vllm.served import NOT_IN_CATALOG, catalog_match, read_served_model
 from labs.catalog import LAB_MODEL_SHAPES
@@ -157,16 +156,18 @@ def test_catalog_match_needs_every_architecture_fact() -> None:
     assert catalog_match(MYSTERY) is None
 
 
-def test_a_local_engine_without_a_gpu_is_labelled_a_cpu_engine() -> None:
-    label = where_label("0.32.0+cpu", None, 1, "http://127.0.0.1:8000")
-    name, cores = cpu.cpu_inventory().name, cpu.cores()
-    assert label == f"vLLM 0.32.0 on CPU ({name}, {cores} core{'s' if cores != 1 else ''})"
+def test_a_local_engine_this_worker_did_not_start_is_named_by_its_address() -> None:
+    # Nothing says a server already running here uses the CPU (the CPU build's /version is
+    # "0.32.0" like a GPU build's): its address, not a device.
+    label = where_label("0.32.0", None, 1, "http://127.0.0.1:8000")
+    assert label == "vLLM 0.32.0 at 127.0.0.1:8000 (already running on this machine)"
+    assert "CPU" not in label
     # A remote server's device is not known from here; a worker's own server keeps its label.
     assert where_label("0.32.0", None, 1, "http://gpu-box:8000") == "vLLM 0.32.0 at gpu-box"
     assert where_label("0.33.0", None, 1, None) == "vLLM 0.33.0 on an unknown GPU"
 
 
-def test_a_run_on_a_local_cpu_engine_is_labelled_as_one(
+def test_a_run_on_a_local_server_is_not_labelled_on_cpu(
     fake_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(vllm_backend, "gpu_name", lambda: None)  # no GPU on this machine
@@ -174,8 +175,9 @@ def test_a_run_on_a_local_cpu_engine_is_labelled_as_one(
     server = fake_server({"model": "lab", "root": str(root), "version": "0.32.0"})
     params = parse_lab_params({"model": "lab-llama-20m", "num_prompts": 2, "prompt_tokens": 32})
     record = VLLMBackend(base_url=server.base_url, metrics_poll_s=0).run(params)
-    assert record.where.startswith("vLLM 0.32.0 on CPU (")
-    assert "GPU" not in record.where
+    assert record.where == (
+        f"vLLM 0.32.0 at 127.0.0.1:{server.port} (already running on this machine)"
+    )
     assert record.meta["served_model"] == {
         "id": "lab",
         "root": str(root),
