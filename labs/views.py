@@ -141,7 +141,7 @@ def _cpu_worker_offer(lab: Lab) -> dict[str, object] | None:
     return {
         "name": gpus.get("name") or "CPU",
         "cores": gpus.get("cores"),
-        "url": f"{url}?{urlencode(device_lab_settings('vllm', CPU_KIND))}",
+        "url": f"{url}?{urlencode(device_lab_settings('vllm', CPU_KIND, lab_initial(lab)))}",
     }
 
 

@@ -88,11 +88,15 @@ def requirement(name: str, params: Any) -> str:
     return "" if answer is None else str(answer(params))
 
 
-def device_lab_settings(name: str, kind: str) -> dict[str, str]:
+def device_lab_settings(
+    name: str, kind: str, start: Mapping[str, Any] | None = None
+) -> dict[str, str]:
     """The form values that open a lab to run on backend `name` on a device of `kind` (vLLM's
-    CPU build: its block size, a fixed KV pool, a workload a few cores finish); {} for none."""
+    CPU build: its block size, a fixed KV pool, a workload a few cores finish); {} for none.
+    `start`: the lab's own starting values, which the device may have to change (a draft
+    model where the device speculates by ngram only)."""
     answer = _answer(name, "device_lab_settings")
-    return {} if answer is None else dict(answer(kind))
+    return {} if answer is None else dict(answer(kind, start or {}))
 
 
 # -- a worker's devices --------------------------------------------------------------------------

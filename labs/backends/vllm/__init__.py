@@ -40,8 +40,8 @@ BACKEND = VLLMBackend
 make_model = cpu.make_model
 
 
-def device_lab_settings(kind: str) -> dict[str, str]:
-    return dict(cpu.CPU_LAB_SETTINGS) if kind == CPU_KIND else {}
+def device_lab_settings(kind: str, start: Mapping[str, Any] | None = None) -> dict[str, str]:
+    return cpu.cpu_lab_settings(start or {}) if kind == CPU_KIND else {}
 
 
 def worker_inventory() -> dict[str, Any] | None:

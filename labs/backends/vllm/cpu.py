@@ -340,3 +340,13 @@ CPU_LAB_SETTINGS: dict[str, str] = {
     "output_tokens": "32",
     "max_tokens": "64",
 }
+
+
+def cpu_lab_settings(start: Mapping[str, Any]) -> dict[str, str]:
+    """CPU_LAB_SETTINGS for a lab starting from `start` (its own values): a lab that speculates
+    with a draft model, which the CPU build refuses, opens on ngram, its one method."""
+    settings = dict(CPU_LAB_SETTINGS)
+    method = str(start.get("spec_method") or "none")
+    if method not in CPU_SPEC_METHODS:
+        settings["spec_method"] = "ngram"
+    return settings

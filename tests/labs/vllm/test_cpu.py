@@ -217,6 +217,31 @@ def test_the_lab_page_offers_vllm_on_this_cpu(alice_client, cpu_worker_online):
     assert form.params.hardware.bf16_flops_per_s == pytest.approx(2e11)
 
 
+def test_vllm_on_this_cpu_opens_the_speculative_lab_on_ngram(alice_client, cpu_worker_online):
+    """The speculative lab starts on a draft model, which the CPU build refuses: its "vLLM on
+    this CPU" link opens it on ngram, which the CPU runs, and a press of Run is accepted."""
+    import html as html_lib
+    import re
+
+    page = alice_client.get(reverse("labs:lab-detail", args=["speculative"])).content.decode()
+    link = re.search(r'<a href="([^"]+)">vLLM on this CPU</a>', page)
+    assert link, "no vLLM on this CPU link"
+    opened = alice_client.get(html_lib.unescape(link.group(1)))
+    form = opened.context["form"]
+    assert form.params is not None and form.params.engine.spec_method == "ngram"
+    assert cpu.cpu_refusals(form.params) == {}
+    # Another lab's link does not speculate at all.
+    assert "spec_method" not in cpu.cpu_lab_settings({"spec_method": "none"})
+    with patch("labs.services.run_next_task.apply_async"):
+        response = alice_client.post(
+            reverse("labs:run-create", args=["speculative"]),
+            {k: ("true" if v is True else "false" if v is False else str(v))
+             for k, v in form.data.items() if v is not None},
+        )  # fmt: skip
+    assert response.status_code == 302, response.content.decode()[-3000:]
+    assert LabRun.objects.get().params["spec_method"] == "ngram"
+
+
 def _post(client: Any, **changes: Any) -> Any:
     data = {**cpu.CPU_LAB_SETTINGS, **{k: str(v) for k, v in changes.items()}}
     return client.post(reverse("labs:run-create", args=["batching"]), data)
