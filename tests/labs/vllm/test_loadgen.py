@@ -209,6 +209,9 @@ REFUSED = [  # what changes GOOD into a body vLLM refuses: status, error type, p
     ({"stream": False, "stream_options": {"include_usage": True}}, 400, "BadRequestError",
      "stream_options"),
     ({"max_tokens": 0}, 400, "BadRequestError", "max_tokens"),
+    # vllm/sampling_params.py _verify_args: temperature within [0, 2], named.
+    ({"temperature": -1}, 400, "BadRequestError", "temperature"),
+    ({"temperature": 2.5}, 400, "BadRequestError", "temperature"),
     ({"model": "other"}, 404, "NotFoundError", "model"),
 ]  # fmt: skip
 
@@ -255,6 +258,14 @@ def test_the_fake_takes_and_fails_what_vllm_takes_and_fails(fake_server: Any) ->
     assert events(post(max_tokens=None))[-2]["choices"][0]["finish_reason"] == "length"
     whole = post(stream=False)
     assert whole.status_code == 200 and whole.json()["usage"]["completion_tokens"] == 2
+    # --enable-prompt-tokens-details: the cached prompt tokens, 0 included, in the final usage.
+    assert whole.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    usage = events(post(stream_options={"include_usage": True}))[-2]["usage"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
+    refused = post(temperature=-1).json()["error"]
+    assert refused["message"] == (
+        "temperature must be non-negative, got -1.0. (parameter=temperature, value=-1.0)"
+    )
     # No speculation, no speculation counters (vLLM registers them with a speculative config).
     assert "spec_decode" not in httpx.get(server.base_url + "/metrics", trust_env=False).text
     # An id beyond the vocabulary passes (no tokenizer to check it) and kills the engine.

@@ -473,6 +473,10 @@ def _stream_shape(response: httpx.Response) -> dict[str, Any]:
         "completion_tokens": bodies[-1].get("usage", {}).get("completion_tokens")
         if bodies
         else None,
+        # --enable-prompt-tokens-details: the prefix cache's share of the prompt, 0 included.
+        "prompt_tokens_details": bodies[-1].get("usage", {}).get("prompt_tokens_details")
+        if bodies
+        else None,
     }
 
 
@@ -509,6 +513,8 @@ def _requests(model: str) -> dict[str, tuple[dict[str, str], bytes]]:
             json.dumps({"model": model, "prompt": [1000, -1], **stream}).encode(),
         ),
         "max_tokens_0": (json_headers, body(**{**stream, "max_tokens": 0})),
+        "negative_temperature": (json_headers, body(**{**stream, "temperature": -1.0})),
+        "not_streamed_details": (json_headers, body(max_tokens=2, ignore_eos=True)),
     }
 
 
@@ -525,6 +531,8 @@ def _answer(name: str, response: httpx.Response) -> tuple[int, Any]:
     body = response.json()
     if "error" in body:
         return response.status_code, (body["error"]["type"], body["error"]["param"])
+    if name == "not_streamed_details":
+        return response.status_code, body.get("usage", {}).get("prompt_tokens_details")
     return response.status_code, body.get("usage", {}).get("completion_tokens")
 
 
