@@ -10,7 +10,6 @@ model), so without a readable config nothing is predicted for it.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from labs.backends.vllm.server import MODELS_DIR
+from labs.backends.vllm.identity import facts, identify
 from labs.catalog import MODELS
 from labs.params import LabParams, ParamError, parse_lab_params
 
@@ -65,54 +64,19 @@ class ServedModel:
         }
 
 
-def _shape(config: dict[str, Any]) -> dict[str, Any]:
-    """The architecture facts a catalog entry has, as a Hugging Face config.json names them."""
-    heads = config.get("num_attention_heads")
-    hidden = config.get("hidden_size")
-    head_dim = config.get("head_dim")
-    if head_dim is None and isinstance(hidden, int) and isinstance(heads, int) and heads:
-        head_dim = hidden // heads
-    return {
-        "layers": config.get("num_hidden_layers"),
-        "hidden_size": hidden,
-        "heads": heads,
-        "kv_heads": config.get("num_key_value_heads", heads),
-        "head_dim": head_dim,
-        "vocab_size": config.get("vocab_size"),
-        "num_experts": config.get("num_local_experts", 1),
-    }
-
-
 def _shape_text(config: dict[str, Any]) -> str:
-    s = _shape(config)
+    s = facts(config)
     return (
         f"{s['layers']}-layer model, hidden size {s['hidden_size']}, {s['heads']} heads, "
         f"vocabulary {s['vocab_size']}"
     )
 
 
-@functools.lru_cache(maxsize=64)
-def _mlp_size(slug: str) -> int | None:
-    """The MLP width of catalog model `slug`, from its bundled config.json (the catalog keeps
-    only the parameter count it sets)."""
-    try:
-        config = json.loads((MODELS_DIR / slug / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    size = config.get("intermediate_size") if isinstance(config, dict) else None
-    return size if isinstance(size, int) else None
-
-
 def catalog_match(config: dict[str, Any]) -> str | None:
-    """The catalog model whose architecture the config describes, or None. Its MLP width too:
-    two models alike in attention differ in weights, and so in time per token, by it."""
-    shape = _shape(config)
-    for slug, model in MODELS.items():
-        if all(shape[k] == getattr(model, k) for k in shape) and config.get(
-            "intermediate_size"
-        ) == _mlp_size(slug):
-            return slug
-    return None
+    """The catalog model the config describes in every field that tells models apart
+    (identity.py: shape, MLP width, context and RoPE scaling), or None: Llama 3.1 8B shares
+    Llama 3 8B's shape and differs in its context."""
+    return identify(config, list(MODELS))
 
 
 def _read_config(root: str | None) -> dict[str, Any] | None:

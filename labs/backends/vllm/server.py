@@ -55,13 +55,13 @@ import httpx
 
 from labs.backends.base import BackendError
 from labs.backends.vllm.cpu import cpu_args, cpu_refusals, made_model
+from labs.backends.vllm.identity import MODELS_DIR, differences
 from labs.catalog import CPU_KIND, KV_DTYPE_BYTES, ModelSpec
 from labs.params import LabParams, ParamError
 from labs.predict import spec_tokens_per_step
 
 logger = logging.getLogger(__name__)
 
-MODELS_DIR = Path(__file__).resolve().parent / "models"
 SERVED_MODEL_NAME = "lab"
 HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -153,17 +153,10 @@ def _read_config(model_dir: Path) -> dict[str, Any]:
 
 
 def _check_matches(model: ModelSpec, config: Mapping[str, Any], where: Path) -> None:
-    """A model directory must be the lab's model: refuse one whose shape differs."""
-    heads = config.get("num_attention_heads")
-    facts = {
-        "layers": config.get("num_hidden_layers"),
-        "hidden_size": config.get("hidden_size"),
-        "heads": heads,
-        "kv_heads": config.get("num_key_value_heads", heads),
-    }
-    wrong = [
-        f"{k} {v} (catalog {getattr(model, k)})" for k, v in facts.items() if v != getattr(model, k)
-    ]
+    """A model directory must be the lab's model: refuse one that differs in any field that
+    tells models apart (identity.py: the shape, the MLP width, the context and its RoPE
+    scaling), as Llama 3 8B's folder is not Llama 3.1 8B's."""
+    wrong = differences(config, model.name)
     if wrong:
         raise ParamError(
             {"model": f"{where} is not {model.name}: its config.json has {', '.join(wrong)}"}

@@ -16,6 +16,7 @@ from django.core.management.base import CommandError
 from labs.backends.vllm import backend as vllm_backend
 from labs.backends.vllm.backend import VLLMBackend, where_label
 from labs.backends.vllm.served import NOT_IN_CATALOG, catalog_match, read_served_model
+from labs.backends.vllm.server import MODELS_DIR
 from labs.catalog import LAB_MODEL_SHAPES
 from labs.params import parse_lab_params
 from labs.predict import lab_prediction, predict
@@ -142,6 +143,54 @@ def test_a_served_name_alone_proves_nothing(fake_server: Any) -> None:
     assert served.max_model_len == 32768
     assert served.why_no_prediction().startswith(NOT_IN_CATALOG)
     assert "not readable from here" in served.why_no_prediction()
+
+
+@pytest.mark.parametrize("size", ["8b", "70b"])
+def test_llama_3_1_is_told_from_llama_3_by_its_context_and_rope_scaling(size: str) -> None:
+    def bundled(slug: str) -> dict[str, Any]:
+        return json.loads((MODELS_DIR / slug / "config.json").read_text())
+
+    assert catalog_match(bundled(f"llama-3.1-{size}")) == f"llama-3.1-{size}"
+    assert catalog_match(bundled(f"llama-3-{size}")) == f"llama-3-{size}"
+    # As transformers 5 writes it: the scaling inside rope_parameters, no rope_scaling key.
+    newer = bundled(f"llama-3.1-{size}")
+    scaling = newer.pop("rope_scaling")
+    newer["rope_parameters"] = {**scaling, "rope_theta": newer.pop("rope_theta")}
+    assert catalog_match(newer) == f"llama-3.1-{size}"
+    # Llama 3.1's context without its scaling, or the scaling without the context: neither.
+    assert catalog_match({**bundled(f"llama-3.1-{size}"), "rope_scaling": None}) is None
+    assert catalog_match({**bundled(f"llama-3-{size}"), "max_position_embeddings": 131072}) is None
+
+
+def test_a_long_llama_3_1_run_on_a_server_serving_it_keeps_its_prediction(
+    fake_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, alice: Any
+) -> None:
+    """A 16,000-token Llama 3.1 8B run on a server serving Llama 3.1 8B served the model
+    chosen: it was once taken for Llama 3 8B (the same shape), said to be "not the
+    llama-3.1-8b you chose", and shown with no prediction."""
+    from labs import services
+    from labs.models import LabRun, RunState
+    from labs.selectors import device_prediction, served_note
+    from tests.labs.factories import make_run
+
+    config = json.loads((MODELS_DIR / "llama-3.1-8b" / "config.json").read_text())
+    root = model_dir(tmp_path, "llama-3.1-8b", config)
+    server = fake_server(
+        {"model": "lab", "root": str(root), "max_model_len": 131072, "ttft_ms": 5, "itl_ms": [1]}
+    )
+    monkeypatch.setenv("LABS_VLLM_BASE_URL", server.base_url)
+    monkeypatch.setattr(vllm_backend, "gpu_name", lambda: None)
+    params = parse_lab_params(
+        {"model": "llama-3.1-8b", "gpu": "h100-sxm", "num_prompts": 2, "prompt_tokens": 16000,
+         "output_tokens": 4, "max_tokens": 8}
+    )  # fmt: skip
+    predicted = json.loads(json.dumps(device_prediction(params)))
+    run = make_run(alice, backend="vllm", params=params.as_dict(), predicted=predicted)
+    assert services.run_execute(run_id=run.pk, hostname="vllm@test") == RunState.DONE
+    run = LabRun.objects.get(pk=run.pk)
+    assert run.result["meta"]["served_model"]["catalog_model"] == "llama-3.1-8b"
+    assert run.predicted == predicted and "no_prediction" not in run.predicted
+    assert served_note(run) == "The server served llama-3.1-8b (as 'lab'), the model you chose."
 
 
 def test_catalog_match_needs_every_architecture_fact() -> None:

@@ -152,6 +152,29 @@ def test_a_worker_can_point_a_model_at_real_weights(
         plan_for(tmp_path, model="llama-3.1-8b")
 
 
+@pytest.mark.parametrize("size", ["8b", "70b"])
+def test_a_llama_3_folder_is_not_taken_for_llama_3_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: str
+) -> None:
+    """Llama 3 and 3.1 share their shape: the worker's own check tells them apart by the
+    context and its RoPE scaling, and by the MLP width where two models share the rest."""
+    weights = tmp_path / "llama"
+    weights.mkdir()
+    llama3 = json.loads((srv.MODELS_DIR / f"llama-3-{size}" / "config.json").read_text())
+    (weights / "config.json").write_text(json.dumps(llama3))
+    monkeypatch.setenv(f"LABS_VLLM_MODEL_DIR_LLAMA_3_1_{size.upper()}", str(weights))
+    with pytest.raises(ParamError) as caught:
+        plan_for(tmp_path, model=f"llama-3.1-{size}")
+    said = caught.value.errors["model"]
+    assert f"is not llama-3.1-{size}: its config.json has context 8,192" in said
+    assert "rope_scaling none (" in said and "llama3 x8)" in said
+    monkeypatch.setenv(f"LABS_VLLM_MODEL_DIR_LLAMA_3_{size.upper()}", str(weights))
+    assert plan_for(tmp_path, model=f"llama-3-{size}").args[1] == str(weights)
+    (weights / "config.json").write_text(json.dumps({**llama3, "intermediate_size": 11008}))
+    with pytest.raises(ParamError, match=r"mlp_size 11,008 \(llama-3-"):
+        plan_for(tmp_path, model=f"llama-3-{size}")
+
+
 def accepted(values: dict[str, Any]) -> Any:
     try:
         return parse_lab_params(values)
