@@ -497,14 +497,17 @@ class Stream:
         self.engine.finish(self)
         self.conn.response_done()
 
-    def prompt_details(self) -> dict[str, Any]:
+    def prompt_details(self, *, whole: bool = False) -> dict[str, Any]:
         """vLLM's usage.prompt_tokens_details with --enable-prompt-tokens-details: the prompt
-        tokens its prefix cache held, set for every request (0 when none), the empty fields
-        left out of a stream's usage chunk (exclude_none), as
-        entrypoints/openai/completion/serving.py builds both."""
+        tokens its prefix cache held, set for every request (0 when none), as
+        entrypoints/openai/completion/serving.py builds it. A stream's usage chunk leaves the
+        empty fields out (exclude_none); a whole response has them as null."""
         if not self.engine.config["prompt_tokens_details"]:
             return {}
-        return {"prompt_tokens_details": {"cached_tokens": int(self.log.get("cached_tokens", 0))}}
+        details: dict[str, Any] = {"cached_tokens": int(self.log.get("cached_tokens", 0))}
+        if whole:
+            details.update(created_cache_tokens=None, multimodal_tokens=None)
+        return {"prompt_tokens_details": details}
 
     def end_whole(self) -> None:
         """A non-streamed request's one response, as vLLM's CompletionResponse."""
@@ -513,7 +516,7 @@ class Stream:
             "total_tokens": len(self.prompt) + self.sent,
             "completion_tokens": self.sent,
             "prompt_tokens_details": None,
-            **self.prompt_details(),
+            **self.prompt_details(whole=True),
         }
         choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
         choice.update(stop_reason=None, token_ids=None, prompt_token_ids=None)

@@ -259,7 +259,7 @@ def test_the_fake_takes_and_fails_what_vllm_takes_and_fails(fake_server: Any) ->
     whole = post(stream=False)
     assert whole.status_code == 200 and whole.json()["usage"]["completion_tokens"] == 2
     # --enable-prompt-tokens-details: the cached prompt tokens, 0 included, in the final usage.
-    assert whole.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert whole.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     usage = events(post(stream_options={"include_usage": True}))[-2]["usage"]
     assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
     refused = post(temperature=-1).json()["error"]
