@@ -3,8 +3,9 @@ page, so a learner comparing with `vllm bench serve` knows what differs.
 
 The vLLM harness stamps TTFT at the socket (first byte sent to the last byte of the first
 content chunk received); bench starts its clock just before the POST, so its TTFT also holds
-connecting and the client's own wait, typically a few milliseconds more (vllm-notes.md section
-3). Both are measured; the record keeps bench's as `ttft_bench_s`. Sampling is the lab's
+connecting and the client's own wait, typically a few milliseconds more. Both are measured; the
+record keeps bench's as `ttft_bench_s`. E2E and goodput start where bench starts them, before
+the POST; a run recorded before that says its E2E started at the socket, as it did. Sampling is the lab's
 `temperature`: 0 (greedy) unless a speculative lab sets it, where it decides whether ngram
 drafts are accepted. Pure Python, no Django.
 """
@@ -26,6 +27,16 @@ TTFT_SIM = (
     "simulated: from the request's arrival to the end of the engine step that produced its "
     "first token"
 )
+E2E_BENCH = (
+    "as vllm bench serve times it: from just before the POST to the last chunk received; "
+    "goodput judges TTFT and E2E from the same start"
+)
+E2E_SIM = "simulated: from the request's arrival to the end of the step of its last token"
+# What a real engine's run recorded before E2E was timed as bench times it measured.
+E2E_SOCKET = (
+    "stamped at the socket, as TTFT: from the request's first byte sent to the last chunk "
+    "received (this run was measured before E2E started where vllm bench serve starts it)"
+)
 SAMPLING_SIM = "not simulated: drafts are accepted at the lab's acceptance, whatever the tokens"
 
 
@@ -45,10 +56,11 @@ def sampling(temperature: float) -> str:
 def definitions(backend: str, temperature: float) -> dict[str, Any]:
     """What the run record's meta["definitions"] holds for a run on `backend`."""
     if backend == "sim":
-        return {"ttft": TTFT_SIM, "sampling": SAMPLING_SIM}
+        return {"ttft": TTFT_SIM, "e2e": E2E_SIM, "sampling": SAMPLING_SIM}
     return {
         "ttft": TTFT_SOCKET,
         "ttft_bench": TTFT_BENCH,
+        "e2e": E2E_BENCH,
         "sampling": sampling(temperature),
         "temperature": temperature,
     }
@@ -71,5 +83,11 @@ def shown(
     if "ttft_bench" in said:
         bench = (result.get("ttft_bench_s") or {}).get("mean")
         lines.append(("TTFT (vllm bench serve)", f"{said['ttft_bench']}; mean {_ms(bench)}"))
+    # The run's own record says how its E2E was timed; one without the word started at the
+    # socket (or, simulated, at the arrival).
+    stored = (result.get("meta") or {}).get("definitions") or {}
+    e2e_said = stored.get("e2e") or (E2E_SIM if backend == "sim" else E2E_SOCKET)
+    e2e = (result.get("e2e_s") or {}).get("mean")
+    lines.append(("E2E", f"{e2e_said}; mean {_ms(e2e)}"))
     lines.append(("Sampling", said["sampling"]))
     return lines

@@ -2,18 +2,21 @@
 
 Definitions are those of vLLM's own benchmark client, `vllm bench serve`:
 
-- TTFT = first chunk - issue time. E2E = last chunk (finish) - issue time. For vLLM the issue
-  time is the request's first byte on the socket (arrival_s), so TTFT is stamped at the socket;
-  `ttft_bench_s` measures from just before the POST (issued_s), as bench does, and is None for
-  a record without that stamp (the simulator, older runs).
+- TTFT = first chunk - the request's first byte on the socket (arrival_s): stamped at the
+  socket; `ttft_bench_s` measures from just before the POST (issued_s), as bench does, and is
+  None for a record without that stamp (the simulator, older runs).
+- E2E = last chunk (finish) - just before the POST (issued_s), as bench's latency is; from the
+  arrival for a record without that stamp (the simulator: its requests arrive, nobody sends
+  them).
 - ITL = the gaps between successive chunks of a request, pooled over all requests (a chunk may
   hold several tokens, e.g. accepted drafts).
-- TPOT = (E2E - TTFT) / (output tokens - 1), only for requests with more than one output token.
+- TPOT = (last chunk - first chunk) / (output tokens - 1), only for requests with more than one
+  output token: bench's (E2E - TTFT) / (output tokens - 1), both timed from its start.
 - Throughputs divide by the record's `duration_s`, which is bench's: from the start of the run
   (before the first request is sent) until every request has returned, failed ones included.
   For the simulator that is first arrival (t = 0) to last finish. Goodput counts the requests
   meeting every SLO given (ttft, tpot, e2el in ms, each `<=`; TPOT counts as 0 for a request of
-  one token).
+  one token), TTFT and E2E timed from just before the POST, as bench judges them.
 - Counters a backend did not report (None in EngineCounters) stay None here: "not reported".
 
 Each latency is summarised as mean, p50, p90, p95, p99 (numpy's linear percentiles, as bench
@@ -126,16 +129,17 @@ def summarize(record: RunRecord, slo_ms: Mapping[str, float] | None = None) -> d
     first, output, itl = _chunk_stats(done)
     arrival = np.array([r.arrival_s for r in done], dtype=np.float64)
     finish = np.array([r.finish_s for r in done], dtype=np.float64)
-    ttft = first - arrival
-    e2e = finish - arrival
-    issued = [r.issued_s for r in done]
-    ttft_bench = (
-        distribution(first - np.array(issued, dtype=np.float64))
-        if done and None not in issued
-        else None
+    # bench's start: just before the POST, where the record has it; else the arrival.
+    start = np.array(
+        [r.arrival_s if r.issued_s is None else r.issued_s for r in done], dtype=np.float64
     )
+    ttft = first - arrival
+    ttft_from_start = first - start
+    e2e = finish - start
+    stamped = bool(done) and all(r.issued_s is not None for r in done)
+    ttft_bench = distribution(ttft_from_start) if stamped else None
     multi = output > 1
-    tpot = (e2e[multi] - ttft[multi]) / (output[multi] - 1)
+    tpot = (finish[multi] - first[multi]) / (output[multi] - 1)
 
     duration = record.duration_s
     completed = len(done)
@@ -145,7 +149,7 @@ def summarize(record: RunRecord, slo_ms: Mapping[str, float] | None = None) -> d
         good = np.ones(completed, dtype=bool)
         tpot_all = np.zeros(completed)
         tpot_all[multi] = tpot
-        for key, measured in (("ttft", ttft), ("tpot", tpot_all), ("e2el", e2e)):
+        for key, measured in (("ttft", ttft_from_start), ("tpot", tpot_all), ("e2el", e2e)):
             if key in slo_ms:
                 good &= measured * 1000 <= slo_ms[key]
         goodput = _per_s(int(good.sum()), duration)

@@ -245,6 +245,8 @@ def format_definitions(said: Mapping[str, Any] | None) -> str:
     lines = [f"  TTFT: {said['ttft']}"]
     if said.get("ttft_bench"):
         lines.append(f"  TTFT (bench's stamps): {said['ttft_bench']}")
+    if said.get("e2e"):
+        lines.append(f"  E2E and goodput: {said['e2e']}")
     lines.append(f"  sampling: {said['sampling']}")
     return "\n".join(lines) + "\n"
 

@@ -52,6 +52,7 @@ def test_a_simulated_run_says_its_ttft_is_simulated_and_has_no_bench_stamp() -> 
     record = SimBackend().run(parse_lab_params(SMALL))
     assert record.meta["definitions"] == {
         "ttft": definitions.TTFT_SIM,
+        "e2e": definitions.E2E_SIM,
         "sampling": definitions.SAMPLING_SIM,
     }
     assert summarize(record)["ttft_bench_s"] is None
@@ -74,6 +75,9 @@ def test_the_run_page_shows_how_ttft_was_stamped_both_means_and_the_sampling(
     result = {**done.result}
     result["ttft_s"] = {**result["ttft_s"], "mean": 0.0123}
     result["ttft_bench_s"] = {**result["ttft_s"], "mean": 0.0171}
+    # As a real engine's run recorded before E2E was timed from bench's start: no word of it.
+    older = {k: v for k, v in definitions.definitions("vllm", 0.5).items() if k != "e2e"}
+    result["meta"] = {**result["meta"], "definitions": older}
     params = parse_lab_params({**SMALL, **NGRAM, "temperature": 0.5}).as_dict()
     run = make_run(
         alice, lab="speculative", backend="vllm", state=RunState.DONE, params=params, result=result
@@ -83,6 +87,16 @@ def test_the_run_page_shows_how_ttft_was_stamped_both_means_and_the_sampling(
     assert "stamped at the socket" in section and "12.30 ms" in section
     assert "as vllm bench serve stamps it" in section and "17.10 ms" in section
     assert "sampled at temperature 0.5" in section
+    # E2E says where it started: at the socket, for that older record.
+    assert "<strong>E2E</strong>: stamped at the socket, as TTFT" in section
+    result["meta"] = {**result["meta"], "definitions": definitions.definitions("vllm", 0.5)}
+    run.result = result
+    run.save()
+    html = alice_client.get(reverse("labs:run-detail", args=[run.pk])).content.decode()
+    section = html.split('id="run-definitions"', 1)[1].split("</section>", 1)[0]
+    assert "<strong>E2E</strong>: as vllm bench serve times it: from just before the POST" in (
+        section
+    )
 
     sim_html = alice_client.get(reverse("labs:run-detail", args=[done.pk])).content.decode()
     sim_section = sim_html.split('id="run-definitions"', 1)[1].split("</section>", 1)[0]
