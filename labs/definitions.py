@@ -5,9 +5,9 @@ The vLLM harness stamps TTFT at the socket (first byte sent to the last byte of 
 content chunk received); bench starts its clock just before the POST, so its TTFT also holds
 connecting and the client's own wait, typically a few milliseconds more. Both are measured; the
 record keeps bench's as `ttft_bench_s`. E2E and goodput start where bench starts them, before
-the POST; a run recorded before that says its E2E started at the socket, as it did. Sampling is the lab's
-`temperature`: 0 (greedy) unless a speculative lab sets it, where it decides whether ngram
-drafts are accepted. Pure Python, no Django.
+the POST; a run recorded before that says its E2E started at the socket, as it did. Sampling is
+the lab's `temperature`: 0 (greedy) unless a speculative lab sets it, where it decides whether
+ngram drafts are accepted. Pure Python, no Django.
 """
 
 from __future__ import annotations
