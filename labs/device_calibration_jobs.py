@@ -15,6 +15,7 @@ message does not calibrate twice, and a dead worker's job is failed, not left ru
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -42,6 +43,7 @@ from labs.device_calibration_sweep import (
     measure_sweep,
     point_params,
     run_summary,
+    setting_label,
     steal_share,
 )
 from labs.models import CalibrationJob, DeviceCalibration, RunState, WorkerHeartbeat
@@ -97,11 +99,13 @@ def calibrate_and_store(
     log: Callable[[str], None],
     base_url: str | None = None,
     deadline: float | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> Calibrated:
     """Run SWEEP (and the lessons' changes) on the vLLM backend with `base` settings, fit the
     device's constants, store them as `device`'s newest DeviceCalibration, and check the changes
     with them. `base_url`: a vLLM server already running; else the backend starts its own.
-    `deadline` (time.monotonic()): no run starts after it (CalibrationTimeout)."""
+    `deadline` (time.monotonic()): no run starts after it (CalibrationTimeout). `progress`:
+    called before each run with (runs done, runs planned, what the run is)."""
     backend = get_backend("vllm", **({"base_url": base_url} if base_url else {}))
 
     def measured_run(params: LabParams) -> dict[str, Any]:
@@ -113,7 +117,11 @@ def calibrate_and_store(
         summary["steal_share"] = steal_share(before, cpu_times())
         return summary
 
-    runs = Runs(measured_run, repeats, warmups=1)
+    def on_run(done: int, planned: int, params: LabParams) -> None:
+        if progress is not None:
+            progress(done, planned, setting_label(base, params))
+
+    runs = Runs(measured_run, repeats, warmups=1, on_run=on_run)
     before = cpu_times()
     measured = measure_sweep(base, runs, log)
     changes = measure_changes(base, runs, log)
@@ -381,21 +389,101 @@ def calibration_self_request(*, hostname: str) -> CalibrationJob | None:
     return created[0]
 
 
+# The job's note while its runs go on (`progress_note`); read back by `runs_progress`.
+_PROGRESS = re.compile(r"^run (\d+) of (\d+):")
+# The fit and the storing, after the last run: a minute or so on a 2-core CPU worker.
+FIT_ALLOWANCE_S = 60.0
+
+
+def progress_note(done: int, planned: int, what: str, elapsed_s: float) -> str:
+    """ "run 8 of 46: D2 4 sequences decoding; 3 min so far, about 12 min left", the job's note
+    while its runs go on: the time left from the runs so far (the first run, which starts the
+    engine, gives none)."""
+    so_far = f"{_minutes(elapsed_s)} so far"
+    if done:
+        left = elapsed_s / done * (planned - done) + FIT_ALLOWANCE_S
+        so_far += f", about {_minutes(left)} left"
+    return f"run {done + 1} of {planned}: {what}; {so_far}"
+
+
+def _minutes(seconds: float) -> str:
+    minutes = max(1, round(seconds / 60))
+    return f"{minutes} min"
+
+
+def runs_progress(job: CalibrationJob) -> tuple[int, int] | None:
+    """(runs done, runs planned) of a running job, from its note; None before its first run or
+    once its runs are over (fitting)."""
+    found = _PROGRESS.match(job.note or "")
+    if job.state != RunState.RUNNING or found is None:
+        return None
+    return int(found.group(1)) - 1, int(found.group(2))
+
+
+def seconds_left(job: CalibrationJob, now: datetime | None = None) -> tuple[float, bool]:
+    """How long `job` has left, and whether that is an estimate from its runs so far (True)
+    or only its time limit (False: queued, or no run finished yet)."""
+    now = now or timezone.now()
+    limit = float(_time_limit(job.self_started))
+    started = job.started_at
+    if started is None:
+        return limit, False
+    elapsed = max((now - started).total_seconds(), 0.0)
+    found = runs_progress(job)
+    if found is not None and found[0] > 0:
+        done, planned = found
+        return elapsed / done * (planned - done) + FIT_ALLOWANCE_S, True
+    if job.state == RunState.RUNNING and found is None and job.note:
+        return FIT_ALLOWANCE_S, True  # its runs are over: the fit
+    return max(limit - elapsed, 0.0), False
+
+
+def engine_words(device: str) -> str:
+    """ "the CPU engine" or "the h100-sxm engine": a device's one vLLM engine, named for a
+    learner."""
+    return "the CPU engine" if device.startswith("cpu") else f"the {device} engine"
+
+
+def calibrating_words(job: CalibrationJob, now: datetime | None = None) -> str:
+    """ "The CPU engine is calibrating itself, about 6 minutes left" (or "at most 14 minutes
+    left" before its first run has said how long a run takes)."""
+    left, estimated = seconds_left(job, now)
+    minutes = max(1, round(left / 60))
+    amount = f"{'about' if estimated else 'at most'} {minutes} minute{'s' if minutes != 1 else ''}"
+    who = "is calibrating itself" if job.self_started else "is being calibrated"
+    name = engine_words(job.device)
+    return f"{name[0].upper()}{name[1:]} {who}, {amount} left"
+
+
 def calibrating_note(device: str) -> str:
-    """What a learner reads while `device` is being calibrated: predictions keep their present
-    figures, and a run sent now waits behind the sweep on the device's one engine."""
+    """What a learner reads while `device` is being calibrated: how long it has left,
+    predictions keep their present figures, and a run sent now waits behind the sweep on the
+    device's one engine."""
     job = CalibrationJob.objects.active().filter(device=device).first()
     if job is None:
         return ""
-    who = "is calibrating itself" if job.self_started else "is being calibrated"
     figures = (
         "its probe figures"
         if job.self_started and not DeviceCalibration.objects.filter(device=device).exists()
         else "its current figures"
     )
     return (
-        f"This device {who}: predictions use {figures} until it finishes, and a run sent now "
-        "starts after it."
+        f"{calibrating_words(job)}: predictions use {figures} until it finishes, and a run sent "
+        "now starts after it."
+    )
+
+
+def busy_words(device: str) -> str:
+    """Why a learner cannot run on `device` now that another process of its installation holds
+    its engine (the worker's heartbeat says so): its calibration, with the time it has left,
+    or another process."""
+    job = CalibrationJob.objects.active().filter(device=device).first()
+    if job is not None:
+        return f"{calibrating_words(job)}; runs on it can start once it has finished."
+    name = engine_words(device)
+    return (
+        f"{name[0].upper()}{name[1:]} is busy: another process on its machine is running it, "
+        "and one engine runs one thing at a time. Try again in a few minutes."
     )
 
 
@@ -439,6 +527,11 @@ def calibration_execute(*, job_id: int, hostname: str) -> str:
             # stored as this device's.
             raise RuntimeError(f"this worker's device is {here}, not {job.device}")
         limit = _time_limit(job.self_started)
+        began = time.monotonic()
+
+        def progress(done: int, planned: int, what: str) -> None:
+            log(progress_note(done, planned, what, time.monotonic() - began))
+
         stored = calibrate_and_store(
             job.base,
             job.device,
@@ -446,7 +539,8 @@ def calibration_execute(*, job_id: int, hostname: str) -> str:
             rounds=job.rounds,
             where=WHERE,
             log=log,
-            deadline=time.monotonic() + limit,
+            deadline=began + limit,
+            progress=progress,
         )
     except (SoftTimeLimitExceeded, CalibrationTimeout):
         limit = _time_limit(job.self_started)

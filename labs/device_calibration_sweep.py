@@ -314,10 +314,27 @@ class Runs:
     measured so far runs its repeats back to back when its values are asked for."""
 
     def __init__(
-        self, run: Callable[[LabParams], Mapping[str, Any]], repeats: int = 3, warmups: int = 0
+        self,
+        run: Callable[[LabParams], Mapping[str, Any]],
+        repeats: int = 3,
+        warmups: int = 0,
+        on_run: Callable[[int, int, LabParams], None] | None = None,
     ) -> None:
-        self._run, self.repeats, self.warmups = run, repeats, warmups
+        self._run_one, self.repeats, self.warmups = run, repeats, warmups
         self._done: dict[str, list[Mapping[str, Any]]] = {}
+        # Before each run: (runs done, runs planned, the setting about to run), so a long
+        # sweep can say how far it is (the devices page, a learner's "about N minutes left").
+        self.on_run = on_run
+        self.runs_done = 0
+        self.runs_planned = 0
+
+    def _run(self, params: LabParams) -> Mapping[str, Any]:
+        self.runs_planned = max(self.runs_planned, self.runs_done + 1)
+        if self.on_run is not None:
+            self.on_run(self.runs_done, self.runs_planned, params)
+        summary = self._run_one(params)
+        self.runs_done += 1
+        return summary
 
     def measure(self, settings: list[LabParams]) -> None:
         """Measure each of `settings` not measured yet, in `repeats` rounds that visit every
@@ -341,6 +358,7 @@ class Runs:
                 seen.add(key)
                 groups.setdefault(repr(params.engine), []).append(params)
         order = [(engine, params) for engine, group in groups.items() for params in group]
+        self.runs_planned = self.runs_done + self._count(order, groups)
         previous = None
         for round_number in range(self.repeats):
             for engine, params in order if round_number % 2 == 0 else reversed(order):
@@ -351,6 +369,20 @@ class Runs:
                     previous = engine
                 self._done.setdefault(self._key(params), []).append(self._run(params))
 
+    def _count(
+        self, order: list[tuple[str, LabParams]], groups: Mapping[str, list[LabParams]]
+    ) -> int:
+        """The runs `measure` makes of `order`: every repeat, and the warm-ups wherever the
+        engine settings change."""
+        count, previous = 0, None
+        for round_number in range(self.repeats):
+            for engine, _ in order if round_number % 2 == 0 else reversed(order):
+                if engine != previous:
+                    count += self.warmups * len(groups[engine])
+                    previous = engine
+                count += 1
+        return count
+
     def values(self, params: LabParams, metric: str) -> list[float]:
         """The metric of each repeat, in the order run."""
         return [metric_value(s, metric) for s in self.summaries(params)]
@@ -359,6 +391,7 @@ class Runs:
         """Each repeat's summary, in the order run (measured now if not yet)."""
         key = self._key(params)
         if key not in self._done:
+            self.runs_planned = self.runs_done + self.warmups + self.repeats
             for _ in range(self.warmups):
                 self._run(params)
             self._done[key] = [self._run(params) for _ in range(self.repeats)]
@@ -427,6 +460,19 @@ def sweep_settings(base: Mapping[str, Any]) -> list[LabParams]:
     plain = [p for p in points if p.engine == more.engine and p not in (more, off)]
     others = [p for p in points if p.engine not in (on.engine, more.engine)]
     return [*others, *drafting, on, off, *plain, more, fewer]
+
+
+def setting_label(base: Mapping[str, Any], params: LabParams) -> str:
+    """What a sweep's setting is, in the sweep's words: "D2 4 sequences decoding", or a
+    change's side ("ngram speculation off -> on (3 drafts), before")."""
+    for point in SWEEP:
+        if point_params(base, point) == params:
+            return f"{point.id} {point.what}"
+    for change in CHANGES:
+        for side, changes in (("before", change.before), ("after", change.after)):
+            if settings_params(base, changes) == params:
+                return f"{change.what}, {side}"
+    return "a setting of the sweep"
 
 
 def measure_sweep(

@@ -36,11 +36,13 @@ from labs.metrics import summarize
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.params import FIELDS_BY_NAME, LabParams, ParamError, follow_unshown, parse_lab_params
 from labs.presets import load_presets
-from labs.selectors import device_prediction, lab_calibration
+from labs.selectors import device_key, device_prediction, lab_calibration
 from labs.sim.lab import run_breakdown
 from labs.sizing import RunTooLarge
 from labs.workers import (
+    busy_devices,
     devices_online,
+    engines_busy,
     online_without_devices,
     placement_queue,
     served_queues,
@@ -57,7 +59,7 @@ _PROGRESS_EVERY_S = 0.25
 class RunRefused(Exception):
     """The run is valid but cannot be queued now. Nothing is saved.
 
-    `kind` is "no-worker", "quota", "gpu-cap", "sim-cap" or "queue-down". `operator_hint` is
+    `kind` is "no-worker", "busy", "quota", "gpu-cap", "sim-cap" or "queue-down". `operator_hint` is
     for staff only (the command that starts a worker): a learner cannot act on it."""
 
     def __init__(self, reason: str, *, kind: str, operator_hint: str = "") -> None:
@@ -101,8 +103,31 @@ def _precheck(backend: str, params: LabParams) -> str:
     Raises:
         ParamError: what cannot start, by field.
     """
-    placement = check_can_start(backend, params, devices_online(backend), **start_options(backend))
+    devices, options = devices_online(backend), start_options(backend)
+    try:
+        placement = check_can_start(backend, params, devices, **options)
+    except ParamError:
+        kind = params.hardware.name
+        busy = [d for d in busy_devices(backend) if d.kind == kind]
+        if not busy or any(d.kind == kind for d in devices):
+            raise
+        # Its device is online but busy: what it could never run is still refused by field;
+        # what it could run waits for it, said in a learner's words.
+        check_can_start(backend, params, busy, **options)
+        raise _engine_busy(backend, params) from None
     return placement_queue(backend_queue(backend), placement)
+
+
+def _engine_busy(backend: str, params: LabParams) -> RunRefused:
+    # Imported here: the calibration jobs module queues through this one.
+    from labs.device_calibration_jobs import busy_words
+
+    key = device_key(params)
+    return RunRefused(
+        f"{busy_words(key)} Nothing was queued.",
+        kind="busy",
+        operator_hint=engines_busy().get(key, ""),
+    )
 
 
 def start_options(backend: str) -> dict[str, object]:

@@ -41,6 +41,7 @@ from labs.workers import (
 # A refusal is not the learner's mistake: no worker or no queue is the service being unavailable.
 REFUSAL_STATUS = {
     "no-worker": 503,
+    "busy": 503,
     "queue-down": 503,
     "quota": 429,
     "gpu-cap": 429,
@@ -118,7 +119,7 @@ def _lab_page(
         "backends": backends,
         "preset_gpu_note": _preset_gpu_note(preset, form, vllm_online),
         "cpu_worker": _cpu_worker_offer(lab),
-        "engines_busy": engines_busy(),
+        "engines_busy": _engines_busy(request),
         "recent": [
             r
             for r in selectors.run_list_for_owner(user=request.user, limit=50)
@@ -126,6 +127,17 @@ def _lab_page(
         ][:5],
     }
     return render(request, "labs/lab_detail.html", context, status=status)
+
+
+def _engines_busy(request: HttpRequest) -> list[str]:
+    """Why a device's engine cannot run now, in a learner's words ("The CPU engine is
+    calibrating itself, about 6 minutes left; ..."); staff also read the worker's own, which
+    names the processes."""
+    said = []
+    for device, operators in sorted(engines_busy().items()):
+        words = calibration_jobs.busy_words(device)
+        said.append(f"{words} ({operators})" if request.user.is_staff else words)
+    return said
 
 
 def _cpu_worker_offer(lab: Lab) -> dict[str, object] | None:

@@ -30,6 +30,7 @@ from django.utils import timezone
 from labs.backends import engine_busy, get_backend
 from labs.backends.base import Device, Placement
 from labs.catalog import CPU_KIND, GB, TB, TFLOPS, Hardware, cpu_hardware
+from labs.device_calibration import announced_cpu_key
 
 logger = logging.getLogger(__name__)
 
@@ -251,12 +252,29 @@ def online_without_devices(backend: str, now: object = None) -> bool:
     return any(Device.from_announced(g) is None for g in rows.values_list("gpus", flat=True))
 
 
-def engines_busy(now: object = None) -> list[str]:
-    """Why online vLLM workers cannot run now, as they announced it (labs.backends.engine_busy):
-    another process of their installation holds their device's engine."""
+def engines_busy(now: object = None) -> dict[str, str]:
+    """The devices of online vLLM workers that cannot run now, as they announced it
+    (labs.backends.engine_busy: another process of their installation holds the device's
+    engine): device key (a GPU kind, or a CPU's key as its calibration is stored) -> the
+    worker's own words, for operators."""
     from labs.models import WorkerHeartbeat
 
     rows = WorkerHeartbeat.objects.online(now).filter(backend="vllm")
-    return sorted(
-        {str(g["busy"]) for g in rows.values_list("gpus", flat=True) if (g or {}).get("busy")}
-    )
+    busy: dict[str, str] = {}
+    for gpus in rows.values_list("gpus", flat=True):
+        device = Device.from_announced(gpus)
+        if device is None or not (gpus or {}).get("busy"):
+            continue
+        key = announced_cpu_key(gpus) if device.kind == CPU_KIND else device.kind
+        busy[key] = str(gpus["busy"])
+    return busy
+
+
+def busy_devices(backend: str, now: object = None) -> list[Device]:
+    """The devices online workers of `backend` announced but cannot run now (busy)."""
+    from labs.models import WorkerHeartbeat
+
+    rows = WorkerHeartbeat.objects.online(now).filter(backend=backend)
+    gpus = (g for g in rows.values_list("gpus", flat=True) if (g or {}).get("busy"))
+    devices = (Device.from_announced(g) for g in gpus)
+    return [d for d in devices if d is not None]

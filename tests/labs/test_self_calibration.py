@@ -7,12 +7,14 @@ No broker and no GPU: the task's `apply_async` is a mock, the engine the simulat
 
 from __future__ import annotations
 
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import urlencode
 
 from labs import device_calibration_jobs as calibration_jobs
@@ -162,10 +164,14 @@ def test_the_lab_and_run_pages_say_the_device_is_calibrating_itself(client):
     user = make_user("learner")
     client.force_login(user)
     cpu_worker()
-    _cpu_self_job(state=RunState.RUNNING)
+    _cpu_self_job(state=RunState.RUNNING, started_at=timezone.now())
     url = reverse("labs:lab-detail", args=["batching"])
     html = client.get(f"{url}?{urlencode(device_lab_settings('vllm', CPU_KIND))}").content.decode()
-    assert "This device is calibrating itself: predictions use its probe figures" in html
+    # No run has finished yet: only its time limit says how long it may take.
+    assert (
+        "The CPU engine is calibrating itself, at most 15 minutes left: predictions use its "
+        "probe figures"
+    ) in html
     # Another device's lab page says nothing of it.
     assert "calibrating itself" not in client.get(url).content.decode()
 
@@ -194,7 +200,10 @@ def test_a_busy_engine_is_said_and_not_offered(alice_client):
     cpu_worker(gpus={**CPU_GPUS, "busy": busy})
     assert workers.gpu_offer() == {} and workers.devices_online("vllm") == []
     html = alice_client.get(reverse("labs:lab-detail", args=["batching"])).content.decode()
-    assert busy in html and "vLLM on this CPU</a>" not in html
+    assert "vLLM on this CPU</a>" not in html
+    # In a learner's words: no pids, no environment variables.
+    assert "The CPU engine is busy: another process on its machine is running it" in html
+    assert busy not in html and "pid" not in html
 
 
 def test_a_worker_announces_a_busy_engine_on_every_beat():
@@ -209,3 +218,78 @@ def test_a_worker_announces_a_busy_engine_on_every_beat():
         workers.announce("cpu@box", ["vllm"])
     workers._state.clear()
     assert WorkerHeartbeat.objects.get(hostname="cpu@box").gpus["busy"].endswith("busy")
+
+
+def test_a_submit_while_the_cpu_engine_calibrates_elsewhere_is_refused_in_a_learners_words(
+    alice_client,
+):
+    """While another process holds the CPU engine for its calibration (`lab calibrate` in a
+    shell, say), a submit is refused saying so and how long it has left, not as "a custom GPU
+    (cpu) exists only in the simulator"; nothing is saved."""
+    from labs.models import LabRun
+
+    busy = "vLLM on this device is busy: another process of this installation (pid 42, ...)"
+    cpu_worker(gpus={**CPU_GPUS, "busy": busy})
+    started = timezone.now() - timedelta(minutes=4)
+    _cpu_self_job(
+        state=RunState.RUNNING, started_at=started, note="run 11 of 41: D1 batch-1 decode"
+    )
+    data = {**device_lab_settings("vllm", CPU_KIND), "num_prompts": "4"}
+    with mock.patch("labs.services.run_next_task.apply_async") as queued:
+        response = alice_client.post(reverse("labs:run-create", args=["batching"]), data)
+    assert response.status_code == 503
+    html = response.content.decode()
+    # 10 runs in 4 minutes, 31 to go: about 12 minutes and a minute for the fit.
+    assert (
+        "The CPU engine is calibrating itself, about 13 minutes left; runs on it can start" in html
+    )
+    assert "custom GPU" not in html and "pid 42" not in html
+    assert not LabRun.objects.exists() and not queued.called
+    # What the CPU build could never run is still refused by field, not as busy.
+    response = alice_client.post(
+        reverse("labs:run-create", args=["batching"]), {**data, "block_size": "16"}
+    )
+    assert response.status_code == 400 and "multiple of 32" in response.content.decode()
+
+
+def test_a_calibrations_note_says_how_far_it_is_and_the_minutes_left():
+    note = calibration_jobs.progress_note(0, 41, "P1 a long prefill", 20.0)
+    assert note == "run 1 of 41: P1 a long prefill; 1 min so far"
+    note = calibration_jobs.progress_note(10, 41, "D1 batch-1 decode", 240.0)
+    assert note == "run 11 of 41: D1 batch-1 decode; 4 min so far, about 13 min left"
+    now = timezone.now()
+    job = _cpu_self_job(state=RunState.RUNNING, started_at=now - timedelta(seconds=240), note=note)
+    assert calibration_jobs.runs_progress(job) == (10, 41)
+    left, estimated = calibration_jobs.seconds_left(job, now)
+    assert estimated and left == pytest.approx(24 * 31 + calibration_jobs.FIT_ALLOWANCE_S)
+    # Its runs over, the fit is what is left.
+    job.note = "S2 ngram, 3 drafts, 4 decoding: e2e_s.mean 0.91 (0.9 to 0.93 over 2 runs)"
+    assert calibration_jobs.seconds_left(job, now) == (calibration_jobs.FIT_ALLOWANCE_S, True)
+    # Queued: its whole time limit, as a bound.
+    queued = CalibrationJob(device="l4", self_started=True, state=RunState.QUEUED)
+    assert calibration_jobs.calibrating_words(queued, now) == (
+        "The l4 engine is calibrating itself, at most 15 minutes left"
+    )
+
+
+def test_a_sweep_says_each_run_before_it_starts_with_the_runs_planned():
+    from labs.device_calibration_sweep import SWEEP, Runs, setting_label, sweep_settings
+
+    base = {"model": "lab-llama-20m", "gpu": "h100-sxm"}
+    said: list[tuple[int, int, str]] = []
+    runs = Runs(
+        lambda p: {"e2e_s": {"mean": 1.0}},
+        repeats=2,
+        warmups=1,
+        on_run=lambda done, planned, p: said.append((done, planned, setting_label(base, p))),
+    )
+    settings = sweep_settings(base)
+    runs.measure(settings)
+    assert [done for done, _, _ in said] == list(range(len(said)))
+    # Planned before the first run, and right: every repeat, and the warm-ups wherever the
+    # server changes, which are more runs than the repeats alone.
+    assert {planned for _, planned, _ in said} == {len(said)}
+    assert len(said) > 2 * len(settings)
+    labels = {label for _, _, label in said}
+    assert {f"{p.id} {p.what}" for p in SWEEP} <= labels
+    assert "max_num_seqs 1 -> 8, before" in labels
