@@ -457,6 +457,26 @@ def vllm_error_line(lines: list[str]) -> str | None:
     return exception or record
 
 
+def ended_words(code: int) -> str:
+    """How `vllm serve` ended, from its exit status, in words: a signal by its name and what
+    sends it ("was killed (SIGKILL) ..."), else the code it exited with."""
+    if code >= 0:
+        return f"vllm serve exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"vllm serve was ended by signal {-code}"
+    if name == "SIGKILL":
+        return (
+            "vllm serve was killed (SIGKILL), which nothing in vLLM sends: the kernel's "
+            "out-of-memory killer, when the machine runs out of memory, or someone on this "
+            "machine"
+        )
+    if name in ("SIGTERM", "SIGINT", "SIGHUP"):
+        return f"vllm serve was stopped from outside ({name})"
+    return f"vllm serve crashed ({name})"
+
+
 class ServerError(BackendError):
     """`vllm serve` is missing, died, or never became healthy. The message ends with the last
     lines of its log."""
@@ -750,7 +770,7 @@ class ServerManager:
                 code = server.process.poll()
                 if code is not None:
                     raise ServerError(
-                        f"vllm serve exited with code {code} before it was ready "
+                        f"{ended_words(code)} before it was ready "
                         f"({time.monotonic() - started:.0f} s after start). "
                         + self.log_tail(server)
                     )
@@ -778,7 +798,7 @@ class ServerManager:
                 return
             code = server.process.poll()
             if code is not None:
-                message = f"vllm serve exited with code {code} during the run. "
+                message = f"{ended_words(code)} during the run. "
             elif health and not self._healthy(server):
                 message = "vLLM's engine stopped during the run (its server fails /health). "
             else:

@@ -378,9 +378,20 @@ def test_a_server_that_dies_later_is_noticed_and_its_group_ended(
     (start,) = standin.starts()
     os.kill(server.pid, 9)
     server.process.wait(timeout=10)
-    with pytest.raises(srv.ServerError, match="exited with code -9 during the run"):
+    with pytest.raises(srv.ServerError) as caught:
         manager.check()
+    # In words, not "exited with code -9": who sends SIGKILL.
+    said = str(caught.value)
+    assert said.startswith("vllm serve was killed (SIGKILL), which nothing in vLLM sends: ")
+    assert "out-of-memory killer" in said and "during the run" in said and "-9" not in said
     assert wait_gone([start["grandchild"]]) == []
+
+
+def test_each_way_a_server_ends_is_said_in_words() -> None:
+    assert srv.ended_words(1) == "vllm serve exited with code 1"
+    assert srv.ended_words(-15) == "vllm serve was stopped from outside (SIGTERM)"
+    assert srv.ended_words(-11) == "vllm serve crashed (SIGSEGV)"
+    assert "SIGKILL" in srv.ended_words(-9)
 
 
 def test_a_server_left_by_a_killed_worker_is_stopped_by_the_next(
