@@ -27,7 +27,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from labs.backends import engine_busy, get_backend
+from labs.backends import device_state, engine_busy, get_backend
 from labs.backends.base import Device, Placement
 from labs.catalog import CPU_KIND, GB, TB, TFLOPS, Hardware, cpu_hardware
 from labs.device_calibration import announced_cpu_key
@@ -113,10 +113,12 @@ def announce(hostname: str, backends: Iterable[str]) -> None:
         # Checked on every beat: while another process of this installation holds the
         # device's engine, the lab must not offer runs this worker would fail.
         busy = engine_busy(backend) if info["gpus"] else ""
+        # And what the device holds now (a CPU worker's memory, shared with the machine).
+        gpus = {**info["gpus"], **device_state(backend)} if info["gpus"] else info["gpus"]
         fields = {
             **restart,
             "queue": _announced_queue(backend, info["gpus"]),
-            "gpus": {**info["gpus"], "busy": busy} if busy else info["gpus"],
+            "gpus": {**gpus, "busy": busy} if busy else gpus,
             "where": info["where"][:200],
             "gpu_name": info["gpu_name"][:200],
             "versions": info["versions"],

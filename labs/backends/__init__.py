@@ -28,6 +28,7 @@ __all__ = [
     "check_can_start",
     "device_label",
     "device_lab_settings",
+    "device_state",
     "get_backend",
     "make_model",
     "requirement",
@@ -152,6 +153,14 @@ def server_argv(
     if answer is None:
         raise ValueError(f"backend {name} starts no server")
     return answer(params, model_path=model_path, executable=executable, port=port)
+
+
+def device_state(name: str) -> dict[str, Any]:
+    """What this worker's devices hold now, for its every heartbeat (a CPU worker: the memory a
+    new engine could have, labs.backends.base.Device.available_bytes, and what the engine's
+    processes take); {} for a backend without devices or nothing to say."""
+    answer = _answer(name, "device_state")
+    return {} if answer is None else dict(answer())
 
 
 def engine_busy(name: str) -> str:

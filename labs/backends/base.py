@@ -28,6 +28,12 @@ class Device:
     kind: str
     count: int
     memory_bytes: int | None = None
+    # What a new engine can have now: the memory less what the machine's other processes hold
+    # (a CPU worker's RAM is shared with them; a GPU's memory is its own). None: not known.
+    available_bytes: int | None = None
+    # The engine's own processes, besides its weights and KV cache, as the worker measured
+    # them at its engine's last start. None: not measured.
+    engine_bytes: int | None = None
 
     @classmethod
     def from_announced(cls, gpus: Mapping[str, Any] | None) -> Device | None:
@@ -37,8 +43,18 @@ class Device:
         kind, count = gpus.get("kind") or gpus.get("name"), gpus.get("count")
         if not kind or not isinstance(count, int) or count < 1:
             return None
-        memory = gpus.get("memory_bytes")
-        return cls(str(kind), count, memory if isinstance(memory, int) else None)
+
+        def size(key: str) -> int | None:
+            value = gpus.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+        return cls(
+            str(kind),
+            count,
+            size("memory_bytes"),
+            available_bytes=size("available_bytes"),
+            engine_bytes=size("engine_bytes"),
+        )
 
 
 @dataclass(frozen=True)

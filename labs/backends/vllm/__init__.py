@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from labs.backends.vllm import cpu
-from labs.backends.vllm.backend import VLLMBackend, gpu_inventory
+from labs.backends.vllm.backend import VLLMBackend, device_state, gpu_inventory
 from labs.backends.vllm.gpus import GpuInventory
 from labs.backends.vllm.served import served_instead
 from labs.backends.vllm.server import DEFAULT_PORT, build_plan, engine_busy
@@ -27,6 +27,7 @@ __all__ = [
     "check_can_start",
     "device_lab_settings",
     "device_label",
+    "device_state",
     "make_model",
     "requirement",
     "served_instead",

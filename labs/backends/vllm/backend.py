@@ -44,6 +44,7 @@ from labs.backends.base import (
     RunRecord,
 )
 from labs.backends.vllm import cpu, prom
+from labs.backends.vllm.fit import cpu_memory
 from labs.backends.vllm.gpus import GpuInventory, read_gpus
 from labs.backends.vllm.loadgen import (
     LoadOptions,
@@ -61,8 +62,10 @@ from labs.backends.vllm.server import (
     ServerManager,
     StartWait,
     build_plan,
+    group_members,
 )
 from labs.backends.vllm.start import check_can_start
+from labs.catalog import CPU_KIND
 from labs.definitions import definitions
 from labs.params import LabParams, ParamError
 
@@ -103,6 +106,23 @@ def gpu_inventory() -> GpuInventory | None:
     if cpu.device() == "cpu":
         return cpu.cpu_inventory()
     return read_gpus()
+
+
+def device_state() -> dict[str, Any]:
+    """What this worker's device holds now, refreshed on every heartbeat: on a CPU worker the
+    memory a new engine could have and what the engine's own processes take (cpu.memory_state);
+    nothing on a GPU worker, whose GPUs are its own."""
+    if cpu.device() != "cpu":
+        return {}
+    current = _manager.current if _manager is not None else None
+    return cpu.memory_state(group_members(current.pid) if current is not None else [])
+
+
+def cpu_model_bytes(params: LabParams) -> float:
+    """What a CPU engine for `params` holds for its model: weights, KV pool and the copies of
+    the vocabulary matrices (fit.cpu_memory), all but its own processes."""
+    found = cpu_memory(params, Device(CPU_KIND, 1, 1))
+    return 0.0 if found is None else found.total - found.processes - found.reserve
 
 
 @functools.lru_cache(maxsize=1)
@@ -343,14 +363,18 @@ class VLLMBackend:
                 ),
             )
         else:
-            # The same start-up check as at submit, now with this worker's own devices.
+            # The same start-up check as at submit, now with this worker's own devices (on a
+            # CPU, the memory it can give now).
             inventory = gpu_inventory()
-            device = Device.from_announced(inventory.as_dict() if inventory else None)
+            announced = {**inventory.as_dict(), **device_state()} if inventory else None
+            device = Device.from_announced(announced)
             check_can_start(params, [device] if device else [])
             planned = plan_requests(params.workload, vocab_size=params.model.vocab_size)
             plan = build_plan(params, model_path=self.model_path)
             manager = server_manager()
             server, reused = manager.ensure(plan, on_wait=functools.partial(_starting, report))
+            if not reused and cpu.device() == "cpu":
+                cpu.record_engine_memory(group_members(server.pid), cpu_model_bytes(params))
             base_url, model = server.base_url, SERVED_MODEL_NAME
             # Replaces the "starting" phase: the page says how the server came to be ready.
             report(0.0, _ready(server, reused))

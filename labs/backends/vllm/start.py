@@ -16,8 +16,10 @@ settings can break:
 - then the rules of the device kind: DEVICE_RULES[kind], or for a GPU `gpu_refusals`: block
   sizes its CUDA kernels take, gpu_memory_utilization below what the CUDA context leaves, and
   weights + draft + KV + activation reserve + CUDA context within each GPU's memory (fit.py);
-  on a CPU the same sum with vLLM's own processes in place of the CUDA context, within the
-  machine's memory the CPU worker announced.
+  on a CPU the same sum with vLLM's own working memory in place of the CUDA context (its
+  processes as the worker measured them, and the copies of the vocabulary matrices its CPU
+  kernels keep), within what the CPU worker can give now: its RAM less what the machine's
+  other processes hold.
 
 A worker measuring a server elsewhere (LABS_VLLM_BASE_URL) announces no device: with one
 online, a lab whose GPU kind no online device has is still checked against the catalog (its
@@ -69,7 +71,7 @@ def cpu_device_refusals(params: LabParams, device: Device) -> dict[str, str]:
     """vLLM's CPU build (labs/backends/vllm/cpu.py): block sizes of its attention backend, the
     KV cache sized from kv_capacity_tokens, ngram speculation only; and, as on a GPU, weights +
     KV pool + the engine's own memory within what the worker announced."""
-    return {**cpu_memory_refusals(params, device.memory_bytes), **cpu_refusals(params)}
+    return {**cpu_memory_refusals(params, device), **cpu_refusals(params)}
 
 
 register_device_rules(CPU_KIND, cpu_device_refusals)

@@ -17,7 +17,7 @@ from labs.backends.vllm import cpu
 from labs.backends.vllm.server import build_plan, check_supported, vllm_error_line
 from labs.backends.vllm.start import check_can_start
 from labs.catalog import LAB_MODEL_SHAPES, MODELS, cpu_hardware
-from labs.models import LabRun
+from labs.models import LabRun, WorkerHeartbeat
 from labs.params import ParamError, parse_lab_params
 from labs.workers import cpu_figures, gpu_offer
 from tests.labs.factories import make_heartbeat
@@ -269,11 +269,77 @@ def test_a_kv_pool_larger_than_the_workers_memory_is_refused_at_submit(
     assert response.status_code == 400
     page = response.content.decode()
     # The figures, in plain words: 4,096 bytes a token (K and V x 4 layers x 4 KV heads x 64).
-    assert (
-        "10,000,000,000-token KV pool 40,960.0 GB + vLLM&#x27;s own processes about 3.2 GB"
-    ) in page
+    assert "10,000,000,000-token KV pool 40,960.0 GB + vLLM&#x27;s own working memory" in page
+    assert "(its processes 1.5 GB, not measured on this worker yet" in page
     assert "but the CPU worker has 17.2 GB; up to " in page
     assert not LabRun.objects.exists() and not queued.called
+
+
+# A CPU worker of 25.3 GB, as this machine kind's, with other processes holding 5 GB: what it
+# announces on each heartbeat, and its engine's processes as measured at their last start.
+SHARED = {**CPU_GPUS, "memory_bytes": 25_300_000_000}
+SHARED.update(available_bytes=20_300_000_000, engine_bytes=1_480_000_000)
+
+
+def test_llama_3_8b_is_refused_where_a_real_start_would_not_fit(alice_client):
+    """llama-3-8b (16.1 GB of weights) once passed on a 25 GB worker (20.4 of 25.3 GB, the
+    engine's working memory and the machine's other processes uncounted); a real start needs
+    weights, its KV pool, the engine's processes and the copies of its 128,256 x 4,096
+    vocabulary matrices, 20.7 GB, more than the 20.3 GB the worker can give."""
+    make_heartbeat("vllm", hostname="cpu@box", queue="labs.gpu.cpu", gpus=SHARED)
+    with patch("labs.services.run_next_task.apply_async") as queued:
+        response = _post(alice_client, model="llama-3-8b")
+    assert response.status_code == 400
+    said = response.content.decode().replace("&#x27;", "'")
+    assert (
+        "kv_capacity_tokens must fit what this CPU worker can give: weights 16.1 GB (bf16) + "
+        "8,192-token KV pool 1.1 GB + vLLM's own working memory 3.6 GB (its processes 1.5 GB, "
+        "measured when this worker's engine last started, and the second copy of the embedding "
+        "and LM head that its CPU matrix kernels keep, 2.1 GB) = 20.7 GB, but the worker can "
+        "give it 20.3 GB now (its 25.3 GB less 5.0 GB that the machine's other processes hold);"
+        " up to 4,864 tokens would fit"
+    ) in said
+    assert not LabRun.objects.exists() and not queued.called
+    # With 1.5 GB less to give, not even the smallest pool: the model is what does not fit.
+    make_heartbeat(
+        "vllm",
+        hostname="cpu2@box",
+        queue="labs.gpu.cpu",
+        gpus={**SHARED, "available_bytes": 18_800_000_000},
+    )
+    WorkerHeartbeat.objects.filter(hostname="cpu@box").delete()
+    said = _post(alice_client, model="llama-3-8b").content.decode().replace("&#x27;", "'")
+    assert "model llama-3-8b cannot start on this CPU worker now: weights 16.1 GB" in said
+
+
+def test_a_kv_pool_that_fits_beside_what_the_machine_holds_is_accepted(alice_client):
+    make_heartbeat("vllm", hostname="cpu@box", queue="labs.gpu.cpu", gpus=SHARED)
+    # 4,096 bytes a token: 4 million tokens are 16.4 GB, within the 20.3 GB it can give.
+    with patch("labs.services.run_next_task.apply_async"):
+        response = _post(alice_client, kv_capacity_tokens=4_000_000)
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    assert LabRun.objects.get().params["kv_capacity_tokens"] == 4_000_000
+    too_many = _post(alice_client, kv_capacity_tokens=5_000_000)
+    assert too_many.status_code == 400
+    assert "kv_capacity_tokens must fit what this CPU worker can give" in too_many.content.decode()
+
+
+def test_what_the_engine_takes_is_the_figure_measured_at_its_last_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cpu.engine_memory_bytes() is None
+    # This test process and its pids stand in for an engine's: what they hold less the model.
+    import os
+
+    held = cpu.proportional_bytes([os.getpid()])
+    assert held > 0
+    kept = cpu.record_engine_memory([os.getpid()], 10_000_000)
+    assert kept == cpu.engine_memory_bytes()
+    assert kept is not None and abs(kept - (held - 10_000_000)) < 50_000_000  # it moves a little
+    state = cpu.memory_state([])
+    assert state["engine_bytes"] == cpu.engine_memory_bytes()
+    assert 0 < state["available_bytes"] <= cpu.cpu_inventory().memory_bytes
+    # Its own engine is counted as room: it is stopped before another starts.
+    assert cpu.memory_state([os.getpid()])["available_bytes"] > state["available_bytes"]
 
 
 def test_a_model_larger_than_the_cpus_memory_is_refused_by_the_cpu_rules():
@@ -281,10 +347,8 @@ def test_a_model_larger_than_the_cpus_memory_is_refused_by_the_cpu_rules():
     with pytest.raises(ParamError) as caught:
         check_can_start(cpu_params(model="llama-3-8b"), [too_small])
     assert caught.value.errors["model"].startswith(
-        "model llama-3-8b does not fit this CPU's memory: weights 16.1 GB (bf16)"
+        "model llama-3-8b cannot start on this CPU worker now: weights 16.1 GB (bf16)"
     )
-    # The machine's memory decides, not a GPU's: the same lab fits a CPU with 32 GiB.
-    assert check_can_start(cpu_params(model="llama-3-8b"), [Device("cpu", 1, 32 * 1024**3)])
 
 
 def test_a_cpu_run_is_queued_for_the_cpu_worker(alice_client, cpu_worker_online):
