@@ -56,6 +56,10 @@ UNCALIBRATED = (
     "the engine model is not calibrated on this device, so it sizes none of the parts; "
     "measured against predicted only"
 )
+PROBE = (
+    "predicted from the device's start-up probe, which sizes none of the engine model's "
+    "parts; measured against predicted only"
+)
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class Evidence:
     num_prompts: int = 0
     uniform_prompts: bool = False  # every prompt the same length
     calibrated: bool = True
+    priced_from: str = ""  # "probe": priced from a CPU worker's start-up probe
 
 
 def evidence(
@@ -88,6 +93,7 @@ def evidence(
         num_prompts=int(_finite(params.get("num_prompts")) or 0),
         uniform_prompts=not _finite(params.get("input_range_ratio")),
         calibrated=breakdown.get("calibrated") is not False,
+        priced_from=str(breakdown.get("priced_from") or ""),
     )
 
 
@@ -220,11 +226,14 @@ def _assemble(
     )
 
 
-def _uncalibrated(difference: float, fmt: Any, counters: list[Counter]) -> Explanation:
-    """A real engine's device without a calibration: the difference, no parts."""
+def _uncalibrated(
+    difference: float, fmt: Any, counters: list[Counter], why: str = UNCALIBRATED
+) -> Explanation:
+    """A real engine's device without a calibration (or a run priced from its probe): the
+    difference, no parts."""
     if difference == 0:
         return _none()
-    text = f"{_signed(difference, fmt)}: {UNCALIBRATED}."
+    text = f"{_signed(difference, fmt)}: {why}."
     if counters:
         text += " " + "; ".join(c.text for c in counters) + "."
     return Explanation(difference, (), tuple(counters), difference, False, text)
@@ -335,7 +344,7 @@ def explain_time(
     slower = difference > 0
     counters = _counters(summary, prediction, slower, key, ev)
     if not ev.calibrated:
-        return _uncalibrated(difference, fmt, counters)
+        return _uncalibrated(difference, fmt, counters, PROBE if ev.priced_from else UNCALIBRATED)
     if ran is None or formula is None:
         return _assemble(difference, {"unexplained": difference}, NO_PARTS, fmt, counters)
     expected = (breakdown or {}).get("source") == "expected"
@@ -375,7 +384,7 @@ def explain_throughput(
     slower = difference < 0
     counters = _counters(summary, prediction, slower, "output_tokens_per_s", ev)
     if not ev.calibrated:
-        return _uncalibrated(difference, fmt, counters)
+        return _uncalibrated(difference, fmt, counters, PROBE if ev.priced_from else UNCALIBRATED)
     ran = _section(summary.get("breakdown"), "e2e_s")
     formula = _section(prediction.get("breakdown"), "tpot_s")
     batch = _finite((prediction.get("breakdown") or {}).get("batch"))

@@ -421,7 +421,9 @@ def headline(rows: list[Row], breakdown: Mapping[str, Any] | None = None) -> str
     said = worst is not None and worst.explanation is not None and worst.explanation.limit
     where = breakdown_sentence(breakdown, None if said else evidence)
     uncalibrated = evidence is not None and not evidence.calibrated
-    note = UNCALIBRATED_NOTE if uncalibrated else ""
+    note = ""
+    if uncalibrated:
+        note = PROBE_NOTE if evidence is not None and evidence.priced_from else UNCALIBRATED_NOTE
     uncovered = [r for r in rows if r.predicted == "not covered"]
     if worst is None:
         line = ""
@@ -528,6 +530,14 @@ UNCALIBRATED_NOTE = (
     "This device has no calibration of its own (neither its runs nor published vLLM runs of its "
     "kind): the engine model's parts are not sized for it, so the rows compare measured with "
     "predicted and name no part."
+)
+
+
+# ... and on the page of a run priced from a CPU worker's start-up probe.
+PROBE_NOTE = (
+    "This run was predicted from the device's start-up probe, not a calibration (see "
+    '"Predicted with" below): the engine model\'s parts are not sized from a probe, so the '
+    "rows compare measured with predicted and name no part."
 )
 
 

@@ -140,6 +140,83 @@ def lab_calibration(params: LabParams) -> DeviceConstants | None:
     return device_calibration(device_key(params))
 
 
+def pricing(params: LabParams) -> dict[str, Any]:
+    """What a prediction made now is priced with, stored beside it on a run (its
+    `predicted["priced_with"]`) so the run's parts are sized by the same and its page can say:
+    the device's own calibration (its row, label and held-out error), or, on a device without
+    one, the published constants of its kind or a CPU worker's start-up probe (and whether
+    the device was calibrating itself then)."""
+    key = device_key(params)
+    row = DeviceCalibration.objects.filter(device=key).order_by("-fitted_at", "-id").first()
+    if row is not None:
+        return {
+            "device": key,
+            "calibration_id": row.pk,
+            "label": row.to_constants().label(),
+            "held_out_error": row.held_out_error,
+        }
+    from labs.models import CalibrationJob
+
+    calibrating = CalibrationJob.objects.active().filter(device=key).exists()
+    source = "probe" if params.hardware.name == CPU_KIND else "published"
+    return {"device": key, "source": source, "calibrating": calibrating}
+
+
+def priced_calibration(params: LabParams, priced: Any) -> DeviceConstants | None:
+    """The device calibration a run's prediction was priced with (`pricing`), to size its parts
+    by the same: its row even if a newer one exists since, none if it was the probe or the
+    published constants; for a run stored before this was recorded, the device's newest."""
+    if not isinstance(priced, Mapping):
+        return lab_calibration(params)
+    found = priced.get("calibration_id")
+    if not isinstance(found, int):
+        return None
+    row = DeviceCalibration.objects.filter(pk=found).first()
+    return row.to_constants() if row is not None else lab_calibration(params)
+
+
+def pricing_line(run: LabRun) -> str:
+    """How a real engine's run was predicted, for its page: with the device's own calibration
+    (when, how well), or its start-up probe (it was calibrating itself, or had none), or the
+    published constants."""
+    if run.backend == "sim":
+        return ""
+    priced = (run.predicted or {}).get("priced_with")
+    if not isinstance(priced, Mapping):
+        return ""
+    key = str(priced.get("device") or "")
+    newest = DeviceCalibration.objects.filter(device=key).order_by("-fitted_at", "-id").first()
+    if "calibration_id" in priced:
+        line = (
+            f"Predicted, and its parts sized, with this device's own calibration: "
+            f"{priced.get('label')} (how far its simulation landed from the runs its fit never "
+            "saw)."
+        )
+        if newest is not None and newest.pk != priced["calibration_id"]:
+            line += f" A newer one prices runs sent since: {newest.to_constants().label()}."
+        return line
+    if priced.get("source") == "probe":
+        when = (
+            "it was calibrating itself when this run was sent"
+            if priced.get("calibrating")
+            else "it had no calibration when this run was sent"
+        )
+        line = (
+            "Predicted from this CPU's start-up probe (its bandwidth and matmul rate), not a "
+            f"calibration: {when}, and a probe sizes none of the parts."
+        )
+        if newest is not None:
+            line += (
+                f" Its calibration has finished since ({newest.to_constants().label()}): run "
+                "again to be predicted and explained with it."
+            )
+        return line
+    return (
+        "This GPU kind has no calibration of its own: predicted, and its parts sized, with "
+        "the published constants of its kind."
+    )
+
+
 def device_prediction(params: LabParams) -> dict[str, object]:
     """The one prediction (labs.predict.lab_prediction) for these settings, priced by the lab
     device's own calibration when it has one: the lab page, runs, `lab predict` and personal

@@ -36,7 +36,7 @@ from labs.metrics import summarize
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.params import FIELDS_BY_NAME, LabParams, ParamError, follow_unshown, parse_lab_params
 from labs.presets import load_presets
-from labs.selectors import device_key, device_prediction, lab_calibration
+from labs.selectors import device_key, device_prediction, priced_calibration, pricing
 from labs.sim.lab import run_breakdown
 from labs.sizing import RunTooLarge
 from labs.workers import (
@@ -87,7 +87,9 @@ def backend_queue(backend: str) -> str:
 
 
 def _predicted(params: LabParams) -> dict[str, object]:
-    return device_prediction(params)
+    """The prediction stored on a run, with what priced it (selectors.pricing), by which the
+    run's parts are sized too."""
+    return {**device_prediction(params), "priced_with": pricing(params)}
 
 
 def backend_options(backend: str) -> dict[str, object]:
@@ -628,9 +630,11 @@ class _Outcome:
 
 def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     params = parse_lab_params(run.params)
-    # The run's device's own calibration, if a worker measured one: prices the simulation, or
-    # a real run's expected parts.
-    device = lab_calibration(params)
+    # What priced the run's prediction at submit (the device's own calibration, if it had one
+    # then) prices the simulation, or a real run's expected parts: a calibration finished
+    # while the run waited does not size parts beside a prediction made without it.
+    priced = (run.predicted or {}).get("priced_with")
+    device = priced_calibration(params, priced)
     options = dict(backend_options(run.backend))
     if run.backend == "sim":
         options["device"] = device
@@ -641,6 +645,9 @@ def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     instead = served_instead(run.backend, params, getattr(record, "meta", {}) or {})
     expected_for = params if instead is None else instead.params
     breakdown = run_breakdown(expected_for, record, summary, device) if expected_for else None
+    if breakdown is not None and isinstance(priced, Mapping) and priced.get("source") == "probe":
+        breakdown["calibrated"] = False  # a probe sizes no part, whatever the kind's
+        breakdown["priced_from"] = "probe"
     summary["breakdown"] = _json_safe({"b": breakdown})["b"]
     # Stored once, at the top, where a vLLM run's expected parts go too; not again in meta.
     meta = {k: v for k, v in (getattr(record, "meta", {}) or {}).items() if k != "breakdown"}

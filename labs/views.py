@@ -327,7 +327,7 @@ def _run_context(run: Any) -> dict[str, Any]:
         "charts": selectors.run_charts(run) if run.result else None,
         "shown_params": [(name, run.params.get(name)) for name in lab.fields],
         **_run_errors(run),
-        "definitions": definitions.shown(run.backend, run.params or {}, run.result),
+        "definitions": _definitions(run),
         "next_url": reverse("labs:lab-detail", args=[lab.slug])
         + "?"
         + urlencode({k: _text(v) for k, v in rerun_values(lab, run.params).items()}),
@@ -353,6 +353,14 @@ def _run_errors(run: Any) -> dict[str, Any]:
         and params.engine.sim_profile == "realistic"
         and published,
     }
+
+
+def _definitions(run: Any) -> list[tuple[str, str]]:
+    """How the run's numbers were measured, and for a real engine what priced its prediction
+    (its device's calibration, when and how well, or the probe)."""
+    said = definitions.shown(run.backend, run.params or {}, run.result)
+    priced = selectors.pricing_line(run)
+    return [*said, ("Predicted with", priced)] if priced else said
 
 
 def _run_calibrating_note(run: Any) -> str:

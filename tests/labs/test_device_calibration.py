@@ -62,10 +62,19 @@ def test_a_devices_stored_calibration_prices_its_predictor_and_simulator_and_not
     # and so do the predicted parts the run page shows.
     after = services._predicted(mine)
     assert after["tpot_s"] > 1.5 * before["h100-sxm"]["tpot_s"]
+    # Stored with what priced it, by which the run's parts are sized too.
+    priced = after.pop("priced_with")
+    assert priced["device"] == "h100-sxm" and priced["held_out_error"] == 0.06
+    assert priced["label"] == "calibrated on this worker, 2026-12-02, held-out error 6%"
     assert after == lab_prediction(mine, stored)
     assert {k: after[k] for k in predict(mine).as_dict()} == predict(mine, stored).as_dict()
     assert after["breakdown"] != before["h100-sxm"]["breakdown"]
     assert services._predicted(other) == before["a100-80gb"]
+    assert before["a100-80gb"]["priced_with"] == {
+        "device": "a100-80gb",
+        "source": "published",
+        "calibrating": False,
+    }
 
     # The simulator: the calibrated device's run is slower and labelled with the calibration.
     tpot, where = _simulated(alice, mine)

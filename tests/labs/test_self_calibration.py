@@ -293,3 +293,83 @@ def test_a_sweep_says_each_run_before_it_starts_with_the_runs_planned():
     labels = {label for _, _, label in said}
     assert {f"{p.id} {p.what}" for p in SWEEP} <= labels
     assert "max_num_seqs 1 -> 8, before" in labels
+
+
+class _RecordedEngine:
+    """The vllm backend on a CPU worker, as its run record comes out: the simulator's
+    requests 1.5x slower, with vLLM's gauges (no tokens per step)."""
+
+    def __init__(self, *_: Any, **__: Any) -> None:
+        pass
+
+    def run(self, params: Any, on_progress: Any = None) -> Any:
+        from tests.labs.factories import gpu_record_slower_than_the_model
+
+        record = gpu_record_slower_than_the_model(params, 1.5)
+        for sample in record.samples:
+            sample.scheduled_tokens = None
+        record.where = "vLLM 0.32.0 on CPU (Intel(R) Xeon(R) Test CPU, 2 cores)"
+        return record
+
+
+SLOW_CPU = {
+    "bandwidth_efficiency": 0.3,
+    "kv_bandwidth_efficiency": 0.25,
+    "gemm_efficiency": 0.2,
+    "decode_step_overhead_s": 0.004,
+    "mixed_step_overhead_s": 0.006,
+}
+
+
+def test_a_run_sent_while_the_cpu_calibrates_itself_says_it_used_the_probe(alice, alice_client):
+    """A run sent during the self-calibration was predicted from the probe and ran after the
+    calibration: its parts were once sized by the calibration beside the probe's prediction,
+    and the page said neither. Now they share the probe's basis and the page says so; a run
+    sent after the calibration says which calibration priced it, when and how well."""
+    from labs import services
+    from labs.results import PROBE_NOTE
+
+    cpu_worker()
+    _cpu_self_job(state=RunState.RUNNING, started_at=timezone.now())
+    data = {**device_lab_settings("vllm", CPU_KIND), "num_prompts": "4"}
+    data.pop("backend")
+    data.update(announced_cpu_figures(CPU_GPUS))  # as the lab form fills them in
+    with mock.patch("labs.services.run_next_task.apply_async"):
+        sent = services.run_request(owner=alice, lab="batching", backend="vllm", data=data)
+    assert sent.predicted["priced_with"] == {
+        "device": CPU_KEY,
+        "source": "probe",
+        "calibrating": True,
+    }
+    # The calibration finishes while the run waits behind it.
+    CalibrationJob.objects.update(state=RunState.DONE, finished_at=timezone.now())
+    calibration = DeviceCalibration.objects.create(
+        device=CPU_KEY, where="this worker", constants=SLOW_CPU, fit_error=0.05, held_out_error=0.12
+    )
+    with mock.patch("labs.services.get_backend", _RecordedEngine):
+        assert services.run_execute(run_id=sent.pk, hostname="cpu@box") == RunState.DONE
+    sent.refresh_from_db()
+    assert sent.result["breakdown"]["calibrated"] is False
+    page = alice_client.get(sent.get_absolute_url()).content.decode()
+    html = page.replace("&quot;", '"').replace("&#x27;", "'")
+    label = calibration.to_constants().label()
+    assert (
+        "Predicted from this CPU's start-up probe (its bandwidth and matmul rate), not a "
+        "calibration: it was calibrating itself when this run was sent, and a probe sizes none of "
+        f"the parts. Its calibration has finished since ({label}): run again"
+    ) in html
+    assert PROBE_NOTE in html and "predicted from the device's start-up probe" in html
+    assert "efficiency loss" not in html.split('id="run-definitions"')[0].split("Reading:")[1]
+
+    with mock.patch("labs.services.run_next_task.apply_async"):
+        later = services.run_request(owner=alice, lab="batching", backend="vllm", data=data)
+    assert later.predicted["priced_with"]["calibration_id"] == calibration.pk
+    with mock.patch("labs.services.get_backend", _RecordedEngine):
+        assert services.run_execute(run_id=later.pk, hostname="cpu@box") == RunState.DONE
+    later.refresh_from_db()
+    assert later.result["breakdown"]["calibrated"] is True
+    html = alice_client.get(later.get_absolute_url()).content.decode()
+    assert (
+        f"Predicted, and its parts sized, with this device&#x27;s own calibration: {label}"
+    ) in html
+    assert label.endswith("held-out error 12%")
