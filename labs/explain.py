@@ -10,8 +10,15 @@ named, the cap that held admission (labs/limits.py, from the run's engine series
 figures; ramp-up and drain are a part of their own only where the running series shows them.
 Counters are explained where the run holds their cause (preemptions, a cold first request) and
 cited beside the parts when they are non-zero and push the way the difference went. On a real
-engine whose device has no calibration, the engine model's parts are not sized for that device:
-no part is named, only the difference.
+engine whose device has no calibration (or a run priced from a CPU worker's start-up probe), the
+engine model's parts are not sized for that device: no part is named, only the difference.
+
+On a real engine the parts are the engine model's expectation, and what the run had beyond it is
+"not explained". Where a part would be larger than the whole difference, the row is said in two
+steps, each with its figures: the engine model's expectation against the formula, split over its
+parts by the simulator's rules, then the run against the engine model (with the device's
+held-out error). Throughput's occupancy is the run's own (its running gauge over the run), and
+its time per request in the engine follows from it by Little's law, not from the model's parts.
 
 Pure functions over the stored JSON (`LabRun.result`, `LabRun.predicted`); no Django.
 """
@@ -51,6 +58,8 @@ FORMULA_NOTE = {
 }
 # Throughput is in flight x tokens / time: these causes are not parts of a time.
 OCCUPANCY, RAMP, OUTPUT_LENGTH = "occupancy", "ramp", "output_length"
+# A real engine's time per request in the engine, from its own occupancy (not the model's parts).
+ENGINE_TIME = "engine_time"
 LIMIT = "limit"  # a counter's cause: the cap that held admission
 UNCALIBRATED = (
     "the engine model is not calibrated on this device, so it sizes none of the parts; "
@@ -77,6 +86,11 @@ class Evidence:
     uniform_prompts: bool = False  # every prompt the same length
     calibrated: bool = True
     priced_from: str = ""  # "probe": priced from a CPU worker's start-up probe
+    # A real engine's run: how far the engine model lands on this device (its calibration's
+    # held-out error, when it has one), and the sequences running on average over the run
+    # from its own gauge series (None: not polled, or a simulated run).
+    held_out_error: float | None = None
+    running_mean: float | None = None
 
 
 def evidence(
@@ -94,7 +108,30 @@ def evidence(
         uniform_prompts=not _finite(params.get("input_range_ratio")),
         calibrated=breakdown.get("calibrated") is not False,
         priced_from=str(breakdown.get("priced_from") or ""),
+        held_out_error=_finite((prediction.get("priced_with") or {}).get("held_out_error")),
+        running_mean=running_mean(summary) if breakdown.get("source") == "expected" else None,
     )
+
+
+# Fewer polls than this and the gauge's average over the run says little.
+MIN_POLLS = 3
+
+
+def running_mean(summary: Mapping[str, Any]) -> float | None:
+    """Sequences running on average over a real run, from its own gauge series (polled
+    /metrics): each poll's value held until the next, over the run's duration. None with
+    fewer than MIN_POLLS polls."""
+    engine = (summary.get("series") or {}).get("engine") or {}
+    times, running = engine.get("t_s") or [], engine.get("running") or []
+    duration = _finite(summary.get("duration_s"))
+    if len(times) < MIN_POLLS or len(times) != len(running) or not duration:
+        return None
+    ends = [*times[1:], max(duration, times[-1])]
+    spans = [max(min(b, duration) - max(a, 0.0), 0.0) for a, b in zip(times, ends, strict=True)]
+    covered = sum(spans)
+    if covered <= 0:
+        return None
+    return sum(r * w for r, w in zip(running, spans, strict=True)) / covered
 
 
 @dataclass(frozen=True)
@@ -356,8 +393,77 @@ def explain_time(
         n: _part_words(n, ran.get(n) or 0.0, formula.get(n) or 0.0, fmt, expected) for n in names
     }
     words["unexplained"] = PART_LABELS["unexplained"]
-    return _assemble(
+    one_step = _assemble(
         difference, contributions, words, fmt, counters, limit=ev.limit, limit_parts=("queueing",)
+    )
+    if not expected or all(abs(c.size) <= abs(difference) * (1 + 1e-9) for c in one_step.causes):
+        return one_step
+    return _two_steps(
+        difference,
+        measured,
+        predicted,
+        contributions,
+        words,
+        fmt,
+        counters,
+        ev,
+    )
+
+
+def _two_steps(
+    difference: float,
+    measured: float,
+    predicted: float,
+    contributions: dict[str, float],
+    words: Mapping[str, str],
+    fmt: Any,
+    counters: list[Counter],
+    ev: Evidence,
+) -> Explanation:
+    """A real engine's row where a part would be larger than the difference: the engine
+    model's expectation against the formula, split over its parts by the simulator's rules (as
+    a simulated run's row is), then the run against the engine model, which the model does not
+    explain; each step with its own figures, so a part larger than the whole difference stands
+    beside the step it belongs to."""
+    residual = contributions.get("unexplained", 0.0)
+    model = {k: v for k, v in contributions.items() if k != "unexplained"}
+    model_gap = difference - residual
+    expected = predicted + model_gap
+    chosen = _pick(model, model_gap) if model_gap else []
+    causes = [Cause(k, model[k], f"{_signed(model[k], fmt)} {words[k]}") for k in chosen]
+    rest = model_gap - sum(c.size for c in causes)
+    pieces = [c.text for c in causes]
+    if model_gap and abs(rest) > SHOWN_REST * abs(model_gap):
+        pieces.append(f"{_signed(rest, fmt)} in the other parts")
+    first = (
+        f"the engine model expected {fmt(expected)}, {_signed(model_gap, fmt)} against the "
+        f"formula's {fmt(predicted)}"
+        + (f" ({'; '.join(pieces)})" if pieces else "")
+    )
+    held_out = (
+        f"; its held-out error on this device is {ev.held_out_error:.0%}"
+        if ev.held_out_error is not None
+        else ""
+    )
+    second = (
+        f"the run measured {fmt(measured)}, {_signed(residual, fmt)} against the engine model "
+        f"(not explained by it{held_out})"
+    )
+    text = f"{_signed(difference, fmt)}: {first}; {second}."
+    named_limit = ev.limit if ev.limit is not None and "queueing" in chosen else None
+    if named_limit is not None:
+        text += " " + _sentence(named_limit.text)
+    if counters:
+        text += " " + "; ".join(c.text for c in counters) + "."
+    causes.append(Cause("unexplained", residual, f"{_signed(residual, fmt)} not explained"))
+    return Explanation(
+        difference=difference,
+        causes=tuple(causes),
+        counters=tuple(counters),
+        rest=rest,
+        says_not_explained=bool(residual),
+        text=text,
+        limit=named_limit,
     )
 
 
@@ -393,12 +499,22 @@ def explain_throughput(
     n_formula = _finite(output_tokens)
     if not (ran and formula and batch and completed and duration and n_formula) or measured <= 0:
         return _assemble(difference, {"unexplained": difference}, NO_PARTS, fmt, counters)
+    expected = (summary.get("breakdown") or {}).get("source") == "expected"
     in_engine = {k: v for k, v in ran.items() if k != "queueing"}
     per_request = sum(in_engine.values())
     n_run = measured * duration / completed
     occupancy = completed * per_request / duration
     formula_time = {k: v * n_formula for k, v in formula.items() if k != "queueing"}
     per_request_formula = sum(formula_time.values())
+    own = expected and ev.running_mean is not None and ev.running_mean > 0
+    if own:
+        # A real engine: the sequences it ran, from its own gauge, and the time each spent in
+        # it that Little's law then gives (L x n / tokens per second); the engine model's
+        # expected parts are its guesses, not what this run had.
+        occupancy = float(ev.running_mean or 0.0)
+        per_request = occupancy * n_run / measured
+        in_engine = {ENGINE_TIME: per_request}
+        formula_time = {ENGINE_TIME: per_request_formula}
     if per_request <= 0 or per_request_formula <= 0 or occupancy <= 0:
         return _assemble(difference, {"unexplained": difference}, NO_PARTS, fmt, counters)
     reason = f" ({ev.formula_batch})" if ev.formula_batch else ""
@@ -408,8 +524,9 @@ def explain_throughput(
         "unexplained": PART_LABELS["unexplained"],
     }
     logs = {OUTPUT_LENGTH: math.log(n_run / n_formula)}
+    gauge = " (the engine's own running gauge, polled)" if own else ""
     plain_occupancy = (
-        f"sequences in the engine on average: {occupancy:,.1f}, formula a steady "
+        f"sequences in the engine on average{gauge}: {occupancy:,.1f}, formula a steady "
         f"{batch:,.0f}{reason}"
     )
     if ramped is not None:
@@ -441,8 +558,13 @@ def explain_throughput(
         # A ramp too small to name stays inside occupancy (the logs add up either way).
         contributions[OCCUPANCY] += contributions.pop(RAMP)
         words[OCCUPANCY] = plain_occupancy
-    expected = (summary.get("breakdown") or {}).get("source") == "expected"
     for name in names:
+        if name == ENGINE_TIME:
+            words[name] = (
+                f"time in the engine per request: {_seconds(per_request)} (the run's, by "
+                f"Little's law), formula {_seconds(per_request_formula)}"
+            )
+            continue
         words[name] = _part_words(
             name,
             in_engine.get(name, 0.0),
