@@ -89,5 +89,17 @@ def shown(
     e2e_said = stored.get("e2e") or (E2E_SIM if backend == "sim" else E2E_SOCKET)
     e2e = (result.get("e2e_s") or {}).get("mean")
     lines.append(("E2E", f"{e2e_said}; mean {_ms(e2e)}"))
+    meta = result.get("meta") or {}
+    if isinstance(meta.get("warmup_s"), int | float):
+        failed = f" (it failed: {meta['warmup_error']})" if meta.get("warmup_error") else ""
+        lines.append(
+            (
+                "Warm-up",
+                "one request before the run, not measured, as vllm bench serve sends its first "
+                f"prompt as a test: it took {_ms(meta['warmup_s'])}{failed}. A fresh server's "
+                "first request pays one-time costs (on a CPU worker, the ngram proposer's "
+                "compilation) that would otherwise fall on one request of the run",
+            )
+        )
     lines.append(("Sampling", said["sampling"]))
     return lines

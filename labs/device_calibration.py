@@ -28,7 +28,7 @@ from datetime import date
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from labs.params import EngineConfig
+    from labs.params import EngineConfig, LabParams
 
 # The constants a device calibration holds, with the range a fit may give each (fractions of the
 # data-sheet peaks; overheads in seconds).
@@ -61,6 +61,10 @@ CONSTANT_BOUNDS: dict[str, tuple[float, float]] = {
     # for all three), so a request handed to an engine running others lengthens its next step.
     # On a CPU worker what each other stream adds to the front end's time; 0 on a GPU worker.
     "frontend_cpu_s": (0.0, 1.0),
+    # Measured, not fitted, on a CPU worker (device_calibration_sweep.ngram_drafting): its
+    # engine's ngram acceptance per draft where it drafted, and the share of steps that did.
+    "ngram_acceptance": (0.0, 1.0),
+    "ngram_draft_share": (0.0, 1.0),
 }
 # A calibration stored before these constants were fitted keeps the published values.
 OPTIONAL_CONSTANTS = frozenset(
@@ -72,10 +76,20 @@ OPTIONAL_CONSTANTS = frozenset(
         "frontend_latency_s",
         "frontend_per_stream_s",
         "frontend_cpu_s",
+        "ngram_acceptance",
+        "ngram_draft_share",
     }
 )
 # Constants a device's fit takes as measured and never searches.
-MEASURED_CONSTANTS = frozenset({"frontend_latency_s", "frontend_per_stream_s", "frontend_cpu_s"})
+MEASURED_CONSTANTS = frozenset(
+    {
+        "frontend_latency_s",
+        "frontend_per_stream_s",
+        "frontend_cpu_s",
+        "ngram_acceptance",
+        "ngram_draft_share",
+    }
+)
 
 
 def cpu_device_key(cpu_model: str, cores: int) -> str:
@@ -132,12 +146,47 @@ class DeviceConstants:
     frontend_latency_s: float | None = None
     frontend_per_stream_s: float | None = None  # None: 0, a flat front end
     frontend_cpu_s: float | None = None  # None: 0, a front end on cores of its own
+    ngram_acceptance: float | None = None  # None: the lab's alpha (no CPU ngram measured)
+    ngram_draft_share: float | None = None
 
     def label(self) -> str:
         """What every number priced with these constants says about them."""
         return (
             f"calibrated on {self.where}, {self.fitted_on.isoformat()},"
             f" held-out error {self.held_out_error:.0%}"
+        )
+
+    def predictor_params(self, params: LabParams) -> LabParams:
+        """The predictor's settings priced by this device (`predictor_engine`); on a CPU worker
+        an ngram run is priced as its engine drafts, which the calibration measured: each
+        draft accepted at its `ngram_acceptance`, in its `ngram_draft_share` of the steps,
+        given to the formula as the acceptance of a step that always drafts with the same
+        tokens per step (the CPU build has no synthetic sampler: the lab's alpha is not the
+        engine's); and the CPU time drafting adds to every step (spec_step_overhead_s, the
+        ngram proposer's search) as the draft cost that takes as long."""
+        engine = self.predictor_engine(params.engine)
+        if (
+            params.hardware.name != "cpu"
+            or engine.spec_method != "ngram"
+            or not engine.spec_tokens
+            or self.ngram_acceptance is None
+            or self.ngram_draft_share is None
+        ):
+            return replace(params, engine=engine)
+        from labs.predict import decode_step_time, spec_tokens_per_step
+
+        k = engine.spec_tokens
+        per_step = self.ngram_draft_share * spec_tokens_per_step(
+            k, min(self.ngram_acceptance, 0.999)
+        ) + (1 - self.ngram_draft_share)
+        acceptance = _every_step_acceptance(k, per_step)
+        plain = decode_step_time(
+            params.hardware, params.model, engine, 1, params.workload.prompt_tokens
+        )
+        cost = (self.spec_step_overhead_s or 0.0) / (k * plain) if plain > 0 else 0.0
+        return replace(
+            params,
+            engine=replace(engine, acceptance=acceptance, draft_cost=max(engine.draft_cost, cost)),
         )
 
     def predictor_engine(self, engine: EngineConfig) -> EngineConfig:
@@ -164,3 +213,17 @@ class DeviceConstants:
             ),
             seq_overhead_s=self.per_seq_overhead_s or 0.0,
         )
+
+
+def _every_step_acceptance(k: int, tokens_per_step: float) -> float:
+    """The acceptance at which k drafts at every step make `tokens_per_step` on average:
+    (1 - a^(k+1)) / (1 - a), which rises with a, solved by halving."""
+    target = min(max(tokens_per_step, 1.0), k + 1 - 1e-9)
+    low, high = 0.0, 1.0 - 1e-9
+    for _ in range(60):
+        mid = (low + high) / 2
+        if (1 - mid ** (k + 1)) / (1 - mid) < target:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2

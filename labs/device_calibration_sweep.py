@@ -635,6 +635,29 @@ def starting_values(measured: list[Measured]) -> dict[str, float]:
         "frontend_latency_s": frontend[0],
         "frontend_per_stream_s": frontend[1],
         "frontend_cpu_s": frontend_cpu(measured),
+        **ngram_drafting(measured),
+    }
+
+
+def ngram_drafting(measured: list[Measured]) -> dict[str, float]:
+    """How a CPU worker's engine drafts by ngram, measured (never fitted) on the sweep's
+    speculative points: the acceptance per draft in the steps that drafted, and the share of
+    sequence-steps that drafted (Runs.simulated_params, from the engine's counters; the
+    medians over the points). The predictor prices the device's ngram runs with them, where
+    the CPU build accepts what its greedy tokens match, not the lab's alpha. {} on a GPU, or
+    where no point reported its drafts."""
+    if measured[0].params.hardware.name != CPU_KIND:
+        return {}
+    drafting = [
+        m.params.engine
+        for m in measured
+        if m.params.engine.spec_method == "ngram" and m.params.engine.draft_share < 1.0
+    ]
+    if not drafting:
+        return {}
+    return {
+        "ngram_acceptance": statistics.median(e.acceptance for e in drafting),
+        "ngram_draft_share": statistics.median(e.draft_share for e in drafting),
     }
 
 

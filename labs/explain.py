@@ -437,8 +437,7 @@ def _two_steps(
         pieces.append(f"{_signed(rest, fmt)} in the other parts")
     first = (
         f"the engine model expected {fmt(expected)}, {_signed(model_gap, fmt)} against the "
-        f"formula's {fmt(predicted)}"
-        + (f" ({'; '.join(pieces)})" if pieces else "")
+        f"formula's {fmt(predicted)}" + (f" ({'; '.join(pieces)})" if pieces else "")
     )
     held_out = (
         f"; its held-out error on this device is {ev.held_out_error:.0%}"

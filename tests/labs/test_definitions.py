@@ -97,6 +97,14 @@ def test_the_run_page_shows_how_ttft_was_stamped_both_means_and_the_sampling(
     assert "<strong>E2E</strong>: as vllm bench serve times it: from just before the POST" in (
         section
     )
+    assert "Warm-up" not in section  # this record sent none
+    result["meta"] = {**result["meta"], "warmup_s": 0.9312, "warmup_error": None}
+    run.result = result
+    run.save()
+    html = alice_client.get(reverse("labs:run-detail", args=[run.pk])).content.decode()
+    section = html.split('id="run-definitions"', 1)[1].split("</section>", 1)[0]
+    assert "<strong>Warm-up</strong>: one request before the run, not measured" in section
+    assert "it took 931.20 ms" in section
 
     sim_html = alice_client.get(reverse("labs:run-detail", args=[done.pk])).content.decode()
     sim_section = sim_html.split('id="run-definitions"', 1)[1].split("</section>", 1)[0]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -176,6 +177,28 @@ def where_label(version: str | None, gpu: str | None, tp: int, base_url: str | N
     if gpu is None:
         return f"{label} on an unknown GPU"
     return f"{label} on {tp}\u00d7 {gpu}" if tp > 1 else f"{label} on {gpu}"
+
+
+# vLLM's latency histograms, whose totals since the server's start hold the warm-up request.
+HISTOGRAMS = (
+    "vllm:time_to_first_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:request_queue_time_seconds",
+)
+
+
+def _histograms(snapshot: prom.Snapshot | None) -> dict[str, list[float]]:
+    """{name: [sum, count]} of HISTOGRAMS on a /metrics page; {} without one."""
+    if snapshot is None:
+        return {}
+    found = {}
+    for name in HISTOGRAMS:
+        total, count = snapshot.total(f"{name}_sum"), snapshot.total(f"{name}_count")
+        if total is not None and count is not None:
+            found[name] = [total, count]
+    return found
 
 
 _REASONS_SHOWN = 3
@@ -500,6 +523,13 @@ class VLLMBackend:
             metrics_pages=len(pages),
             unreadable_metrics_pages=bad_pages,
             load_wall_s=round(result.wall_s, 3),
+            # The run's own counters (after - before, the warm-up before "before"), and the
+            # server's latency histograms as the run found them, so its own can be told from
+            # the server's totals since its start.
+            engine_counters=dataclasses.asdict(counters),
+            histograms_before=_histograms(before),
+            warmup_s=None if result.warmup_s is None else round(result.warmup_s, 3),
+            warmup_error=result.warmup_error,
         )
         where = where_label(version, gpu, params.engine.tp, base_url if self.base_url else None)
         if meta.get("device") == "cpu":

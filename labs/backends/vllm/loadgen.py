@@ -27,6 +27,8 @@ said below (TTFT is stamped at the socket; bench's TTFT is kept beside it):
   sent at n / rate; the run lasts until every request has returned, failed ones included.
 - A request that fails (HTTP error, a stream cut off, a timeout, an error event) is recorded with
   the reason and the tokens it got; the others carry on.
+- Before the run, one unmeasured request (the first planned, under its own cache salt), as
+  bench sends its initial test prompt: a fresh server's first request pays one-time costs.
 
 labs/definitions.py (stored in every run's meta) says so to the learner.
 
@@ -125,6 +127,11 @@ class LoadOptions:
     # Blocks cached by an earlier run on the same server must not count as hits for this one.
     cache_salt: str | None = None
     temperature: float = 0.0  # 0: greedy (the lab's `temperature`)
+    # One request before the run, not measured, as `vllm bench serve` sends its initial test
+    # prompt (the first planned request, under a cache salt of its own): a fresh server's
+    # first request pays one-time costs (on a CPU worker, the ngram proposer's compilation:
+    # about a second) that would otherwise land in one request of the run.
+    warmup: bool = True
 
 
 @dataclass
@@ -147,6 +154,8 @@ class LoadResult:
     metrics_after: str | None = None
     metrics_polls: list[tuple[float, str]] = field(default_factory=list)
     count_sources: Counter[str] = field(default_factory=Counter)  # how chunks were counted
+    warmup_s: float | None = None  # the unmeasured first request's E2E (None: none sent)
+    warmup_error: str | None = None  # why it failed, if it did
     usage_mismatches: int = 0  # requests whose token count disagrees with the final usage
     # bench's duration: from before the send loop until every request returned (failed too).
     duration_s: float = 0.0
@@ -335,6 +344,24 @@ async def _send(
     return record, stream
 
 
+async def _warm_up(
+    client: httpx.AsyncClient,
+    model: str,
+    first: PlannedRequest,
+    options: LoadOptions,
+    result: LoadResult,
+) -> None:
+    """Send the run's first request once, unmeasured, before the /metrics page the run's
+    counters start from; its cache salt is its own, so the run finds none of its blocks."""
+    salt = f"warmup-{uuid.uuid4().hex}"
+    body = request_body(model, first, salt, options.temperature)
+    headers = {**JSON_HEADERS, "x-request-id": f"lab-{uuid.uuid4().hex[:12]}-warmup"}
+    began = time.monotonic()
+    record, _ = await _send(client, first, body, headers, began)
+    result.warmup_s = time.monotonic() - began
+    result.warmup_error = record.error
+
+
 def _error_message(text: str) -> str:
     try:
         body = json.loads(text)
@@ -425,6 +452,8 @@ async def run_load(
         timed_client(base_url, max_connections=connections, timeout=timeout) as client,
         httpx.AsyncClient(base_url=base_url, timeout=10.0, trust_env=False) as side,
     ):
+        if options.warmup and planned:
+            await _warm_up(client, model, planned[0], options, result)
         if options.metrics_poll_s > 0:
             result.metrics_before = await scrape(side)
         records: list[RequestRecord | None] = [None] * len(planned)

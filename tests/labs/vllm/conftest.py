@@ -57,6 +57,11 @@ class FakeServer:
     def get(self, path: str) -> Any:
         return httpx.get(self.base_url + path, timeout=10, trust_env=False).json()
 
+    def measured_log(self) -> dict[str, Any]:
+        """The fake's log of the run's requests, without the unmeasured warm-up request the
+        load generator sends first (loadgen.LoadOptions.warmup)."""
+        return {k: v for k, v in self.get("/fake/log").items() if not k.endswith("-warmup")}
+
 
 def _start_fake(log_dir: Path) -> FakeServer:
     port = free_port()

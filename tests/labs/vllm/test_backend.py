@@ -64,12 +64,15 @@ def test_a_run_against_a_running_server_reads_counters_right(fake_server: Any) -
     assert [n for _, n in record.requests[0].chunks] == [1, 1, 3, 4, 1, 2]
     counted = server.get("/fake/state")["counters"]
     c = record.counters
-    # Each run's own counts: the page after the run minus the page before it.
+    # Each run's own counts: the page after the run minus the page before it, which came after
+    # the unmeasured warm-up request (the first planned one, under a cache salt of its own).
     assert c.preemptions == counted["num_preemptions"] == 3
-    assert c.prefix_cache_queries == counted["prefix_cache_queries"] == 12 * 128
-    # 64 shared tokens = 4 blocks of 16, found by every request after the first.
+    assert c.prefix_cache_queries == 12 * 128 == counted["prefix_cache_queries"] - 128
+    # 64 shared tokens = 4 blocks of 16, found by every request after the first; the warm-up's
+    # salt kept its blocks apart.
     assert c.prefix_cache_hits == counted["prefix_cache_hits"] == 11 * 64
-    assert c.spec_drafts == counted["spec_decode_num_drafts"] == 12 * 5
+    assert c.spec_drafts == 12 * 5 == counted["spec_decode_num_drafts"] - 5
+    assert record.meta["warmup_s"] > 0 and record.meta["warmup_error"] is None
     assert c.spec_draft_tokens == 12 * 5 * 3
     assert c.spec_accepted_tokens == 12 * (12 - 6)  # tokens minus chunks, per request
     # Each request's own hit, from its final usage (prompt_tokens_details): the first admitted
@@ -448,7 +451,7 @@ def test_lab_run_measures_an_already_running_server(fake_server: Any) -> None:
     result = json.loads(out.getvalue())
     assert result["backend"] == "vllm" and result["where"].startswith("vLLM 0.33.0")
     assert result["measured"]["completed"] == 4 and result["measured"]["failed"] == 0
-    assert len(server.get("/fake/log")) == 4
+    assert len(server.measured_log()) == 4
 
 
 def iid_tokens_per_step(k: int, alpha: float) -> tuple[float, float]:

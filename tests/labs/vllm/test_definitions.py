@@ -28,7 +28,7 @@ def test_a_vllm_run_sends_its_temperature_and_records_both_ttfts_and_its_samplin
     params = parse_lab_params({**SMALL, **NGRAM, "temperature": 0.7})
     record = VLLMBackend(base_url=server.base_url, metrics_poll_s=0).run(params)
 
-    log = server.get("/fake/log")
+    log = server.measured_log()
     assert len(log) == 6 and {entry["temperature"] for entry in log.values()} == {0.7}
     said = record.meta["definitions"]
     assert said["ttft"] == definitions.TTFT_SOCKET and said["ttft_bench"] == definitions.TTFT_BENCH

@@ -160,7 +160,7 @@ def test_it_sends_what_vllm_needs_with_skip_tokenizer_init(fake_server: Any) -> 
 
 
 def truth_fields(server: Any) -> list[list[str]]:
-    return [entry.get("ignored_fields") for entry in server.get("/fake/log").values()]
+    return [entry.get("ignored_fields") for entry in server.measured_log().values()]
 
 
 def test_every_request_says_it_is_json_or_vllm_refuses_it(

@@ -201,10 +201,15 @@ def scrape(url: str) -> Snapshot:
     return Snapshot.from_text(httpx.get(f"{url}/metrics", timeout=30, trust_env=False).text)
 
 
-def hist_mean(snapshot: Snapshot, name: str) -> float:
-    count = snapshot.total(f"{name}_count")
+def hist_mean(snapshot: Snapshot, name: str, run: LabRun | None = None) -> float:
+    """A server histogram's mean; with `run`, over that run's requests only: less what the
+    histogram held when the run began (after its unmeasured warm-up request)."""
+    total, count = snapshot.total(f"{name}_sum"), snapshot.total(f"{name}_count")
+    if run is not None:
+        before_sum, before_count = run.result["meta"]["histograms_before"].get(name, [0, 0])
+        total, count = total - before_sum, count - before_count
     assert count, f"{name} has no samples"
-    return snapshot.total(f"{name}_sum") / count
+    return total / count
 
 
 _runs: dict[str, LabRun] = {}
@@ -308,11 +313,14 @@ def test_a_batching_run_counts_the_tokens_the_server_counted(cpu_worker, learner
     prompts, outputs = int(BATCHING["prompt_tokens"]), int(BATCHING["output_tokens"])
     n = int(BATCHING["num_prompts"])
     assert run.result["completed"] == n and run.result["failed"] == 0
-    assert server.total("vllm:prompt_tokens_total") == n * prompts
-    assert server.total("vllm:generation_tokens_total") == n * outputs
+    # The server's totals since its start hold one more request: the unmeasured warm-up, the
+    # first planned request sent before the run (as vllm bench serve's initial test).
+    assert meta["warmup_s"] > 0 and meta["warmup_error"] is None
+    assert server.total("vllm:prompt_tokens_total") == (n + 1) * prompts
+    assert server.total("vllm:generation_tokens_total") == (n + 1) * outputs
     # The harness's own count: output tokens/s x the duration it divided by.
     counted = run.result["output_tokens_per_s"] * run.result["duration_s"]
-    assert round(counted) == server.total("vllm:generation_tokens_total")
+    assert round(counted) == server.total("vllm:generation_tokens_total") - outputs
     assert run.predicted["tpot_s"] > 0  # priced with the CPU's measured figures
     assert_the_page_says_the_device_has_no_calibration(learner_client, run)
 
@@ -322,13 +330,14 @@ def test_its_latency_means_match_the_servers_histograms(cpu_worker, learner_clie
     assert run is not None, "runs after the batching run"
     server = scrape(server_url(run))
     n, outputs = int(BATCHING["num_prompts"]), int(BATCHING["output_tokens"])
-    # The server times every token after the first: one ITL sample each (no speculation here).
+    # The server times every token after the first, the warm-up's too (n + 1 requests).
+    n += 1
     assert server.total("vllm:inter_token_latency_seconds_count") == n * (outputs - 1)
-    server_itl = hist_mean(server, "vllm:inter_token_latency_seconds")
-    server_tpot = hist_mean(server, "vllm:request_time_per_output_token_seconds")
+    server_itl = hist_mean(server, "vllm:inter_token_latency_seconds", run)
+    server_tpot = hist_mean(server, "vllm:request_time_per_output_token_seconds", run)
     client_tpot, client_itl = run.result["tpot_s"]["mean"], run.result["itl_s"]["mean"]
-    server_ttft = hist_mean(server, "vllm:time_to_first_token_seconds")
-    server_e2e = hist_mean(server, "vllm:e2e_request_latency_seconds")
+    server_ttft = hist_mean(server, "vllm:time_to_first_token_seconds", run)
+    server_e2e = hist_mean(server, "vllm:e2e_request_latency_seconds", run)
     # The figures behind the ratios, in the log (make test-vllm runs with -s).
     print(
         "client/server means, ms: "
@@ -372,8 +381,8 @@ def test_running_sequences_never_exceed_max_num_seqs(cpu_worker, learner_client)
     # histograms a request waited in its queue a good part of its time (about half, in waves;
     # next to nothing if the limit did not bind).
     server = scrape(server_url(run))
-    queued = hist_mean(server, "vllm:request_queue_time_seconds")
-    e2e = hist_mean(server, "vllm:e2e_request_latency_seconds")
+    queued = hist_mean(server, "vllm:request_queue_time_seconds", run)
+    e2e = hist_mean(server, "vllm:e2e_request_latency_seconds", run)
     print(f"server means: queue {queued * 1e3:.1f} ms of E2E {e2e * 1e3:.1f} ms")
     assert queued > 0.2 * e2e, (queued, e2e)
 
@@ -396,7 +405,12 @@ def test_ngram_speculation_and_another_block_size_on_a_new_server(cpu_worker, le
     drafts = server.total("vllm:spec_decode_num_draft_tokens_total")
     accepted = server.total("vllm:spec_decode_num_accepted_tokens_total")
     assert drafts and drafts > 0
-    assert run.result["spec_acceptance_rate"] == pytest.approx(accepted / drafts)
+    # The run's own counters are the server's less the warm-up request's, which came first.
+    own = run.result["meta"]["engine_counters"]
+    assert 0 < own["spec_draft_tokens"] <= drafts and own["spec_accepted_tokens"] <= accepted
+    assert run.result["spec_acceptance_rate"] == pytest.approx(
+        own["spec_accepted_tokens"] / own["spec_draft_tokens"]
+    )
     assert max(run.result["series"]["engine"]["running"]) <= int(SPECULATION["max_num_seqs"])
 
 

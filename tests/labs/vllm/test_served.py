@@ -80,7 +80,7 @@ def test_a_model_not_in_the_catalog_gets_no_prediction_and_ids_within_its_vocabu
     # The stand-in refuses ids at or above 3,000, as vLLM does: every request was served, so
     # every id was drawn within the served model's vocabulary (not the default 1,000-32,000).
     assert (result["measured"]["completed"], result["measured"]["failed"]) == (4, 0)
-    assert len(server.get("/fake/log")) == 4
+    assert len(server.measured_log()) == 4
 
 
 def test_the_table_shows_the_reason_and_no_predicted_column(
