@@ -179,7 +179,7 @@ class DeviceConstants:
         per_step = self.ngram_draft_share * spec_tokens_per_step(
             k, min(self.ngram_acceptance, 0.999)
         ) + (1 - self.ngram_draft_share)
-        acceptance = _every_step_acceptance(k, per_step)
+        acceptance = every_step_acceptance(k, per_step)
         plain = decode_step_time(
             params.hardware, params.model, engine, 1, params.workload.prompt_tokens
         )
@@ -215,7 +215,7 @@ class DeviceConstants:
         )
 
 
-def _every_step_acceptance(k: int, tokens_per_step: float) -> float:
+def every_step_acceptance(k: int, tokens_per_step: float) -> float:
     """The acceptance at which k drafts at every step make `tokens_per_step` on average:
     (1 - a^(k+1)) / (1 - a), which rises with a, solved by halving."""
     target = min(max(tokens_per_step, 1.0), k + 1 - 1e-9)

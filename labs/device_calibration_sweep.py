@@ -22,7 +22,12 @@ from datetime import date
 from typing import TYPE_CHECKING, Any
 
 from labs.catalog import CPU_KIND
-from labs.device_calibration import CONSTANT_BOUNDS, MEASURED_CONSTANTS, DeviceConstants
+from labs.device_calibration import (
+    CONSTANT_BOUNDS,
+    MEASURED_CONSTANTS,
+    DeviceConstants,
+    every_step_acceptance,
+)
 from labs.metrics import summarize
 from labs.params import LabParams, align_run_batch, parse_lab_params
 from labs.sim.engine_model import load_calibration
@@ -268,15 +273,7 @@ def step_acceptance(k: int, decode_tokens: int, accepted: int) -> float:
     steps = decode_tokens - accepted
     if k <= 0 or accepted <= 0 or steps <= 0:
         return 0.0
-    target = min(decode_tokens / steps, k + 1 - 1e-9)
-    low, high = 0.0, 1.0 - 1e-9
-    for _ in range(60):  # tokens per step, (1 - a^(k+1)) / (1 - a), rises with a
-        mid = (low + high) / 2
-        if (1 - mid ** (k + 1)) / (1 - mid) < target:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
+    return every_step_acceptance(k, decode_tokens / steps)
 
 
 def cpu_times(stat_path: str = "/proc/stat") -> tuple[int, int] | None:
