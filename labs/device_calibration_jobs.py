@@ -395,15 +395,27 @@ _PROGRESS = re.compile(r"^run (\d+) of (\d+):")
 FIT_ALLOWANCE_S = 60.0
 
 
-def progress_note(done: int, planned: int, what: str, elapsed_s: float) -> str:
+def progress_note(
+    done: int, planned: int, what: str, elapsed_s: float, limit_s: float | None = None
+) -> str:
     """ "run 8 of 46: D2 4 sequences decoding; 3 min so far, about 12 min left", the job's note
     while its runs go on: the time left from the runs so far (the first run, which starts the
-    engine, gives none)."""
+    engine, gives none), never more than its time limit leaves ("at most")."""
     so_far = f"{_minutes(elapsed_s)} so far"
     if done:
-        left = elapsed_s / done * (planned - done) + FIT_ALLOWANCE_S
-        so_far += f", about {_minutes(left)} left"
+        left, estimated = _bounded(elapsed_s / done * (planned - done), elapsed_s, limit_s)
+        so_far += f", {'about' if estimated else 'at most'} {_minutes(left)} left"
     return f"run {done + 1} of {planned}: {what}; {so_far}"
+
+
+def _bounded(runs_left_s: float, elapsed_s: float, limit_s: float | None) -> tuple[float, bool]:
+    """The time left from the runs so far plus the fit, or what the time limit leaves when
+    that is less (the first runs, which start engines, overstate a run's time): (seconds,
+    whether it is the estimate)."""
+    left = runs_left_s + FIT_ALLOWANCE_S
+    if limit_s is not None and left > limit_s - elapsed_s:
+        return max(limit_s - elapsed_s, 0.0), False
+    return left, True
 
 
 def _minutes(seconds: float) -> str:
@@ -432,7 +444,7 @@ def seconds_left(job: CalibrationJob, now: datetime | None = None) -> tuple[floa
     found = runs_progress(job)
     if found is not None and found[0] > 0:
         done, planned = found
-        return elapsed / done * (planned - done) + FIT_ALLOWANCE_S, True
+        return _bounded(elapsed / done * (planned - done), elapsed, limit)
     if job.state == RunState.RUNNING and found is None and job.note:
         return FIT_ALLOWANCE_S, True  # its runs are over: the fit
     return max(limit - elapsed, 0.0), False
@@ -530,7 +542,7 @@ def calibration_execute(*, job_id: int, hostname: str) -> str:
         began = time.monotonic()
 
         def progress(done: int, planned: int, what: str) -> None:
-            log(progress_note(done, planned, what, time.monotonic() - began))
+            log(progress_note(done, planned, what, time.monotonic() - began, limit))
 
         stored = calibrate_and_store(
             job.base,
