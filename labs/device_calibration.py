@@ -189,6 +189,24 @@ class DeviceConstants:
             engine=replace(engine, acceptance=acceptance, draft_cost=max(engine.draft_cost, cost)),
         )
 
+    def draft_acceptance_rate(self, params: LabParams) -> float | None:
+        """The share of its drafts an ngram run on this CPU worker has accepted, as vLLM counts
+        it (accepted over drafted, where the proposer drafted): the measured acceptance, not
+        the every-step figure `predictor_params` prices time with; None where that does not
+        apply."""
+        engine = params.engine
+        if (
+            params.hardware.name != "cpu"
+            or engine.spec_method != "ngram"
+            or not engine.spec_tokens
+            or self.ngram_acceptance is None
+        ):
+            return None
+        from labs.predict import spec_tokens_per_step
+
+        k = engine.spec_tokens
+        return (spec_tokens_per_step(k, min(self.ngram_acceptance, 0.999)) - 1) / k
+
     def predictor_engine(self, engine: EngineConfig) -> EngineConfig:
         """The predictor's efficiency knobs from this device's fit: GEMMs reach
         `gemm_efficiency` of peak, weight reads `bandwidth_efficiency`, a decode step pays

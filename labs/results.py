@@ -211,7 +211,8 @@ def derived_predictions(predicted: Mapping[str, Any], params: Mapping[str, Any])
     per_step = _finite(predicted.get("spec_tokens_per_step"))
     if k > 0 and per_step is not None:
         # Accepted drafts per step are (tokens per step - 1); vLLM's rate divides by k drafted.
-        extra["draft_acceptance_rate"] = (per_step - 1) / k
+        # A rate stored with the prediction (a CPU worker's measured ngram drafting) stands.
+        extra.setdefault("draft_acceptance_rate", (per_step - 1) / k)
     return extra
 
 

@@ -223,7 +223,13 @@ def device_prediction(params: LabParams) -> dict[str, object]:
     cards all call this, so they show the same figures."""
     from labs.predict import lab_prediction
 
-    return lab_prediction(params, lab_calibration(params))
+    device = lab_calibration(params)
+    values = lab_prediction(params, device)
+    rate = device.draft_acceptance_rate(params) if device is not None else None
+    if rate is not None:
+        # Of the drafts made, as vLLM counts them: made only where the proposer drafted.
+        values["draft_acceptance_rate"] = rate
+    return values
 
 
 def where_label(run: LabRun) -> str:
