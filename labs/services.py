@@ -32,6 +32,7 @@ from config.locks import transaction_lock
 from labs import events, hooks, turns
 from labs.backends import check_can_start, get_backend, served_instead
 from labs.backends.base import Phase, ProgressCallback
+from labs.calibration_progress import busy_words
 from labs.metrics import summarize
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.params import FIELDS_BY_NAME, LabParams, ParamError, follow_unshown, parse_lab_params
@@ -121,9 +122,6 @@ def _precheck(backend: str, params: LabParams) -> str:
 
 
 def _engine_busy(backend: str, params: LabParams) -> RunRefused:
-    # Imported here: the calibration jobs module queues through this one.
-    from labs.device_calibration_jobs import busy_words
-
     key = device_key(params)
     return RunRefused(
         f"{busy_words(key)} Nothing was queued.",

@@ -18,7 +18,7 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
-from labs import definitions, results, selectors, services
+from labs import calibration_progress, definitions, results, selectors, services
 from labs import device_calibration_jobs as calibration_jobs
 from labs.accuracy import expected_errors
 from labs.backends import check_can_start, device_lab_settings, requirement
@@ -80,7 +80,11 @@ def _prediction_calibration(form: LabParamsForm) -> str:
 def _calibrating_note(params: LabParams | None) -> str:
     """ "This device is calibrating itself: ..." while the lab's device has a calibration queued
     or running."""
-    return "" if params is None else calibration_jobs.calibrating_note(selectors.device_key(params))
+    return (
+        ""
+        if params is None
+        else calibration_progress.calibrating_note(selectors.device_key(params))
+    )
 
 
 def _load(form: LabParamsForm) -> str:
@@ -135,7 +139,7 @@ def _engines_busy(request: HttpRequest) -> list[str]:
     names the processes."""
     said = []
     for device, operators in sorted(engines_busy().items()):
-        words = calibration_jobs.busy_words(device)
+        words = calibration_progress.busy_words(device)
         said.append(f"{words} ({operators})" if request.user.is_staff else words)
     return said
 
