@@ -28,7 +28,7 @@ from datetime import date
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from labs.params import EngineConfig, LabParams
+    from labs.params import EngineConfig
 
 # The constants a device calibration holds, with the range a fit may give each (fractions of the
 # data-sheet peaks; overheads in seconds).
@@ -155,57 +155,6 @@ class DeviceConstants:
             f"calibrated on {self.where}, {self.fitted_on.isoformat()},"
             f" held-out error {self.held_out_error:.0%}"
         )
-
-    def predictor_params(self, params: LabParams) -> LabParams:
-        """The predictor's settings priced by this device (`predictor_engine`); on a CPU worker
-        an ngram run is priced as its engine drafts, which the calibration measured: each
-        draft accepted at its `ngram_acceptance`, in its `ngram_draft_share` of the steps,
-        given to the formula as the acceptance of a step that always drafts with the same
-        tokens per step (the CPU build has no synthetic sampler: the lab's alpha is not the
-        engine's); and the CPU time drafting adds to every step (spec_step_overhead_s, the
-        ngram proposer's search) as the draft cost that takes as long."""
-        engine = self.predictor_engine(params.engine)
-        if (
-            params.hardware.name != "cpu"
-            or engine.spec_method != "ngram"
-            or not engine.spec_tokens
-            or self.ngram_acceptance is None
-            or self.ngram_draft_share is None
-        ):
-            return replace(params, engine=engine)
-        from labs.predict import decode_step_time, spec_tokens_per_step
-
-        k = engine.spec_tokens
-        per_step = self.ngram_draft_share * spec_tokens_per_step(
-            k, min(self.ngram_acceptance, 0.999)
-        ) + (1 - self.ngram_draft_share)
-        acceptance = every_step_acceptance(k, per_step)
-        plain = decode_step_time(
-            params.hardware, params.model, engine, 1, params.workload.prompt_tokens
-        )
-        cost = (self.spec_step_overhead_s or 0.0) / (k * plain) if plain > 0 else 0.0
-        return replace(
-            params,
-            engine=replace(engine, acceptance=acceptance, draft_cost=max(engine.draft_cost, cost)),
-        )
-
-    def draft_acceptance_rate(self, params: LabParams) -> float | None:
-        """The share of its drafts an ngram run on this CPU worker has accepted, as vLLM counts
-        it (accepted over drafted, where the proposer drafted): the measured acceptance, not
-        the every-step figure `predictor_params` prices time with; None where that does not
-        apply."""
-        engine = params.engine
-        if (
-            params.hardware.name != "cpu"
-            or engine.spec_method != "ngram"
-            or not engine.spec_tokens
-            or self.ngram_acceptance is None
-        ):
-            return None
-        from labs.predict import spec_tokens_per_step
-
-        k = engine.spec_tokens
-        return (spec_tokens_per_step(k, min(self.ngram_acceptance, 0.999)) - 1) / k
 
     def predictor_engine(self, engine: EngineConfig) -> EngineConfig:
         """The predictor's efficiency knobs from this device's fit: GEMMs reach

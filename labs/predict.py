@@ -272,7 +272,7 @@ def predict(params: LabParams, device: DeviceConstants | None = None) -> Predict
     `device`: the calibration measured on the lab's device, if it has one; its fitted
     efficiencies and step overhead replace the knobs the lab left at their ideal defaults."""
     if device is not None:
-        params = device.predictor_params(params)
+        params = replace(params, engine=device.predictor_engine(params.engine))
     model, hw, engine, work = params.model, params.hardware, params.engine, params.workload
     bs = engine.block_size
     used = work.prompt_tokens + work.output_tokens
@@ -474,7 +474,7 @@ def lab_prediction(params: LabParams, device: DeviceConstants | None = None) -> 
     `device`: the lab device's own calibration, if it has one; the figures and the breakdown
     are then both priced by it (see `predict`)."""
     if device is not None:
-        params = device.predictor_params(params)
+        params = replace(params, engine=device.predictor_engine(params.engine))
     values = predict(params).as_dict()
     engine, work = params.engine, params.workload
     if engine.prefix_caching and work.prompt_tokens:

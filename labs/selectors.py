@@ -221,15 +221,9 @@ def device_prediction(params: LabParams) -> dict[str, object]:
     """The one prediction (labs.predict.lab_prediction) for these settings, priced by the lab
     device's own calibration when it has one: the lab page, runs, `lab predict` and personal
     cards all call this, so they show the same figures."""
-    from labs.predict import lab_prediction
+    from labs.device_speculation import lab_prediction_on
 
-    device = lab_calibration(params)
-    values = lab_prediction(params, device)
-    rate = device.draft_acceptance_rate(params) if device is not None else None
-    if rate is not None:
-        # Of the drafts made, as vLLM counts them: made only where the proposer drafted.
-        values["draft_acceptance_rate"] = rate
-    return values
+    return lab_prediction_on(params, lab_calibration(params))
 
 
 def where_label(run: LabRun) -> str:

@@ -12,8 +12,9 @@ from collections.abc import Callable, Mapping
 from typing import TextIO
 
 from labs.cli import add_param_options, params_from_args, stored_calibration
+from labs.device_speculation import lab_prediction_on, priced_params
 from labs.params import LabParams, align_run_batch
-from labs.predict import Prediction, lab_prediction, predict
+from labs.predict import Prediction, predict
 from labs.results import load_label
 
 HELP = "print the closed-form predictions (KV memory, capacity, TTFT, TPOT, ...) for the options"
@@ -33,9 +34,9 @@ def run(options: Mapping[str, object], stdout: TextIO) -> None:
     device = stored_calibration(params)
     if options.get("json"):
         # The one prediction the lab pages, runs and cards show (predict() plus its parts).
-        stdout.write(json.dumps(lab_prediction(params, device)) + "\n")
+        stdout.write(json.dumps(lab_prediction_on(params, device)) + "\n")
     else:
-        stdout.write(format_table(params, predict(params, device)))
+        stdout.write(format_table(params, predict(priced_params(params, device), device)))
 
 
 def _bytes(value: float) -> str:

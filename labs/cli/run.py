@@ -19,9 +19,9 @@ from typing import Any, Protocol, TextIO, runtime_checkable
 
 from labs.backends import BACKENDS, get_backend
 from labs.cli import add_param_options, params_from_args, stored_calibration
+from labs.device_speculation import lab_prediction_on
 from labs.metrics import SLO_KEYS, summarize
 from labs.params import LabParams, ParamError, align_run_batch
-from labs.predict import lab_prediction
 from labs.results import load_label
 from labs.sim.lab import run_breakdown
 
@@ -112,7 +112,7 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
         params, no_prediction = for_served_model(values, params, backend.served_model())
     record = backend.run(params)
     measured = summarize(record, slo_ms)
-    predicted = None if no_prediction else lab_prediction(params, stored_calibration(params))
+    predicted = None if no_prediction else lab_prediction_on(params, stored_calibration(params))
     breakdown = None if no_prediction else run_breakdown(params, record, measured)
     why = (
         ""

@@ -1,4 +1,4 @@
-"""Speculation as a CPU worker's engine runs it (labs/device_calibration.py predictor_params,
+"""Speculation as a CPU worker's engine runs it (labs/device_speculation.py,
 labs/device_calibration_sweep.py ngram_drafting): its calibration measures how its ngram
 proposer drafts (acceptance where it drafted, share of steps that did) and the CPU time drafting
 adds to every step; an ngram run on that device is predicted from those, not from the lab's
@@ -13,8 +13,9 @@ import pytest
 
 from labs.device_calibration import DeviceConstants, check_constants
 from labs.device_calibration_sweep import SWEEP, Measured, ngram_drafting, point_params
+from labs.device_speculation import draft_acceptance_rate, lab_prediction_on, priced_params
 from labs.params import parse_lab_params
-from labs.predict import decode_step_time, lab_prediction, spec_tokens_per_step
+from labs.predict import decode_step_time, spec_tokens_per_step
 
 CPU = {"gpu": "cpu", "hbm_gb": 25, "bandwidth_tbs": 0.016, "tflops": 0.16}
 RUN = {
@@ -49,7 +50,7 @@ DEVICE = DeviceConstants(
 
 def test_an_ngram_run_on_a_calibrated_cpu_is_predicted_as_its_engine_drafts():
     params = parse_lab_params({**RUN, "spec_method": "ngram", "spec_tokens": 3, "acceptance": 0.7})
-    priced = DEVICE.predictor_params(params)
+    priced = priced_params(params, DEVICE)
     engine = priced.engine
     # The tokens per step its engine made: 38% of steps drafting 3 at 87.5%, the rest one.
     made = 0.38 * spec_tokens_per_step(3, 0.875) + 0.62
@@ -62,25 +63,25 @@ def test_an_ngram_run_on_a_calibrated_cpu_is_predicted_as_its_engine_drafts():
     assert 3 * engine.draft_cost * plain == pytest.approx(0.0015, rel=1e-9)
     # The change it predicts: TPOT with ngram against without, on the same device.
     plain_run = parse_lab_params(RUN)
-    on = lab_prediction(params, DEVICE)["tpot_s"]
-    off = lab_prediction(plain_run, DEVICE)["tpot_s"]
-    lab_alpha = lab_prediction(params, replace(DEVICE, ngram_acceptance=None))["tpot_s"]
+    on = lab_prediction_on(params, DEVICE)["tpot_s"]
+    off = lab_prediction_on(plain_run, DEVICE)["tpot_s"]
+    lab_alpha = lab_prediction_on(params, replace(DEVICE, ngram_acceptance=None))["tpot_s"]
     assert off > on > lab_alpha  # a smaller gain than the lab's alpha promised
     # Of the drafts it made (where it drafted), as vLLM counts them: 2.31 of 3 at 87.5%.
     expected = (spec_tokens_per_step(3, 0.875) - 1) / 3
-    assert DEVICE.draft_acceptance_rate(params) == pytest.approx(expected)
+    assert draft_acceptance_rate(params, DEVICE) == pytest.approx(expected)
     assert expected == pytest.approx(0.7702, abs=1e-4)
-    assert DEVICE.draft_acceptance_rate(plain_run) is None
+    assert draft_acceptance_rate(plain_run, DEVICE) is None
 
 
 def test_a_gpu_or_an_older_calibration_keeps_the_labs_alpha():
     gpu = parse_lab_params(
         {"model": "qwen2.5-0.5b", "gpu": "l4", "spec_method": "ngram", "spec_tokens": 3}
     )
-    assert DEVICE.predictor_params(gpu).engine.acceptance == gpu.engine.acceptance
+    assert priced_params(gpu, DEVICE).engine.acceptance == gpu.engine.acceptance
     cpu = parse_lab_params({**RUN, "spec_method": "ngram", "spec_tokens": 3, "acceptance": 0.7})
     older = replace(DEVICE, ngram_acceptance=None, ngram_draft_share=None)
-    assert older.predictor_params(cpu).engine.acceptance == 0.7
+    assert priced_params(cpu, older).engine.acceptance == 0.7
     # A stored row without them reads back without them (the lab's alpha applies).
     constants = {
         k: getattr(DEVICE, k)
