@@ -645,7 +645,10 @@ def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     breakdown = run_breakdown(expected_for, record, summary, device) if expected_for else None
     if breakdown is not None and isinstance(priced, Mapping) and priced.get("source") == "probe":
         breakdown["calibrated"] = False  # a probe sizes no part, whatever the kind's
-        breakdown["priced_from"] = "probe"
+        if priced.get("calibrating"):
+            # Sent while the device calibrated itself: the page says the run used the probe
+            # (a device that had no calibration at all says just that).
+            breakdown["priced_from"] = "probe"
     summary["breakdown"] = _json_safe({"b": breakdown})["b"]
     # Stored once, at the top, where a vLLM run's expected parts go too; not again in meta.
     meta = {k: v for k, v in (getattr(record, "meta", {}) or {}).items() if k != "breakdown"}
