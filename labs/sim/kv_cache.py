@@ -104,36 +104,27 @@ class KVCacheManager:
             hits.append(block)
         return hits
 
-    def admit(self, idx: int, hits: list[int], num_new_tokens: int) -> bool:
+    def num_evictable(self, hits: list[int]) -> int:
+        """How many of a request's prefix-cache hits sit in the free queue (nobody holds them):
+        touching them takes them out of it."""
+        return sum(1 for b in hits if self.pool.is_free(b))
+
+    def admit(self, idx: int, hits: list[int], num_new_tokens: int) -> None:
         """Give a waiting request its first blocks: the cache hits plus enough for
-        `num_new_tokens`, or its whole contiguous reservation.
-
-        NOTE: a paged request is admitted only if its whole prompt (all its tokens, when it is
-        recomputed) fits in the free blocks, as vLLM's scheduler_reserve_full_isl does, so a
-        chunked prefill does not start only to be preempted halfway.
-
-        Returns:
-            False, with nothing taken, if the blocks are not there.
-        """
+        `num_new_tokens`, or its whole contiguous reservation. The caller has checked they are
+        free (labs.sim.rules.Rules.admission_need)."""
         t, bs = self.table, self.block_size
+        start = int(self._start[idx])
         if self.contiguous:
             blocks = self.pool.allocate(self.blocks_to_reserve(idx))
-            if blocks is None:
-                return False
+            assert blocks is not None, "admitted without the free blocks for its reservation"
             num_hit, num_blocks = 0, len(blocks)
-            start = int(self._start[idx])
             self._tables[start : start + num_blocks] = blocks
         else:
             num_hit = len(hits)
-            # Hit blocks in the free queue stop being free once touched.
-            evictable = sum(1 for b in hits if self.pool.is_free(b))
-            whole = blocks_for_tokens(int(t.num_tokens(idx)), bs) - num_hit
-            if whole + evictable > self.pool.num_free_blocks:
-                return False
             self.pool.touch(hits)
             new = self.pool.allocate(blocks_for_tokens(num_hit * bs + num_new_tokens, bs) - num_hit)
-            assert new is not None  # guaranteed by the whole-prompt check above
-            start = int(self._start[idx])
+            assert new is not None, "admitted without the free blocks for its prompt"
             self._tables[start : start + num_hit] = hits
             self._tables[start + num_hit : start + num_hit + len(new)] = new
             num_blocks = num_hit + len(new)
@@ -147,23 +138,13 @@ class KVCacheManager:
             # prompts arrive together or spread out does not change which of them compute it.
             shared_tokens = min(num_hit * bs + num_new_tokens, self._num_shared_blocks * bs)
             self._cache(idx, num_hit, shared_tokens)
-        return True
 
-    def blocks_needed(self, idx: np.ndarray, num_new_tokens: np.ndarray) -> np.ndarray:
-        """Blocks each running request lacks to hold its computed plus `num_new_tokens` tokens
-        (zero or negative when it has enough)."""
-        t = self.table
-        total = t.num_computed_tokens[idx] + num_new_tokens
-        return blocks_for_tokens(total, self.block_size) - t.num_blocks[idx]
-
-    def allocate(self, idx: np.ndarray, num_blocks: np.ndarray) -> bool:
+    def allocate(self, idx: np.ndarray, num_blocks: np.ndarray) -> None:
         """Append new blocks to the tables of (distinct) requests `idx` (`num_blocks` each, at
-        least one), all or nothing; False if the pool is short."""
+        least one). The caller has checked they are free (labs.sim.rules.step_fits)."""
         blocks = self.pool.allocate(int(num_blocks.sum()))
-        if blocks is None:
-            return False
+        assert blocks is not None, "allocated more blocks than are free"
         self.place(np.repeat(idx, num_blocks), blocks)
-        return True
 
     def place(self, owners: np.ndarray, blocks: np.ndarray) -> None:
         """Append `blocks[j]` to the table of request `owners[j]`, in order (a request's new

@@ -2,7 +2,10 @@
 
 There are no prefill and decode phases: each request has `num_computed_tokens` and
 `num_tokens` (prompt + output so far), and each step hands out a token budget so the two meet.
-A step that meets them samples the next token. Order of work in `schedule()`:
+A step that meets them samples the next token. Every decision below is a rule of
+labs/sim/rules.py, which the fast path (decode_run.py, steady.py) applies too; this module
+applies them one step at a time, over arrays of the running requests. Order of work in
+`schedule()`:
 
 1. `_schedule_running`: running requests, oldest first. A decode wants 1 token (1 + k with k
    speculative drafts), a prefill chunk or a recompute the rest of its tokens, each capped by
@@ -27,6 +30,15 @@ from labs.backends.base import EngineCounters
 from labs.sim.block_pool import BlockPool
 from labs.sim.entities import RequestStatus, RequestTable
 from labs.sim.kv_cache import KVCacheManager
+from labs.sim.rules import (
+    ADMITS_AFTER_PREEMPTION,
+    Rules,
+    blocks_fit,
+    budget_shares,
+    finishes,
+    is_decoding,
+    samples,
+)
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -129,6 +141,7 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, table: RequestTable, rng: np.random.Generator):
         self.config = config
+        self.rules = Rules.of(config)
         self.table = table
         self.rng = rng
         contiguous = config.kv_allocation == "contiguous"
@@ -161,32 +174,29 @@ class Scheduler:
         """Decide the next step's batch and take the KV blocks it needs."""
         budget = self.config.max_num_batched_tokens
         out = self._schedule_running(budget)
-        if not out.preempted:
-            # NOTE: like vLLM, nothing new is admitted in a step that had to preempt.
+        if ADMITS_AFTER_PREEMPTION or not out.preempted:
             self._schedule_waiting(out, budget - out.total_num_scheduled_tokens)
         return out
 
     def _schedule_running(self, budget: int) -> SchedulerOutput:
-        run, t, k = self.running, self.table, self.config.num_spec_tokens
+        run, t, rules = self.running, self.table, self.rules
         computed = t.num_computed_tokens[run]
         output = t.num_output_tokens[run]
-        gap = t.num_prompt_tokens[run] + output - computed
-        decoding = (gap == 1) & (output > 0)
+        prompt = t.num_prompt_tokens[run]
+        gap = prompt + output - computed
+        decoding = is_decoding(prompt, output, computed)
         want = gap
-        if k:
-            # Drafts never run past the request's last token.
-            room = t.num_output_tokens_target[run] - output - 1
+        if rules.num_spec_tokens:
             proposes = decoding
-            if self.config.spec_draft_share < 1:
+            if rules.draws_who_drafts:
                 # NOTE: drawn only then, so that a run drafting every step draws what it did.
-                proposes = decoding & (self.rng.random(len(run)) < self.config.spec_draft_share)
-            want = gap + np.where(proposes, np.minimum(k, room), 0)
-        # NOTE: the budget goes to running requests oldest first; once it is spent the rest sit
-        # this step out. Each wants at least one token, so the scheduled ones are a prefix.
-        before = np.cumsum(want) - want
-        num_new = np.clip(budget - before, 0, want)
+                proposes = decoding & (self.rng.random(len(run)) < rules.spec_draft_share)
+            drafts = rules.draft_tokens(output, t.num_output_tokens_target[run])
+            want = gap + np.where(proposes, drafts, 0)
+        num_new = budget_shares(want, budget)
         m = int(np.count_nonzero(num_new))
-        preempted = self._allocate_running(run, self.kv.blocks_needed(run[:m], num_new[:m]))
+        need = rules.blocks_to_grow(computed[:m] + num_new[:m], t.num_blocks[run[:m]])
+        preempted = self._allocate_running(run, need)
         m = min(m, len(self.running))
         num_new, computed, decoding = num_new[:m], computed[:m], decoding[:m]
         drafts = np.maximum(num_new - gap[:m], 0)
@@ -214,13 +224,16 @@ class Scheduler:
             The preempted requests, newest first; `self.running` loses them.
         """
         needy = np.flatnonzero(need > 0)
-        if not needy.size or self.kv.allocate(run[needy], need[needy]):
+        if not needy.size:
+            return []
+        if blocks_fit(int(need[needy].sum()), self.pool.num_free_blocks):
+            self.kv.allocate(run[needy], need[needy])
             return []  # everyone's blocks fitted at once: nothing to preempt
         tail, preempted = len(run), []
         for i in needy.tolist():
             if i >= tail:
                 break
-            while not self.kv.allocate(run[i : i + 1], need[i : i + 1]):
+            while not blocks_fit(int(need[i]), self.pool.num_free_blocks):
                 # NOTE: victims come from the tail, which has not been given blocks this step;
                 # a request that finds itself at the tail preempts itself.
                 tail -= 1
@@ -228,39 +241,34 @@ class Scheduler:
                 self._preempt(int(run[tail]))
                 if tail == i:
                     break
+            else:
+                self.kv.allocate(run[i : i + 1], need[i : i + 1])
         self.running = run[:tail]
         return preempted
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        cfg, t, kv = self.config, self.table, self.kv
+        rules, t, kv = self.rules, self.table, self.kv
         num_running = len(self.running)
         admitted: list[int] = []
         num_new_list: list[int] = []
         cached_list: list[int] = []
-        while self.waiting and budget > 0 and num_running < cfg.max_num_seqs:
+        while self.waiting and rules.admission_open(num_running, budget):
             idx = self.waiting[0]
             num_tokens = int(t.num_tokens(idx))
             hits = kv.get_computed_blocks(idx)
-            num_cached = len(hits) * cfg.block_size
-            num_new = num_tokens - num_cached
-            if num_new > budget:
-                # NOTE: without chunked prefill a prompt runs whole or waits, and FCFS keeps
-                # everyone behind it waiting too. A preempted request's recompute (prompt +
-                # output) can outgrow the budget, so it is chunked either way.
-                if not cfg.chunked_prefill and t.num_output_tokens[idx] == 0:
-                    break
-                num_new = budget
-            if not kv.admit(idx, hits, num_new):
+            num_cached = len(hits) * rules.block_size
+            recompute = bool(t.num_output_tokens[idx] > 0)
+            num_new = rules.admission_chunk(num_tokens - num_cached, budget, recompute)
+            if not num_new:
                 break
+            need = rules.admission_need(
+                num_tokens, len(hits), kv.num_evictable(hits), kv.blocks_to_reserve(idx)
+            )
+            if not blocks_fit(need, self.pool.num_free_blocks):
+                break
+            kv.admit(idx, hits, num_new)
             self.waiting.popleft()
-            if kv.caching:
-                # Counted once per admission: the hit rate is the share of looked-up tokens
-                # served from the cache.
-                self.counters.prefix_cache_queries += num_tokens
-                self.counters.prefix_cache_hits += num_cached
-            if t.num_cached_tokens[idx] < 0:
-                t.num_cached_tokens[idx] = num_cached
-            t.status[idx] = RequestStatus.RUNNING
+            self.note_admitted(idx, num_tokens, num_cached)
             admitted.append(idx)
             num_new_list.append(num_new)
             cached_list.append(num_cached)
@@ -278,6 +286,18 @@ class Scheduler:
         out.num_computed_before = np.concatenate([out.num_computed_before, new_cached])
         out.num_prefill_tokens += int(new_tokens.sum())
         out.kv_tokens_read += int(new_cached.sum())
+
+    def note_admitted(self, idx: int, num_tokens: int, num_cached: int) -> None:
+        """Count an admission of request `idx` with `num_tokens` known tokens, `num_cached` of
+        them prefix-cache hits, and mark it running (steady steps admit through this too)."""
+        if self.kv.caching:
+            # Counted once per admission: the hit rate is the share of looked-up tokens served
+            # from the cache.
+            self.counters.prefix_cache_queries += num_tokens
+            self.counters.prefix_cache_hits += num_cached
+        if self.table.num_cached_tokens.item(idx) < 0:
+            self.table.num_cached_tokens[idx] = num_cached
+        self.table.status[idx] = RequestStatus.RUNNING
 
     def _preempt(self, idx: int) -> None:
         """Free a running request's blocks and put it at the front of the waiting queue; it
@@ -300,9 +320,7 @@ class Scheduler:
         if idx.size == 0:
             return StepResult(_EMPTY, _EMPTY, _EMPTY)
         computed = t.num_computed_tokens[idx] + out.num_scheduled_tokens
-        # NOTE: a step samples for a request once all its known tokens are computed; a prefill
-        # chunk that stops short samples nothing.
-        sampled = computed >= t.num_prompt_tokens[idx] + t.num_output_tokens[idx]
+        sampled = samples(computed, t.num_prompt_tokens[idx] + t.num_output_tokens[idx])
         new_tokens = sampled.astype(np.int64)
         if out.max_num_draft_tokens:
             spec = out.num_draft_tokens > 0
@@ -318,7 +336,7 @@ class Scheduler:
         t.num_computed_tokens[idx] = computed
         t.num_output_tokens[idx] += new_tokens
         self.kv.cache_full_blocks(idx)
-        done = sampled & (t.num_output_tokens[idx] >= t.num_output_tokens_target[idx])
+        done = sampled & finishes(t.num_output_tokens[idx], t.num_output_tokens_target[idx])
         finished = idx[done]
         if finished.size:
             for r in finished.tolist():

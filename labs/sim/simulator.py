@@ -13,9 +13,10 @@ The clock only moves forward by step times (from the cost model) or by jumping o
 to the next issue time. Nothing here reads the wall clock except `wall_s` and the throttle of
 the progress callback, so a seed fixes the result.
 
-A step is taken one of three ways, all giving the same record (tests/labs/sim/test_fast_path.py):
+A step is taken one of three ways, all by the same scheduling rules (labs/sim/rules.py) and
+giving the same record (tests/labs/sim/test_equivalence.py, test_fast_path.py):
 
-- a run of plain decode steps at once (`_skip_decode_steps`): nothing changes but the KV, so
+- a run of plain decode steps at once (labs/sim/decode_run.py): nothing changes but the KV, so
   the steps are priced in one vectorised call and their tokens written with numpy;
 - a steady step (labs/sim/steady.py): decodes kept as sums, only changing requests touched;
 - one step through the scheduler, for everything else, and always with `step_by_step=True`.
@@ -34,8 +35,9 @@ import numpy as np
 from labs.backends.base import RequestRecord, RunRecord
 from labs.predict import blocks_for_tokens
 from labs.sim.breakdown import BreakdownAccumulator
-from labs.sim.cost_model import CostModel, PartsCostModel, step_parts_s
-from labs.sim.engine_model import OVERHEAD, PARTS
+from labs.sim.cost_model import CostModel, step_parts_s
+from labs.sim.decode_run import advance_decode_run
+from labs.sim.engine_model import OVERHEAD
 from labs.sim.entities import RequestTable, SimRequest
 from labs.sim.recording import ChunkStore, SampleRecorder
 from labs.sim.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepResult
@@ -43,8 +45,6 @@ from labs.sim.steady import LoopState, advance_steady
 from labs.sim.workload import GeneratedWorkload
 
 WHERE = "simulated on CPU"
-# Most steps x sequences advanced in one go (bounds the arrays a run of skipped steps needs).
-_MAX_SKIP_CELLS = 1 << 20
 
 
 class SimConfigError(ValueError):
@@ -204,7 +204,7 @@ class Simulator:
                 # An arrival can only come in before a step if there is a slot for it.
                 next_arrival = loop.next_arrival_s(intended)
                 before = loop.now
-                loop.now = self._skip_decode_steps(loop.now, next_arrival, recorder, chunks)
+                loop.now = advance_decode_run(self, loop.now, next_arrival, recorder, chunks)
                 if loop.now != before:
                     continue
                 steady = advance_steady(self, loop, recorder, chunks)
@@ -266,159 +266,6 @@ class Simulator:
                 "breakdown": breakdown,
             },
         )
-
-    def _skip_decode_steps(
-        self,
-        now: float,
-        next_arrival: float | None,
-        recorder: SampleRecorder,
-        chunks: ChunkStore,
-    ) -> float:
-        """Advance a run of steps in which nothing but the decoding changes, all at once.
-
-        Such a run starts when every running request is decoding, all of them fit the token
-        budget, and nobody waiting can be admitted; it lasts until the step before the first
-        request finishes (or, with k drafts, has fewer than k tokens left to draft), the step
-        before an arrival, or the last step whose new blocks still fit the pool. In it the batch
-        is fixed and only each sequence's KV grows, so the steps are priced in one call
-        (`steps_time_s`) and the token times written with numpy; the blocks are taken in the
-        order the single steps would take them (step by step, oldest request first), so the
-        pool ends up the same.
-
-        NOTE: with speculation each step draws one acceptance per sequence from the run's
-        generator, `rng.geometric(1 - alpha, size=m)`. Generator.geometric fills its output one
-        value after another from the same stream, so drawing (steps, m) at once gives exactly
-        the values of `steps` single draws of m. The run is cut where a draw makes something
-        happen; the generator is then rewound and the kept steps redrawn, so the next single
-        step draws what it would have drawn anyway.
-
-        Returns:
-            The time after the skipped steps (`now` if none were skipped).
-        """
-        sched, t, cfg = self.scheduler, self.table, self.config
-        run = sched.running
-        m, k = len(run), cfg.num_spec_tokens
-        want = m * (1 + k)
-        if m == 0 or want > cfg.max_num_batched_tokens:
-            return now
-        if k and cfg.spec_draft_share < 1:
-            return now  # who drafts is drawn at each step: the steps differ (single steps)
-        if sched.waiting and m < cfg.max_num_seqs and want < cfg.max_num_batched_tokens:
-            return now  # the waiting queue's head might be admitted
-        computed = t.num_computed_tokens[run]
-        output = t.num_output_tokens[run]
-        if not ((computed + 1 == t.num_prompt_tokens[run] + output) & (output > 0)).all():
-            return now  # someone is still prefilling
-        left = t.num_output_tokens_target[run] - output  # tokens still to make
-        # Every step makes at least one token per request; the step that makes a request's last
-        # token frees its blocks, and with drafts one with fewer than k + 1 tokens left drafts
-        # fewer: those run alone.
-        num_steps = int(left.min()) - 1 - k
-        if num_steps < 2:
-            return now
-        num_steps = min(num_steps, max(2, _MAX_SKIP_CELLS // m))
-        rng = sched.rng
-        state = rng.bit_generator.state if k else None
-        if k:
-            p_reject = 1.0 - cfg.spec_acceptance
-            accepted = np.minimum(rng.geometric(p_reject, size=(num_steps, m)) - 1, k)
-            made = np.cumsum(1 + accepted, axis=0)  # tokens after each step
-            # Step j (0-based) is plain if, before it, everyone has k + 1 tokens left to make.
-            before = np.vstack([np.zeros((1, m), dtype=np.int64), made[:-1]])
-            fine = (left - before >= k + 2).all(axis=1)
-            num_steps = min(num_steps, int(np.argmin(fine)) if not fine.all() else num_steps)
-            grown = np.vstack([np.zeros((1, m), dtype=np.int64), made])  # before each step
-        else:
-            accepted = None
-            grown = np.arange(num_steps + 1)[:, None]
-        if num_steps < 2:
-            if state is not None:
-                rng.bit_generator.state = state
-            return now
-        # Blocks: step j computes KV up to computed + grown[j] + 1 + k tokens.
-        bs = cfg.block_size
-        need = -(-(computed + grown[:num_steps] + 1 + k) // bs)
-        # NOTE: `need` only grows step by step, so the blocks held after step j are
-        # max(held now, need[j]) (rejected drafts give back KV slots, not blocks).
-        held = np.vstack([t.num_blocks[run], np.maximum(need, t.num_blocks[run])])
-        new = np.diff(held, axis=0)  # (steps, m) new blocks per step and request
-        used_per_step = np.cumsum(new.sum(axis=1))
-        fits = int(np.searchsorted(used_per_step, sched.pool.num_free_blocks, side="right"))
-        num_steps = min(num_steps, fits)
-        if num_steps >= 2:
-            growth = grown[:num_steps].sum(axis=1) if k else m * grown[:num_steps, 0]
-            kv = int(computed.sum()) + growth
-            out = SchedulerOutput(
-                req_indices=run,
-                num_scheduled_tokens=np.full(m, 1 + k, dtype=np.int64),
-                num_draft_tokens=np.full(m, k, dtype=np.int64),
-                num_computed_before=computed,
-                num_decode_tokens=want,
-                kv_tokens_read=int(kv[0]),
-                num_spec_seqs=m if k else 0,
-                spec_kv_tokens_read=int(kv[0]) if k else 0,
-                max_num_draft_tokens=k,
-            )
-            spec_kv = kv if k else np.zeros_like(kv)
-            cost = self.cost_model
-            if isinstance(cost, PartsCostModel):
-                parts = cost.steps_parts_s(out, kv, spec_kv)
-                seconds = parts.sum(axis=1)  # each row summed as a single step's parts are
-            else:
-                seconds = cost.steps_time_s(out, kv, spec_kv)
-                parts = np.zeros((len(seconds), len(PARTS)))
-                parts[:, 0] = seconds  # as step_parts_s puts a plain model's step
-            # NOTE: accumulated left to right from `now`, as the single steps add up, so every
-            # timestamp is the same float.
-            ends = np.cumsum(np.concatenate([[now], seconds]))
-            if next_arrival is not None:
-                # A step may start only before the next arrival is due.
-                due = int(np.searchsorted(ends[:-1], next_arrival, side="left"))
-                num_steps = min(num_steps, due)
-        if num_steps < 2:
-            if state is not None:
-                rng.bit_generator.state = state  # as if nothing had been drawn
-            return now
-        if k:
-            assert state is not None and accepted is not None  # both drawn above when k
-            rng.bit_generator.state = state
-            again = np.minimum(rng.geometric(p_reject, size=(num_steps, m)) - 1, k)
-            assert np.array_equal(again, accepted[:num_steps])
-            tokens = 1 + again
-            c = sched.counters
-            c.spec_drafts += num_steps * m
-            c.spec_draft_tokens += num_steps * m * k
-            c.spec_accepted_tokens += int(again.sum())
-        ends = ends[1 : num_steps + 1]
-        # Decode-only steps share no prefill time: each decoding request takes the whole step.
-        self.breakdown.add_steps(run, parts[:num_steps])
-        new = new[:num_steps]
-        total_new = int(used_per_step[num_steps - 1])
-        if total_new:
-            # Step by step, oldest request first, a request's new blocks together.
-            owners = np.repeat(np.tile(np.arange(m), num_steps), new.ravel())
-            blocks = sched.pool.allocate(total_new)
-            assert blocks is not None  # the run was cut to what fits
-            sched.kv.place(run[owners], blocks)
-        blocks_used = sched.pool.num_used_blocks - total_new
-        recorder.add_many(
-            np.concatenate([[now], ends[:-1]]),
-            m,
-            sched.num_waiting,
-            blocks_used + used_per_step[:num_steps],
-            want,
-        )
-        if k:
-            chunks.add_steps(ends, run, tokens)
-            total = tokens.sum(axis=0)
-        else:
-            chunks.add_steps(ends, run)
-            total = num_steps
-        t.num_computed_tokens[run] += total
-        t.num_output_tokens[run] += total
-        self.num_steps += num_steps
-        self.num_skipped_steps += num_steps
-        return float(ends[-1])
 
     def _request_records(self, chunks: ChunkStore) -> list[RequestRecord]:
         t = self.table

@@ -17,7 +17,10 @@ and last decoding step (so O(changes) work per step, not O(batch)), and the few 
 prefilling get their own steps' parts at write-back. The per-request breakdown matches
 step-by-step mode within 1e-9 relative (the sums are added in another order).
 
-It holds while (checked on entry, and left before a step that would break it):
+Each step is scheduled by the scheduler's own rules (labs/sim/rules.py): the budget share of
+each prefill, the admission gate, chunk and block need of each newcomer, when a prefill samples
+and when a request finishes. It holds while (checked on entry, and left before a step that
+would break it):
 
 - no speculation (a fixed token per decode) and paged KV;
 - no block carries a prefix-cache key (caching off, or no shared prefix and nothing cached yet),
@@ -28,7 +31,7 @@ It holds while (checked on entry, and left before a step that would break it):
 
 Anything else (speculation, a shared prefix, preemption, a budget smaller than the batch) goes
 through the scheduler one step at a time. `Simulator(step_by_step=True)` never comes here, and
-tests/labs/sim/test_fast_path.py checks both give the same record.
+tests/labs/sim/test_equivalence.py and test_fast_path.py check both give the same record.
 """
 
 from __future__ import annotations
@@ -45,11 +48,20 @@ import numpy as np
 from labs.sim.engine_model import OVERHEAD, PARTS, parts_total
 from labs.sim.entities import RequestStatus
 from labs.sim.recording import ChunkStore, SampleRecorder
+from labs.sim.rules import (
+    blocks_fit,
+    budget_share,
+    decode_steps_to_finish,
+    finishes,
+    is_decoding,
+    samples,
+)
 
 if TYPE_CHECKING:
     from labs.sim.breakdown import BreakdownAccumulator
     from labs.sim.cost_model import CompositionCostModel, CostModel
     from labs.sim.entities import RequestTable
+    from labs.sim.rules import Rules
     from labs.sim.scheduler import Scheduler, SchedulerConfig
     from labs.sim.workload import GeneratedWorkload
 
@@ -70,7 +82,7 @@ class Simulator(Protocol):
     num_steps: int
 
 
-# A decode-only stretch at least this long is left to Simulator._skip_decode_steps.
+# A decode-only stretch at least this long is left to labs/sim/decode_run.py.
 _SKIP_AT_LEAST = 8
 # Steady steps taken before writing them back, so the logs and temporaries stay small.
 _MAX_STEPS = 4096
@@ -171,8 +183,8 @@ def steady_applies(sim: Simulator) -> bool:
     totals (`composition_parts_s` and `composition_share_s`, as the engine model does); with any
     other, every step goes through the scheduler.
     """
-    cfg, kv = sim.config, sim.scheduler.kv
-    if cfg.num_spec_tokens or cfg.kv_allocation != "paged":
+    rules, kv = sim.scheduler.rules, sim.scheduler.kv
+    if rules.num_spec_tokens or not rules.paged:
         return False
     if not prices_totals(sim.cost_model):
         return False
@@ -229,6 +241,8 @@ class _Decoders:
     bases: dict[int, tuple[int, int]]
     kv_base_total: int  # the sum of the computed-token bases
     # by_phase[i]: decoders that need a new block at each step s with s % block_size == i.
+    # NOTE: a decoder with c tokens computed before step 0 computes token c + s + 1 at step s,
+    # which grows its blocks (Rules.blocks_to_grow) just when (c + s) % block_size == 0.
     by_phase: list[int]
     entry_finish_steps: list[int]  # sorted: when each decoder present on entry finishes
     entry_finish_requests: list[int]  # ... and which one it is
@@ -253,8 +267,7 @@ class _Decoders:
         ids, computed and output tokens, and every request's output target (by request id)."""
         computed_output = zip(computed.tolist(), output.tolist(), strict=True)
         bases = dict(zip(requests.tolist(), computed_output, strict=True))
-        # A decoder finishes at the step that outputs its last token.
-        finish_step = target[requests] - output - 1
+        finish_step = decode_steps_to_finish(output, target[requests])
         by_finish = np.argsort(finish_step, kind="stable")
         return cls(
             block_size=block_size,
@@ -302,7 +315,7 @@ class _Decoders:
         self.bases[req] = (computed_base, output_base)
         self.first_token_step[req] = step
         self.first_decode_step[req] = step + 1
-        finish_step = target - output_base - 1
+        finish_step = decode_steps_to_finish(output_base, target)
         self.joiner_finishing[finish_step].append(req)
         heapq.heappush(self.joiner_finish_heap, finish_step)
         self.by_phase[-computed_base % self.block_size] += 1
@@ -363,11 +376,9 @@ class _StepLog:
 
 @dataclass(slots=True)
 class _SteadyRun:
-    """One run of steady steps: the settings it reads, the decoders (as sums) and the requests
-    still prefilling, the free block count, the step number and the log of what happened.
-
-    Blocks are only counted while the run lasts (`free_blocks`); `-(-tokens // block_size)` is
-    the blocks that many tokens take (a ceiling division)."""
+    """One run of steady steps: the scheduling rules it applies, the decoders (as sums) and the
+    requests still prefilling, the free block count, the step number and the log of what
+    happened. Blocks are only counted while the run lasts (`free_blocks`)."""
 
     sim: Simulator
     loop: LoopState
@@ -376,10 +387,7 @@ class _SteadyRun:
     table: RequestTable
     cost: CompositionCostModel
     intended_arrival_s: np.ndarray
-    block_size: int
-    token_budget: int
-    max_num_seqs: int
-    chunked_prefill: bool
+    rules: Rules
     num_blocks: int  # in the pool
     num_requests: int
     clocked: bool  # whether an arrival or a client slot depends on each step's end time
@@ -399,16 +407,19 @@ class _SteadyRun:
         its computed tokens need."""
         if not steady_applies(sim):
             return None
-        config, table, sched = sim.config, sim.table, sim.scheduler
-        block_size = config.block_size
+        table, sched = sim.table, sim.scheduler
+        rules = sched.rules
+        block_size = rules.block_size
         running = sched.running
         computed = table.num_computed_tokens[running]
         output = table.num_output_tokens[running]
-        is_decoding = (table.num_prompt_tokens[running] + output - computed == 1) & (output > 0)
-        num_decoding = int(is_decoding.sum())
-        if num_decoding > config.max_num_batched_tokens or not is_decoding[:num_decoding].all():
+        decoding = is_decoding(table.num_prompt_tokens[running], output, computed)
+        num_decoding = int(decoding.sum())
+        # The decoders lead the running order and each wants one token: the budget must give
+        # them all theirs (budget_shares), or the step is not steady.
+        if num_decoding > rules.token_budget or not decoding[:num_decoding].all():
             return None
-        if (table.num_blocks[running] != -(-computed // block_size)).any():
+        if rules.blocks_to_grow(computed, table.num_blocks[running]).any():
             return None
         target = table.num_output_tokens_target
         decoders = _Decoders.on_entry(
@@ -425,7 +436,7 @@ class _SteadyRun:
                 int(table.num_prompt_tokens[req]) + req_output,
                 req_output,
                 int(target[req]),
-                -(-req_computed // block_size),
+                rules.blocks_for(req_computed),
             )
             for req, req_computed, req_output in zip(
                 running[num_decoding:].tolist(),
@@ -445,10 +456,7 @@ class _SteadyRun:
             table=table,
             cost=cost,
             intended_arrival_s=sim.workload.intended_arrival_s,
-            block_size=block_size,
-            token_budget=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            chunked_prefill=config.chunked_prefill,
+            rules=rules,
             num_blocks=sched.pool.num_blocks,
             num_requests=num_requests,
             clocked=loop.slots is not None or loop.next_req < num_requests,
@@ -468,14 +476,15 @@ class _SteadyRun:
         budget, sequences and blocks allow. Returns the non-decoders scheduled, each with its
         chunk of tokens, or None if the step is not a steady one (the run ends before it)."""
         decoders = self.decoders
-        tokens_left = self.token_budget - decoders.count
+        # Each decoder's one token first (they lead the running order).
+        tokens_left = self.rules.token_budget - decoders.count
         if tokens_left < 0 or not (decoders.count or self.prefills or self.waiting):
             return None
         if self._plain_decode_stretch_ahead(tokens_left):
             return None
         scheduled, tokens_left, prefill_blocks = self._schedule_prefill_chunks(tokens_left)
         blocks_needed = decoders.blocks_needed(self.step) + prefill_blocks
-        if blocks_needed > self.free_blocks:
+        if not blocks_fit(blocks_needed, self.free_blocks):
             return None  # the scheduler would preempt: let it
         self.free_blocks -= blocks_needed
         self._admit_waiting(scheduled, tokens_left)
@@ -484,11 +493,11 @@ class _SteadyRun:
     def _plain_decode_stretch_ahead(self, tokens_left: int) -> bool:
         """Whether the next steps only decode (nothing prefilling, nobody waiting who could be
         admitted) for at least _SKIP_AT_LEAST steps before a decoder finishes: such a stretch
-        is left to Simulator._skip_decode_steps, which takes it whole."""
+        is left to labs/sim/decode_run.py, which takes it whole."""
         decoders = self.decoders
         if not decoders.count or self.prefills:
             return False
-        if self.waiting and decoders.count < self.max_num_seqs and tokens_left != 0:
+        if self.waiting and self.rules.admission_open(decoders.count, tokens_left):
             return False
         return decoders.next_finish_step(self.step) - self.step >= _SKIP_AT_LEAST
 
@@ -498,38 +507,35 @@ class _SteadyRun:
         """Give each prefilling request, in order, its next chunk (what is left of its prompt
         or recompute, cut to the budget left). Returns the (request, chunk) pairs, the token
         budget left after them and the new blocks they need."""
-        block_size = self.block_size
+        rules = self.rules
         scheduled: list[tuple[_Prefill, int]] = []
         blocks_needed = 0
         for prefill in self.prefills:
-            if tokens_left <= 0:
+            chunk = budget_share(prefill.tokens - prefill.computed, tokens_left)
+            if not chunk:
                 break
-            chunk = min(prefill.tokens - prefill.computed, tokens_left)
             tokens_left -= chunk
-            blocks_needed += -(-(prefill.computed + chunk) // block_size) - prefill.held
+            blocks_needed += rules.blocks_to_grow(prefill.computed + chunk, prefill.held)
             scheduled.append((prefill, chunk))
         return scheduled, tokens_left, blocks_needed
 
     def _admit_waiting(self, scheduled: list[tuple[_Prefill, int]], tokens_left: int) -> None:
-        """Admit requests from the head of the waiting queue while the step has token budget
-        and sequence slots left, as the scheduler does: the whole prompt's blocks must be free
-        (KVCacheManager.admit), a prompt longer than the budget left is cut to it only with
-        chunked prefill (or when it is a recompute), and blocks are taken for the chunk only.
-        Each admitted request is added to `scheduled` with its chunk."""
-        waiting, block_size = self.waiting, self.block_size
+        """Admit requests from the head of the waiting queue by the scheduler's rules
+        (Rules.admission_open, admission_chunk and admission_need; nothing is cached, so there
+        are no hits), taking blocks for the chunk only. Each admitted request is added to
+        `scheduled` with its chunk."""
+        waiting, rules = self.waiting, self.rules
         num_running = self.decoders.count + len(self.prefills)
-        while waiting and tokens_left > 0 and num_running < self.max_num_seqs:
+        while waiting and rules.admission_open(num_running, tokens_left):
             req = waiting[0]
             req_output = self.table.num_output_tokens.item(req)
             tokens = self.table.num_prompt_tokens.item(req) + req_output
-            chunk = tokens
-            if chunk > tokens_left:
-                if not self.chunked_prefill and req_output == 0:
-                    break
-                chunk = tokens_left
-            if -(-tokens // block_size) > self.free_blocks:
-                break  # the whole prompt must fit (KVCacheManager.admit)
-            self.free_blocks -= -(-chunk // block_size)
+            chunk = rules.admission_chunk(tokens, tokens_left, req_output > 0)
+            if not chunk:
+                break
+            if not blocks_fit(rules.admission_need(tokens, 0, 0, 0), self.free_blocks):
+                break
+            self.free_blocks -= rules.blocks_to_grow(chunk, 0)
             scheduled.append((self._admit(req, tokens, req_output), chunk))
             tokens_left -= chunk
             num_running += 1
@@ -539,13 +545,9 @@ class _SteadyRun:
         compute (its prompt, plus its `output` so far if it was preempted), as the scheduler
         admits one: counted as a prefix-cache query when caching is on, its cached tokens set
         to 0 if unknown, marked running. Returns it as a new prefill."""
-        sched, table = self.scheduler, self.table
+        table = self.table
         self.waiting.popleft()
-        if sched.kv.caching:
-            sched.counters.prefix_cache_queries += tokens
-        if table.num_cached_tokens.item(req) < 0:
-            table.num_cached_tokens[req] = 0
-        table.status[req] = _RUNNING
+        self.scheduler.note_admitted(req, tokens, 0)
         prefill = _Prefill(req, 0, tokens, output, table.num_output_tokens_target.item(req), 0)
         self.log.admitted.append((req, self.step))
         self.prefills.append(prefill)
@@ -606,7 +608,7 @@ class _SteadyRun:
             if chunk == 1 and computed > 0:
                 kv_alone += computed
                 num_alone += 1
-            if prefill.tokens - computed == 1 and prefill.output > 0:
+            if is_decoding(prefill.tokens - prefill.output, prefill.output, computed):
                 num_decode += chunk
                 log.charges.append((prefill.req, step, _DECODING))
             else:
@@ -622,7 +624,7 @@ class _SteadyRun:
         the step count advances and the finished are reported to the loop."""
         for prefill, chunk in scheduled:
             prefill.computed += chunk
-            prefill.held = -(-prefill.computed // self.block_size)
+            prefill.held = self.rules.blocks_for(prefill.computed)
         num_done = self._sample_caught_up_prefills()
         num_done += self._finish_decoders()
         self.step += 1
@@ -637,13 +639,13 @@ class _SteadyRun:
         num_done = 0
         still_prefilling: list[_Prefill] = []
         for prefill in self.prefills:
-            if prefill.computed < prefill.tokens:
+            if not samples(prefill.computed, prefill.tokens):
                 still_prefilling.append(prefill)
                 continue
             prefill.output += 1
             prefill.tokens += 1
             req = prefill.req
-            if prefill.output >= prefill.target:
+            if finishes(prefill.output, prefill.target):
                 self.free_blocks += prefill.held
                 log.finished.append((req, step, prefill.computed))
                 log.token_runs.append((req, step, step))
@@ -656,10 +658,10 @@ class _SteadyRun:
     def _finish_decoders(self) -> int:
         """The decoders whose last token was this step's leave, freeing their blocks. Returns
         how many finished."""
-        step, log, block_size = self.step, self.log, self.block_size
+        step, log, rules = self.step, self.log, self.rules
         finished = self.decoders.finish(step)
         for req, computed, first_token, first_decode in finished:
-            self.free_blocks += -(-computed // block_size)
+            self.free_blocks += rules.blocks_for(computed)
             log.finished.append((req, step, computed))
             log.token_runs.append((req, first_token, step))
             log.decode_spans.append((req, first_decode, step))
@@ -772,8 +774,8 @@ class _SteadyRun:
             [*self.decoders.bases, *(prefill.req for prefill in self.prefills)], dtype=np.int64
         )
         if len(owners):
-            owed = (
-                -(-table.num_computed_tokens[owners] // self.block_size) - table.num_blocks[owners]
+            owed = self.rules.blocks_to_grow(
+                table.num_computed_tokens[owners], table.num_blocks[owners]
             )
             total = int(owed.sum())
             if total:
