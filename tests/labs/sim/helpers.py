@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import pytest
 
+from labs.backends.base import RunRecord
 from labs.sim.engine_model import PARTS
 from labs.sim.scheduler import SchedulerConfig, SchedulerOutput
 from labs.sim.simulator import Simulator, StepInfo
@@ -114,3 +116,45 @@ def make_sim(
 def record_steps(steps: list[dict[int, int]]) -> Callable[[StepInfo], None]:
     """An observer appending each step's {request index: tokens scheduled} to `steps`."""
     return lambda info: steps.append(info.output.as_dict())
+
+
+def assert_same_record(fast: RunRecord, slow: RunRecord) -> None:
+    """The fast path's record is the step-by-step one: every request's token counts, cached
+    tokens and preemptions exactly, its token times (first token included), arrival and finish
+    within 1e-9 s; the engine counters exactly; the engine samples, duration and step count."""
+    assert len(fast.requests) == len(slow.requests)
+    for a, b in zip(fast.requests, slow.requests, strict=True):
+        assert a.req_id == b.req_id
+        assert np.array_equal(a.chunks.tokens, b.chunks.tokens), a.req_id
+        np.testing.assert_allclose(
+            a.chunks.times_s, b.chunks.times_s, rtol=0, atol=1e-9, err_msg=f"{a.req_id}'s times"
+        )
+        assert a.arrival_s == pytest.approx(b.arrival_s, abs=1e-9), a.req_id
+        assert a.finish_s == pytest.approx(b.finish_s, abs=1e-9), a.req_id
+        assert (a.cached_prompt_tokens, a.preemptions) == (b.cached_prompt_tokens, b.preemptions)
+    assert fast.counters == slow.counters
+    assert len(fast.samples) == len(slow.samples)
+    for x, y in zip(fast.samples, slow.samples, strict=True):
+        assert (x.running, x.waiting, x.kv_blocks_used) == (y.running, y.waiting, y.kv_blocks_used)
+        assert x.scheduled_tokens == y.scheduled_tokens
+        assert x.kv_usage == y.kv_usage
+        assert x.t_s == pytest.approx(y.t_s, abs=1e-9)
+    assert fast.duration_s == pytest.approx(slow.duration_s, abs=1e-9)
+    assert fast.meta["steps"] == slow.meta["steps"]
+
+
+def assert_same_breakdown(
+    fast_sim: Simulator, fast: RunRecord, slow_sim: Simulator, slow: RunRecord
+) -> None:
+    """Every request's time breakdown (E2E and TPOT parts) agrees within 1e-9 relative, and its
+    E2E parts add up to its measured E2E."""
+    for a, b in zip(
+        fast_sim.breakdown.per_request(fast.requests),
+        slow_sim.breakdown.per_request(slow.requests),
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12, equal_nan=True)
+    e2e, _ = fast_sim.breakdown.per_request(fast.requests)
+    measured = np.array([r.finish_s - r.arrival_s for r in fast.requests])
+    np.testing.assert_allclose(e2e.sum(axis=1), measured, rtol=1e-9, atol=1e-12)
+    assert fast.meta["breakdown"] is not None

@@ -17,7 +17,13 @@ from labs.sim.cost_model import build_cost_model
 from labs.sim.scheduler import SchedulerConfig
 from labs.sim.simulator import Simulator
 from tests.budget import examples
-from tests.labs.sim.helpers import LinearCost, composition, make_workload
+from tests.labs.sim.helpers import (
+    LinearCost,
+    assert_same_breakdown,
+    assert_same_record,
+    composition,
+    make_workload,
+)
 
 
 @st.composite
@@ -100,43 +106,6 @@ def run_both(
         for step_by_step in (False, True)
     ]
     return sims[0], sims[0].run(), sims[1], sims[1].run()
-
-
-def assert_same_record(fast: RunRecord, slow: RunRecord) -> None:
-    assert len(fast.requests) == len(slow.requests)
-    for a, b in zip(fast.requests, slow.requests, strict=True):
-        assert a.req_id == b.req_id
-        assert np.array_equal(a.chunks.tokens, b.chunks.tokens), a.req_id
-        np.testing.assert_allclose(a.chunks.times_s, b.chunks.times_s, rtol=0, atol=1e-9)
-        assert a.arrival_s == pytest.approx(b.arrival_s, abs=1e-9)
-        assert a.finish_s == pytest.approx(b.finish_s, abs=1e-9)
-        assert (a.cached_prompt_tokens, a.preemptions) == (b.cached_prompt_tokens, b.preemptions)
-    assert fast.counters == slow.counters
-    assert len(fast.samples) == len(slow.samples)
-    for x, y in zip(fast.samples, slow.samples, strict=True):
-        assert (x.running, x.waiting, x.kv_blocks_used) == (y.running, y.waiting, y.kv_blocks_used)
-        assert x.scheduled_tokens == y.scheduled_tokens
-        assert x.kv_usage == y.kv_usage
-        assert x.t_s == pytest.approx(y.t_s, abs=1e-9)
-    assert fast.duration_s == pytest.approx(slow.duration_s, abs=1e-9)
-    assert fast.meta["steps"] == slow.meta["steps"]
-
-
-def assert_same_breakdown(
-    fast_sim: Simulator, fast: RunRecord, slow_sim: Simulator, slow: RunRecord
-):
-    """Every request's time breakdown (E2E and TPOT parts) agrees within 1e-9 relative, and its
-    E2E parts add up to its measured E2E."""
-    for a, b in zip(
-        fast_sim.breakdown.per_request(fast.requests),
-        slow_sim.breakdown.per_request(slow.requests),
-        strict=True,
-    ):
-        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12, equal_nan=True)
-    e2e, _ = fast_sim.breakdown.per_request(fast.requests)
-    measured = np.array([r.finish_s - r.arrival_s for r in fast.requests])
-    np.testing.assert_allclose(e2e.sum(axis=1), measured, rtol=1e-9, atol=1e-12)
-    assert fast.meta["breakdown"] is not None
 
 
 @settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
