@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from labs.params import stored_param
+
 TTFT_SOCKET = (
     "stamped at the socket: from the request's first byte sent to the last byte of its first "
     "content chunk received, on this machine's clock"
@@ -75,7 +77,7 @@ def shown(
 ) -> list[tuple[str, str]]:
     """The run page's definitions, as (term, text): how TTFT was stamped with its mean, bench's
     TTFT side by side (a real engine's run), and the sampling used."""
-    temperature = params.get("temperature") or 0.0
+    temperature = stored_param(params, "temperature")
     said = definitions(backend, float(temperature))
     result = result or {}
     ttft = (result.get("ttft_s") or {}).get("mean")

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from labs.limits import Caps, Limit, Ramp, binding_limit, formula_batch_reason, ramp
+from labs.params import stored_param
 from labs.sim.breakdown import PART_LABELS as BREAKDOWN_LABELS
 
 # Parts are named largest first until what is left is at most COVER of the difference; after
@@ -104,7 +105,7 @@ def evidence(
         limit=binding_limit(summary, caps) if caps else None,
         ramp=ramp(summary),
         formula_batch=formula_batch_reason(prediction, caps) if caps else "",
-        num_prompts=int(_finite(params.get("num_prompts")) or 0),
+        num_prompts=int(_finite(stored_param(params, "num_prompts")) or 0),
         uniform_prompts=not _finite(params.get("input_range_ratio")),
         calibrated=breakdown.get("calibrated") is not False,
         priced_from=str(breakdown.get("priced_from") or ""),

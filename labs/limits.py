@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from labs.params import stored_param
+
 SEQS, KV, BUDGET, ARRIVALS = "max_num_seqs", "kv_pool", "token_budget", "arrivals"
 UNCLEAR = ""  # requests waited, but no cap stood at its limit in the series
 CAPS = (SEQS, KV, BUDGET)
@@ -55,14 +57,14 @@ class Caps:
         when the parameters lack them (a row stored by an older version)."""
         prediction, meta = prediction or {}, meta or {}
         seqs, budget = _int(params.get("max_num_seqs")), _int(params.get("max_num_batched_tokens"))
-        prompt, block = _int(params.get("prompt_tokens")), _int(params.get("block_size")) or 16
-        prompts = _int(params.get("num_prompts")) or 0
-        if not (seqs and budget and prompt):
+        prompt, block = _int(params.get("prompt_tokens")), _int(stored_param(params, "block_size"))
+        prompts = _int(stored_param(params, "num_prompts"))
+        if not (seqs and budget and prompt and block and prompts):
             return None
         cached = _int(prediction.get("prefix_cached_tokens")) or 0
         reserve = prompt
-        if params.get("kv_allocation") == "contiguous":
-            reserve += _int(params.get("max_tokens")) or 0
+        if stored_param(params, "kv_allocation") == "contiguous":
+            reserve += _int(stored_param(params, "max_tokens")) or 0
         num_blocks = _int(meta.get("num_gpu_blocks"))
         capacity = _int(prediction.get("kv_capacity_tokens"))
         if num_blocks is None and capacity:
@@ -72,7 +74,7 @@ class Caps:
         return cls(
             max_num_seqs=seqs,
             max_num_batched_tokens=budget,
-            chunked_prefill=bool(params.get("chunked_prefill", True)),
+            chunked_prefill=bool(stored_param(params, "chunked_prefill")),
             prompt_tokens=max(1, prompt - cached),
             prompt_blocks=-(-reserve // block),
             num_blocks=num_blocks or None,

@@ -47,6 +47,7 @@ from labs.catalog import (
 
 __all__ = [
     "CUSTOM",
+    "DRAFT_SHARE_EVERY_STEP",
     "FIELDS_BY_NAME",
     "PARAM_FIELDS",
     "EngineConfig",
@@ -56,7 +57,9 @@ __all__ = [
     "ParamError",
     "ParamField",
     "Workload",
+    "param_default",
     "parse_lab_params",
+    "stored_param",
 ]
 
 Kind = Literal["int", "float", "choice", "bool"]
@@ -478,9 +481,22 @@ PARAM_FIELDS: tuple[ParamField, ...] = (
 FIELDS_BY_NAME: dict[str, ParamField] = {f.name: f for f in PARAM_FIELDS}
 
 
-def _default(name: str) -> Any:
+def param_default(name: str) -> Any:
     """A lab parameter's default, as its ParamField declares it (the one place it is declared)."""
     return FIELDS_BY_NAME[name].default
+
+
+def stored_param(params: Mapping[str, object], name: str) -> Any:
+    """A lab parameter of a stored run (`LabRun.params`, `as_dict()` of its LabParams): its
+    value, or its declared default where the row lacks it (stored before the parameter existed)
+    or left it unset."""
+    value = params.get(name)
+    return param_default(name) if value is None or value == "" else value
+
+
+# A sequence drafts at every step, unless a device calibration measured the share of steps its
+# engine drafted at (labs/device_calibration_sweep.py).
+DRAFT_SHARE_EVERY_STEP = 1.0
 
 
 class ParamError(ValueError):
@@ -495,25 +511,24 @@ class ParamError(ValueError):
 class EngineConfig:
     """Engine settings, named as vLLM names them; units in the names where they differ."""
 
-    tp: int = _default("tp")
-    weight_dtype: str = _default("weight_dtype")
-    kv_dtype: str = _default("kv_dtype")
-    gpu_memory_utilization: float = _default("gpu_memory_utilization")
-    block_size: int = _default("block_size")
-    max_num_seqs: int = _default("max_num_seqs")
-    max_num_batched_tokens: int = _default("max_num_batched_tokens")
-    kv_allocation: str = _default("kv_allocation")
-    chunked_prefill: bool = _default("chunked_prefill")
-    prefix_caching: bool = _default("prefix_caching")
-    kv_capacity_tokens: int | None = _default("kv_capacity_tokens")
+    tp: int = param_default("tp")
+    weight_dtype: str = param_default("weight_dtype")
+    kv_dtype: str = param_default("kv_dtype")
+    gpu_memory_utilization: float = param_default("gpu_memory_utilization")
+    block_size: int = param_default("block_size")
+    max_num_seqs: int = param_default("max_num_seqs")
+    max_num_batched_tokens: int = param_default("max_num_batched_tokens")
+    kv_allocation: str = param_default("kv_allocation")
+    chunked_prefill: bool = param_default("chunked_prefill")
+    prefix_caching: bool = param_default("prefix_caching")
+    kv_capacity_tokens: int | None = param_default("kv_capacity_tokens")
     # The parsed value: "none" where the learner left speculation unset.
     spec_method: str = "none"
-    spec_tokens: int = _default("spec_tokens")
-    acceptance: float = _default("acceptance")
-    # Not a lab parameter: the share of its steps in which a sequence drafts, 1 (every step)
-    # unless a device calibration measured its engine's (labs/device_calibration_sweep.py); only the
+    spec_tokens: int = param_default("spec_tokens")
+    acceptance: float = param_default("acceptance")
+    # Not a lab parameter: the share of its steps in which a sequence drafts; only the
     # simulator reads it.
-    draft_share: float = 1.0
+    draft_share: float = DRAFT_SHARE_EVERY_STEP
     # The parsed value: the method's own cost (DEFAULT_DRAFT_COST) where the learner left it unset.
     draft_cost: float = 0.0
     step_overhead_s: float = 0.0
@@ -521,29 +536,29 @@ class EngineConfig:
     # calibration measured it (labs/device_calibration.py); a CPU worker's is a large share.
     seq_overhead_s: float = 0.0
     activation_reserve_bytes: int = 0
-    compute_efficiency: float = _default("compute_efficiency")
-    bandwidth_efficiency: float = _default("bandwidth_efficiency")
-    sim_profile: str = _default("sim_profile")
+    compute_efficiency: float = param_default("compute_efficiency")
+    bandwidth_efficiency: float = param_default("bandwidth_efficiency")
+    sim_profile: str = param_default("sim_profile")
 
 
 @dataclass(frozen=True)
 class Workload:
     """What is asked of the engine. Lengths in tokens; `request_rate` None = all at once."""
 
-    prompt_tokens: int = _default("prompt_tokens")
-    output_tokens: int = _default("output_tokens")
-    max_tokens: int = _default("max_tokens")
-    concurrency: int = _default("concurrency")
+    prompt_tokens: int = param_default("prompt_tokens")
+    output_tokens: int = param_default("output_tokens")
+    max_tokens: int = param_default("max_tokens")
+    concurrency: int = param_default("concurrency")
     # The parsed value: prompt + output where the learner left it unset.
     context_tokens: int = 1280
-    num_prompts: int = _default("num_prompts")
-    request_rate: float | None = _default("request_rate")
-    max_concurrency: int | None = _default("max_concurrency")
-    shared_prefix_tokens: int = _default("shared_prefix_tokens")
-    input_range_ratio: float = _default("input_range_ratio")
-    output_range_ratio: float = _default("output_range_ratio")
-    seed: int = _default("seed")
-    temperature: float = _default(
+    num_prompts: int = param_default("num_prompts")
+    request_rate: float | None = param_default("request_rate")
+    max_concurrency: int | None = param_default("max_concurrency")
+    shared_prefix_tokens: int = param_default("shared_prefix_tokens")
+    input_range_ratio: float = param_default("input_range_ratio")
+    output_range_ratio: float = param_default("output_range_ratio")
+    seed: int = param_default("seed")
+    temperature: float = param_default(
         "temperature"
     )  # the requests' sampling on a real engine (0: greedy)
 

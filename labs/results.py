@@ -12,6 +12,7 @@ from typing import Any
 
 from labs import explain
 from labs.explain import Evidence, Explanation
+from labs.params import stored_param
 
 # Within this fraction, measured and predicted "agree"; a rate within this many points.
 AGREE = 0.15
@@ -128,7 +129,7 @@ def load_label(params: Mapping[str, Any]) -> str:
         if rate is not None
         else f"concurrency {in_flight}"
     )
-    prompts = _finite(params.get("num_prompts")) or 0
+    prompts = _finite(stored_param(params, "num_prompts")) or 0
     return (
         f"under this load: {arrivals}, max_num_seqs {params.get('max_num_seqs')}, "
         f"{prompts:,.0f} prompts of {params.get('prompt_tokens')} + "
@@ -207,7 +208,7 @@ def derived_predictions(predicted: Mapping[str, Any], params: Mapping[str, Any])
     cached = _finite(predicted.get("prefix_cached_tokens"))
     if params.get("prefix_caching") and prompt and cached is not None:
         extra["prefix_hit_rate"] = cached / prompt
-    k = _finite(params.get("spec_tokens")) or 0
+    k = _finite(stored_param(params, "spec_tokens")) or 0
     per_step = _finite(predicted.get("spec_tokens_per_step"))
     if k > 0 and per_step is not None:
         # Accepted drafts per step are (tokens per step - 1); vLLM's rate divides by k drafted.

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from labs.backends.base import EngineCounters
+from labs.params import DRAFT_SHARE_EVERY_STEP, param_default
 from labs.sim.block_pool import BlockPool
 from labs.sim.entities import RequestStatus, RequestTable
 from labs.sim.kv_cache import KVCacheManager
@@ -45,21 +46,22 @@ _EMPTY = np.empty(0, dtype=np.int64)
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """The engine settings the scheduler obeys, named as in vLLM."""
+    """The engine settings the scheduler obeys, named as in vLLM; defaults are the lab's
+    (labs/params.py declares each once)."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
     num_gpu_blocks: int
-    block_size: int = 16
-    chunked_prefill: bool = True
-    prefix_caching: bool = True
-    kv_allocation: str = "paged"  # "paged" | "contiguous"
-    num_spec_tokens: int = 0  # k drafts per decode step
-    spec_acceptance: float = 0.0  # alpha: chance each draft is accepted
+    block_size: int = param_default("block_size")
+    chunked_prefill: bool = param_default("chunked_prefill")
+    prefix_caching: bool = param_default("prefix_caching")
+    kv_allocation: str = param_default("kv_allocation")  # "paged" | "contiguous"
+    num_spec_tokens: int = param_default("spec_tokens")  # k drafts per decode step
+    spec_acceptance: float = param_default("acceptance")  # alpha: chance each draft is accepted
     # Chance a decoding sequence proposes its k drafts at a step. vLLM's ngram proposer drafts
     # only where the last tokens repeat earlier context (5 of them by default), so many of its
-    # steps verify nothing; a calibration sets the share its engine drafted at (1: every step).
-    spec_draft_share: float = 1.0
+    # steps verify nothing; a calibration sets the share its engine drafted at.
+    spec_draft_share: float = DRAFT_SHARE_EVERY_STEP
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks", "block_size"):

@@ -456,3 +456,37 @@ def test_hidden_batch_budget_and_shared_prefix_follow_what_needs_them():
 def test_bad_values_are_left_for_the_parser_to_name():
     data = {"output_tokens": "lots", "max_tokens": "512"}
     assert follow_unshown(data, BATCHING_SHOWN) == data
+
+
+def test_a_stored_run_lacking_a_parameter_reads_its_declared_default():
+    from labs.params import param_default, stored_param
+
+    stored = parse_lab_params({"block_size": 32}).as_dict()
+    assert stored_param(stored, "block_size") == 32
+    for name in ("block_size", "num_prompts", "temperature", "spec_tokens", "chunked_prefill"):
+        assert stored_param({}, name) == param_default(name) == stored_param({name: None}, name)
+    assert stored_param({"temperature": ""}, "temperature") == param_default("temperature")
+
+
+def test_the_simulator_defaults_are_the_labs():
+    from dataclasses import MISSING, fields
+
+    from labs.params import EngineConfig
+    from labs.sim.scheduler import SchedulerConfig
+
+    config = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=1, num_gpu_blocks=1)
+    engine = EngineConfig()
+    same = {
+        "block_size": "block_size",
+        "chunked_prefill": "chunked_prefill",
+        "prefix_caching": "prefix_caching",
+        "kv_allocation": "kv_allocation",
+        "num_spec_tokens": "spec_tokens",
+        "spec_acceptance": "acceptance",
+        "spec_draft_share": "draft_share",
+    }
+    defaulted = {f.name for f in fields(SchedulerConfig) if f.default is not MISSING}
+    assert defaulted == set(same)
+    assert {mine: getattr(config, mine) for mine in same} == {
+        mine: getattr(engine, theirs) for mine, theirs in same.items()
+    }
