@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from labs.backends import is_simulated
 from labs.params import stored_param
 
 TTFT_SOCKET = (
@@ -57,7 +58,7 @@ def sampling(temperature: float) -> str:
 
 def definitions(backend: str, temperature: float) -> dict[str, Any]:
     """What the run record's meta["definitions"] holds for a run on `backend`."""
-    if backend == "sim":
+    if is_simulated(backend):
         return {"ttft": TTFT_SIM, "e2e": E2E_SIM, "sampling": SAMPLING_SIM}
     return {
         "ttft": TTFT_SOCKET,

@@ -14,6 +14,7 @@ from typing import Any
 from django import forms
 from django.conf import settings
 
+from labs.backends import is_simulated
 from labs.catalog import CPU_KIND
 from labs.params import (
     FIELDS_BY_NAME,
@@ -124,7 +125,7 @@ class LabParamsForm(forms.Form):
         """
         backend = self.fields["backend"].widget
         if not vllm_online:
-            backend.choices = [(b, label) for b, label in backend.choices if b != "vllm"]
+            backend.choices = [(b, label) for b, label in backend.choices if is_simulated(b)]
             return
         if not offer or elsewhere:
             return
@@ -134,7 +135,8 @@ class LabParamsForm(forms.Form):
         # Only a CPU worker online: it is still vLLM, but not on a GPU.
         vllm_label = "vLLM" if set(offer) == {CPU_KIND} else BACKEND_LABELS["vllm"]
         backend.choices = [
-            (b, f"{vllm_label}: {kinds}" if b == "vllm" else label) for b, label in backend.choices
+            (b, label if is_simulated(b) else f"{vllm_label}: {kinds}")
+            for b, label in backend.choices
         ]
         largest = max(offer.values(), default=0)
         for name, runnable in (

@@ -13,7 +13,7 @@ from django.db.models import Count, Max, Min
 from django.shortcuts import get_object_or_404
 
 from labs import hooks, results
-from labs.backends import device_label
+from labs.backends import device_label, is_simulated
 from labs.backends.base import Phase
 from labs.catalog import CPU_KIND
 from labs.device_calibration import DeviceConstants, announced_cpu_key
@@ -230,7 +230,7 @@ def where_label(run: LabRun) -> str:
     """Where a run's numbers come from: the record's label once done, else the worker's."""
     if run.where:
         return run.where
-    if run.backend == "sim":
+    if is_simulated(run.backend):
         return "simulated on CPU"
     beat = WorkerHeartbeat.objects.filter(hostname=run.worker, backend=run.backend).first()
     return beat.where if beat else run.backend
@@ -285,7 +285,7 @@ def cards_for_lab(lab_slug: str) -> list[dict[str, Any]]:
 def run_charts(run: LabRun) -> dict[str, Any]:
     """The JSON the page's charts draw (static/js/labs.js), from the stored summary."""
     series = results.dig(run.result, "series") or {}
-    return {"simulated": run.backend == "sim", **series}
+    return {"simulated": is_simulated(run.backend), **series}
 
 
 @dataclass(frozen=True)
@@ -332,7 +332,7 @@ def sweep_detail(sweep: Sweep) -> dict[str, Any]:
         "chart": {
             "field": sweep.field,
             "values": [str(v) for v in sweep.values],
-            "simulated": sweep.backend == "sim",
+            "simulated": is_simulated(sweep.backend),
             "metrics": metrics,
         },
         "done": done,

@@ -30,7 +30,14 @@ from django.utils import timezone
 from config.celery import app as celery_app
 from config.locks import transaction_lock
 from labs import events, hooks, turns
-from labs.backends import check_can_start, get_backend, served_instead
+from labs.backends import (
+    StartOptions,
+    backend_for_run,
+    check_can_start,
+    is_simulated,
+    served_instead,
+    simulated_backends,
+)
 from labs.backends.base import Phase, ProgressCallback
 from labs.calibration_progress import busy_words
 from labs.metrics import summarize
@@ -93,11 +100,6 @@ def _predicted(params: LabParams) -> dict[str, object]:
     return {**device_prediction(params), "priced_with": pricing(params)}
 
 
-def backend_options(backend: str) -> dict[str, object]:
-    """Options a backend is built and checked with (the simulator's memory allowance)."""
-    return {"max_run_mb": settings.LABS_SIM_MAX_RUN_MB} if backend == "sim" else {}
-
-
 def _precheck(backend: str, params: LabParams) -> str:
     """Refuse at submit what the backend would refuse on its worker, in O(1) (nothing is built):
     the backend's own start-up check (labs.backends.check_can_start) against the devices the
@@ -130,13 +132,12 @@ def _engine_busy(backend: str, params: LabParams) -> RunRefused:
     )
 
 
-def start_options(backend: str) -> dict[str, object]:
+def start_options(backend: str) -> StartOptions:
     """What a backend's start-up check is given besides the online devices: the simulator's
-    memory allowance, or whether a worker without a device (measuring a server elsewhere) is
-    online."""
-    if backend == "sim":
-        return backend_options(backend)
-    return {"elsewhere": online_without_devices(backend)}
+    memory allowance, and whether a worker without a device (measuring a server elsewhere) is
+    online; each backend reads what concerns it."""
+    elsewhere = not is_simulated(backend) and online_without_devices(backend)
+    return {"max_run_mb": settings.LABS_SIM_MAX_RUN_MB, "elsewhere": elsewhere}
 
 
 def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
@@ -147,7 +148,7 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
             f"No worker for the {backend} backend is online right now, so nothing was queued. "
             + (
                 "Run it on the simulator, or try again once a GPU worker is back."
-                if backend != "sim"
+                if not is_simulated(backend)
                 else "Try again in a minute; the site's staff have been told how to start one."
             ),
             kind="no-worker",
@@ -165,11 +166,12 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
                 "Try the simulator, or run again in a few minutes.",
                 kind="gpu-cap",
             )
-    elif backend == "sim":
+    elif is_simulated(backend):
         # Every learner's sim runs share the CPU workers: a global cap bounds the backlog ...
         cap = settings.LABS_SIM_QUEUE_CAP
         # Card requests simulate on the same workers: they count as runs here (labs/hooks.py).
-        busy = LabRun.objects.active().filter(backend="sim").count() + hooks.work_in_flight(None)[0]
+        simulated = LabRun.objects.active().filter(backend__in=simulated_backends())
+        busy = simulated.count() + hooks.work_in_flight(None)[0]
         if busy + new_runs > cap:
             raise RunRefused(
                 f"The simulator queue is full ({busy} of {cap} runs queued or running"
@@ -180,7 +182,13 @@ def _check_can_queue(*, owner: object, backend: str, new_runs: int) -> None:
         # ... and no learner takes more than a share of it, so a handful cannot fill it.
         share = max(1, cap // settings.LABS_SIM_QUEUE_SHARES)
         cards = hooks.work_in_flight(owner.pk)[0]  # type: ignore[attr-defined]
-        mine = LabRun.objects.for_owner(owner).active().filter(backend="sim").count() + cards
+        mine = (
+            LabRun.objects.for_owner(owner)
+            .active()
+            .filter(backend__in=simulated_backends())
+            .count()
+            + cards
+        )
         if mine + new_runs > share:
             raise RunRefused(
                 f"Your share of the simulator queue is {share} runs and you have {mine} queued "
@@ -633,10 +641,7 @@ def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     # while the run waited does not size parts beside a prediction made without it.
     priced = (run.predicted or {}).get("priced_with")
     device = priced_calibration(params, priced)
-    options = dict(backend_options(run.backend))
-    if run.backend == "sim":
-        options["device"] = device
-    backend = get_backend(run.backend, **options)
+    backend = backend_for_run(run.backend, max_run_mb=settings.LABS_SIM_MAX_RUN_MB, device=device)
     record = backend.run(params, _progress_reporter(run.pk, beat))
     summary = summarize(record)
     # What the numbers are expected to be for is the model the server served.
@@ -653,7 +658,7 @@ def _execute_backend(run: LabRun, beat: _RunHeartbeat) -> _Outcome:
     # Stored once, at the top, where a vLLM run's expected parts go too; not again in meta.
     meta = {k: v for k, v in (getattr(record, "meta", {}) or {}).items() if k != "breakdown"}
     summary["meta"] = _json_safe(meta)
-    predicted = None
+    predicted: dict[str, object] | None = None
     if instead is not None:
         predicted = (
             _predicted(instead.params)

@@ -133,13 +133,13 @@ def sim_steps(params: LabParams) -> int:
     return size.chunks + size.emitting_steps + size.requests
 
 
-def sim_precheck(params: LabParams, *, max_run_mb: int) -> RunSize:
+def sim_precheck(params: LabParams, *, max_run_mb: int | None) -> RunSize:
     """Refuse, in O(1), what the simulator would refuse or could not hold.
 
     Raises:
         ParamError: the pool holds no block, or not the longest request (kv_capacity_tokens).
-        RunTooLarge: the run would need more than `max_run_mb`; the message names the field to
-            lower and its largest value for these settings.
+        RunTooLarge: the run would need more than `max_run_mb` (None: no limit); the message
+            names the field to lower and its largest value for these settings.
     """
     size = sim_run_size(params)
     engine = params.engine
@@ -162,7 +162,8 @@ def sim_precheck(params: LabParams, *, max_run_mb: int) -> RunSize:
                 f"{size.pool_blocks * block:,}"
             }
         )
-    _check_budget(params, size, max_run_mb)
+    if max_run_mb is not None:
+        _check_budget(params, size, max_run_mb)
     return size
 
 

@@ -21,7 +21,7 @@ from django_htmx.http import HttpResponseStopPolling
 from labs import calibration_progress, definitions, results, selectors, services
 from labs import device_calibration_jobs as calibration_jobs
 from labs.accuracy import expected_errors
-from labs.backends import check_can_start, device_lab_settings, requirement
+from labs.backends import check_can_start, device_lab_settings, is_simulated, requirement
 from labs.catalog import CPU_KIND
 from labs.forms import LabParamsForm, SweepForm
 from labs.params import FIELDS_BY_NAME, LabParams, ParamError, parse_lab_params
@@ -104,7 +104,7 @@ def _lab_page(
         form.is_valid()
     backends = selectors.backends_online()
     offer = gpu_offer()
-    vllm_online = any(b.online for b in backends if b.backend == "vllm")
+    vllm_online = any(b.online for b in backends if not is_simulated(b.backend))
     form.offer_gpus(vllm_online, offer, elsewhere=online_without_devices("vllm"))
     context = {
         "lab": lab,
@@ -368,7 +368,7 @@ def _definitions(run: Any) -> list[tuple[str, str]]:
 
 
 def _run_calibrating_note(run: Any) -> str:
-    if run.backend != "vllm":
+    if is_simulated(run.backend):
         return ""
     try:
         return _calibrating_note(parse_lab_params(run.params or {}))

@@ -27,7 +27,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from labs.backends import device_state, engine_busy, get_backend
+from labs.backends import describe_worker, device_state, engine_busy, simulated_backends
 from labs.backends.base import Device, Placement
 from labs.catalog import CPU_KIND, GB, TB, TFLOPS, Hardware, cpu_hardware
 from labs.device_calibration import announced_cpu_key
@@ -74,25 +74,16 @@ def describe_backend(backend: str) -> dict[str, Any]:
         "django": _version("django"),
         "numpy": _version("numpy"),
     }
-    info: dict[str, Any] = {
-        "where": "simulated on CPU",
-        "gpu_name": "",
-        "versions": versions,
-        "gpus": {},
-    }
-    if backend != "sim":
-        info["where"] = backend
-        try:
-            describe = getattr(get_backend(backend), "describe", None)
-            if callable(describe):
-                extra = dict(describe())
-                info["where"] = str(extra.pop("where", backend))
-                info["gpu_name"] = str(extra.pop("gpu_name", ""))
-                info["gpus"] = dict(extra.pop("gpus", None) or {})
-                info["versions"] = {**versions, **extra.pop("versions", {}), **extra}
-        except Exception:
-            # Announce anyway: a worker that cannot describe itself can still run labs.
-            logger.exception("could not describe backend %s", backend)
+    info: dict[str, Any] = {"where": backend, "gpu_name": "", "versions": versions, "gpus": {}}
+    try:
+        extra = describe_worker(backend)
+        info["where"] = str(extra.pop("where", backend))
+        info["gpu_name"] = str(extra.pop("gpu_name", ""))
+        info["gpus"] = dict(extra.pop("gpus", None) or {})
+        info["versions"] = {**versions, **extra.pop("versions", {}), **extra}
+    except Exception:
+        # Announce anyway: a worker that cannot describe itself can still run labs.
+        logger.exception("could not describe backend %s", backend)
     return info
 
 
@@ -160,7 +151,9 @@ def gpu_offer(now: object = None) -> dict[str, int]:
 
     offer: dict[str, int] = {}
     for gpus in (
-        WorkerHeartbeat.objects.online(now).filter(backend="vllm").values_list("gpus", flat=True)
+        WorkerHeartbeat.objects.online(now)
+        .exclude(backend__in=simulated_backends())
+        .values_list("gpus", flat=True)
     ):
         kind, count = (gpus or {}).get("kind"), (gpus or {}).get("count")
         if kind and isinstance(count, int) and count > 0 and not (gpus or {}).get("busy"):
@@ -174,7 +167,11 @@ def cpu_worker_hardware(now: object = None) -> tuple[Hardware, dict[str, Any]] |
     measured nothing. With several, the most recently seen."""
     from labs.models import WorkerHeartbeat
 
-    beats = WorkerHeartbeat.objects.online(now).filter(backend="vllm").order_by("-last_seen")
+    beats = (
+        WorkerHeartbeat.objects.online(now)
+        .exclude(backend__in=simulated_backends())
+        .order_by("-last_seen")
+    )
     for gpus in beats.values_list("gpus", flat=True):
         if (gpus or {}).get("kind") == CPU_KIND:
             hardware = cpu_hardware(gpus)
@@ -261,7 +258,7 @@ def engines_busy(now: object = None) -> dict[str, str]:
     worker's own words, for operators."""
     from labs.models import WorkerHeartbeat
 
-    rows = WorkerHeartbeat.objects.online(now).filter(backend="vllm")
+    rows = WorkerHeartbeat.objects.online(now).exclude(backend__in=simulated_backends())
     busy: dict[str, str] = {}
     for gpus in rows.values_list("gpus", flat=True):
         device = Device.from_announced(gpus)

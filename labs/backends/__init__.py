@@ -4,37 +4,47 @@ Each returns a `RunRecord` (labs/backends/base.py, docs/run-record.md). Outside 
 code reaches a backend only through this registry (and the shared types of base.py): which
 backends there are, one built to run a lab, and what each says about a lab, a worker's devices
 and its server. Backends are imported only when asked for, so importing this package stays cheap
-and Django-free.
+and Django-free. No code outside this package compares a backend's name: it asks the question
+here instead (`is_simulated`, ...).
 
-Each backend's module (BACKENDS) defines `BACKEND`, its class, and answers the questions below
-with functions of the same names; a question it does not answer gets the default its function
-here gives.
+Each backend's module (BACKENDS) answers every question below, as `BackendModule` names them;
+mypy checks each module against it in labs/backends/conformance.py.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, cast, runtime_checkable
 
-from labs.backends.base import Backend, Device, Placement
+from labs.backends.base import Backend, Device, Placement, ServedInstead
+
+if TYPE_CHECKING:
+    from labs.device_calibration import DeviceConstants
+    from labs.params import LabParams
 
 __all__ = [
     "BACKENDS",
     "Backend",
+    "BackendModule",
     "Device",
     "Placement",
+    "backend_for_run",
     "check_can_start",
-    "device_label",
+    "describe_worker",
     "device_lab_settings",
+    "device_label",
     "device_state",
+    "engine_busy",
     "get_backend",
+    "is_simulated",
     "make_model",
     "requirement",
     "served_instead",
     "server_argv",
     "server_port",
+    "StartOptions",
+    "simulated_backends",
     "this_device",
     "worker_inventory",
 ]
@@ -46,21 +56,80 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def _module(name: str) -> ModuleType:
+@runtime_checkable
+class BackendModule(Protocol):
+    """Every question the registry asks of a backend's module, each answered by every backend
+    (the registry's function of the same name says what it means)."""
+
+    @property
+    def BACKEND(self) -> Callable[..., Backend]:  # noqa: N802 (the module's constant)
+        """The backend's class, built with its own options (get_backend)."""
+
+    SIMULATED: bool  # its runs are simulations (labelled simulated, on CPU workers)
+
+    def backend_for_run(
+        self, *, max_run_mb: int | None, device: DeviceConstants | None
+    ) -> Backend: ...
+
+    def check_can_start(
+        self,
+        params: LabParams,
+        devices: Sequence[Device],
+        /,
+        *,
+        max_run_mb: int | None = None,
+        elsewhere: bool = False,
+    ) -> Placement | None: ...
+
+    def requirement(self, params: LabParams) -> str: ...
+
+    def device_lab_settings(
+        self, kind: str, start: Mapping[str, Any] | None = None
+    ) -> dict[str, str]: ...
+
+    def worker_inventory(self) -> dict[str, Any] | None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def device_label(self, announced: Mapping[str, Any]) -> str: ...
+
+    def this_device(self, params: LabParams) -> str: ...
+
+    def served_instead(
+        self, params: LabParams, meta: Mapping[str, Any]
+    ) -> ServedInstead | None: ...
+
+    def server_argv(
+        self,
+        params: LabParams,
+        *,
+        model_path: str | None = None,
+        executable: str | None = None,
+        port: int | None = None,
+    ) -> Sequence[str]: ...
+
+    def device_state(self) -> dict[str, Any]: ...
+
+    def engine_busy(self) -> str: ...
+
+    def server_port(self) -> int | None: ...
+
+    def make_model(self, slug: str, *, force: bool = False) -> dict[str, Any]: ...
+
+
+def _module(name: str) -> BackendModule:
     """Raises ValueError: no backend has that name."""
     try:
         module_name = BACKENDS[name]
     except KeyError:
         allowed = ", ".join(BACKENDS)
         raise ValueError(f"backend must be one of {allowed}, got {name}") from None
-    return importlib.import_module(module_name)
+    # NOTE: the cast is checked where it matters: mypy holds every backend's module to
+    # BackendModule in labs/backends/conformance.py.
+    return cast(BackendModule, importlib.import_module(module_name))
 
 
-def _answer(name: str, question: str) -> Callable[..., Any] | None:
-    return getattr(_module(name), question, None)
-
-
-def get_backend(name: str, **options: Any) -> Backend:
+def get_backend(name: str, **options: object) -> Backend:
     """The backend called `name`, built with `options` (e.g. base_url for vllm).
 
     Raises:
@@ -69,24 +138,62 @@ def get_backend(name: str, **options: Any) -> Backend:
     return _module(name).BACKEND(**options)
 
 
+def backend_for_run(
+    name: str, *, max_run_mb: int | None = None, device: DeviceConstants | None = None
+) -> Backend:
+    """Backend `name` as a worker builds it to run a lab: `max_run_mb`, the memory one run may
+    use (the simulator's), and `device`, the lab GPU's own calibration (the simulator prices
+    with it); each backend takes what it uses."""
+    return _module(name).backend_for_run(max_run_mb=max_run_mb, device=device)
+
+
+def is_simulated(name: str) -> bool:
+    """Whether backend `name`'s runs are simulations: labelled simulated, run on CPU workers
+    under the simulator's queue cap."""
+    return _module(name).SIMULATED
+
+
+def simulated_backends() -> list[str]:
+    """The backends whose runs are simulations (`is_simulated`)."""
+    return [name for name in BACKENDS if is_simulated(name)]
+
+
 # -- what can start where ------------------------------------------------------------------------
 
 
-def check_can_start(name: str, params: Any, devices: Any = (), **options: Any) -> Placement | None:
+def check_can_start(
+    name: str,
+    params: LabParams,
+    devices: Sequence[Device] = (),
+    *,
+    max_run_mb: int | None = None,
+    elsewhere: bool = False,
+) -> Placement | None:
     """Ask backend `name` whether the lab can start on one of `devices` and where: its one
     start-up check, called at submit (the online workers' devices) and on the worker.
+    `max_run_mb`: the memory one simulated run may use (None: no limit); `elsewhere`: a worker
+    of the backend that measures a server elsewhere (announcing no device) is online. Each
+    backend reads what concerns it (StartOptions holds both).
 
     Raises:
         ParamError: what cannot start, by field.
     """
-    return _module(name).check_can_start(params, list(devices), **options)
+    return _module(name).check_can_start(
+        params, list(devices), max_run_mb=max_run_mb, elsewhere=elsewhere
+    )
 
 
-def requirement(name: str, params: Any) -> str:
+class StartOptions(TypedDict):
+    """What a start-up check is given besides the devices (`check_can_start`'s keywords)."""
+
+    max_run_mb: int | None
+    elsewhere: bool
+
+
+def requirement(name: str, params: LabParams) -> str:
     """What the lab needs to start on backend `name`, in a sentence ("needs a vLLM worker with
     4× h100-sxm ..."), or why it cannot; "" for a backend any of its workers runs."""
-    answer = _answer(name, "requirement")
-    return "" if answer is None else str(answer(params))
+    return _module(name).requirement(params)
 
 
 def device_lab_settings(
@@ -96,8 +203,7 @@ def device_lab_settings(
     CPU build: its block size, a fixed KV pool, a workload a few cores finish); {} for none.
     `start`: the lab's own starting values, which the device may have to change (a draft
     model where the device speculates by ngram only)."""
-    answer = _answer(name, "device_lab_settings")
-    return {} if answer is None else dict(answer(kind, start or {}))
+    return dict(_module(name).device_lab_settings(kind, start or {}))
 
 
 # -- a worker's devices --------------------------------------------------------------------------
@@ -106,38 +212,40 @@ def device_lab_settings(
 def worker_inventory(name: str) -> dict[str, Any] | None:
     """The devices this worker runs backend `name` on (count, name, kind, memory_bytes each),
     read once; None for a backend without devices, or when none is found."""
-    answer = _answer(name, "worker_inventory")
-    return None if answer is None else answer()
+    return _module(name).worker_inventory()
+
+
+def describe_worker(name: str) -> dict[str, Any]:
+    """How this worker's results on backend `name` are labelled, for its heartbeat: `where`,
+    and for a real engine `gpu_name`, `gpus` and `versions` (it may read the devices)."""
+    return dict(_module(name).describe())
 
 
 def device_label(name: str, announced: Mapping[str, Any]) -> str:
     """A worker's devices as it announced them (its heartbeat's `gpus`), for the pages:
     `2× NVIDIA H100 80GB HBM3 (h100-sxm, 80 GiB each)`; "" for a backend without devices."""
-    answer = _answer(name, "device_label")
-    return "" if answer is None else str(answer(announced))
+    return _module(name).device_label(announced)
 
 
-def this_device(name: str, params: Any) -> str:
+def this_device(name: str, params: LabParams) -> str:
     """The device the lab's settings run on with backend `name` on this machine, as its
     calibration is stored: the GPU kind, or for vLLM on a CPU this CPU's key."""
-    answer = _answer(name, "this_device")
-    return params.hardware.name if answer is None else str(answer(params))
+    return _module(name).this_device(params)
 
 
 # -- a run's server ------------------------------------------------------------------------------
 
 
-def served_instead(name: str, params: Any, meta: Mapping[str, Any]) -> Any:
+def served_instead(name: str, params: LabParams, meta: Mapping[str, Any]) -> ServedInstead | None:
     """For a finished run's record (its meta): what its numbers are expected to be for when the
     server it measured served another model than the one submitted (`.params`, or None with
     `.no_prediction` saying why); None when it served the lab's own, or the backend starts none."""
-    answer = _answer(name, "served_instead")
-    return None if answer is None else answer(params, meta)
+    return _module(name).served_instead(params, meta)
 
 
 def server_argv(
     name: str,
-    params: Any,
+    params: LabParams,
     *,
     model_path: str | None = None,
     executable: str | None = None,
@@ -149,31 +257,27 @@ def server_argv(
         ValueError: the backend starts no server.
         ParamError: settings the server cannot run.
     """
-    answer = _answer(name, "server_argv")
-    if answer is None:
-        raise ValueError(f"backend {name} starts no server")
-    return answer(params, model_path=model_path, executable=executable, port=port)
+    return _module(name).server_argv(
+        params, model_path=model_path, executable=executable, port=port
+    )
 
 
 def device_state(name: str) -> dict[str, Any]:
     """What this worker's devices hold now, for its every heartbeat (a CPU worker: the memory a
     new engine could have, labs.backends.base.Device.available_bytes, and what the engine's
     processes take); {} for a backend without devices or nothing to say."""
-    answer = _answer(name, "device_state")
-    return {} if answer is None else dict(answer())
+    return dict(_module(name).device_state())
 
 
 def engine_busy(name: str) -> str:
     """Why backend `name` cannot start its engine on this worker's devices now (another process
     of this installation runs one there), in a learner's words; "" when it can."""
-    answer = _answer(name, "busy")
-    return "" if answer is None else str(answer())
+    return _module(name).engine_busy()
 
 
 def server_port(name: str) -> int | None:
     """The port backend `name` shows its server on by default; None if it starts none."""
-    answer = _answer(name, "server_port")
-    return None if answer is None else int(answer())
+    return _module(name).server_port()
 
 
 def make_model(name: str, slug: str, *, force: bool = False) -> dict[str, Any]:
@@ -184,7 +288,4 @@ def make_model(name: str, slug: str, *, force: bool = False) -> dict[str, Any]:
         ParamError: `slug` is not a model it builds.
         RuntimeError: the build failed.
     """
-    answer = _answer(name, "make_model")
-    if answer is None:
-        raise ValueError(f"backend {name} builds no models")
-    return answer(slug, force=force)
+    return _module(name).make_model(slug, force=force)

@@ -337,6 +337,17 @@ class ProgressCallback(Protocol):
     def __call__(self, fraction: float, phase: Phase | None = None) -> None: ...
 
 
+class ServedInstead(Protocol):
+    """A run on a server that served another model than the one submitted: the settings to
+    expect its numbers for (the lab's, with the served model), or why there are none."""
+
+    @property
+    def params(self) -> LabParams | None: ...
+
+    @property
+    def no_prediction(self) -> str | None: ...
+
+
 class Backend(Protocol):
     """A way to run a lab. `on_progress(fraction)` gets 0..1 as requests finish (at most a few
     times a second), and a `Phase` while the backend gets its engine ready. A backend never

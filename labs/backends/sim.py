@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from labs.backends.base import Device, Placement, ProgressCallback, RunRecord
 from labs.definitions import definitions
@@ -13,6 +14,7 @@ from labs.device_calibration import DeviceConstants
 from labs.params import LabParams
 from labs.sim.engine_model import where_label
 from labs.sim.lab import build_simulator
+from labs.sim.simulator import WHERE
 from labs.sizing import MB, address_space_limit, sim_precheck
 
 # Address space beyond the run's budget: thread stacks and malloc arenas reserve far more than
@@ -20,13 +22,81 @@ from labs.sizing import MB, address_space_limit, sim_precheck
 _HEADROOM_BYTES = 256 * MB
 
 
+# Runs are simulations: labelled simulated, run by CPU workers under the simulator's queue cap.
+SIMULATED = True
+
+
 def check_can_start(
-    params: LabParams, devices: Sequence[Device] = (), *, max_run_mb: int
+    params: LabParams,
+    devices: Sequence[Device] = (),
+    /,
+    *,
+    max_run_mb: int | None = None,
+    elsewhere: bool = False,
 ) -> Placement | None:
     """The simulator's start-up check (labs.backends.check_can_start): its pool must hold the
-    longest request and the run fit `max_run_mb`. Any CPU worker runs it, so no placement."""
+    longest request and the run fit `max_run_mb` (None: no limit). Any CPU worker runs it, so
+    no placement."""
     sim_precheck(params, max_run_mb=max_run_mb)
     return None
+
+
+def backend_for_run(*, max_run_mb: int | None, device: DeviceConstants | None) -> SimBackend:
+    return SimBackend(max_run_mb, device)
+
+
+def requirement(params: LabParams) -> str:
+    return ""  # any CPU worker runs it
+
+
+def device_lab_settings(kind: str, start: Mapping[str, Any] | None = None) -> dict[str, str]:
+    return {}
+
+
+def worker_inventory() -> dict[str, Any] | None:
+    return None  # no devices: it runs on the worker's CPU
+
+
+def describe() -> dict[str, Any]:
+    return {"where": WHERE}
+
+
+def device_label(announced: Mapping[str, Any]) -> str:
+    return ""
+
+
+def this_device(params: LabParams) -> str:
+    return params.hardware.name  # the GPU it simulates, whose calibration prices it
+
+
+def served_instead(params: LabParams, meta: Mapping[str, Any]) -> None:
+    return None  # it serves the lab's own model
+
+
+def server_argv(
+    params: LabParams,
+    *,
+    model_path: str | None = None,
+    executable: str | None = None,
+    port: int | None = None,
+) -> list[str]:
+    raise ValueError("backend sim starts no server")
+
+
+def device_state() -> dict[str, Any]:
+    return {}  # no devices
+
+
+def engine_busy() -> str:
+    return ""  # every run has an engine of its own
+
+
+def server_port() -> None:
+    return None
+
+
+def make_model(slug: str, *, force: bool = False) -> dict[str, Any]:
+    raise ValueError("backend sim builds no models")
 
 
 class SimBackend:

@@ -25,14 +25,11 @@ scheduler and decode runs, element-wise) alike.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar, overload
+from typing import TypeVar, overload
 
 import numpy as np
 
 from labs.predict import blocks_for_tokens
-
-if TYPE_CHECKING:
-    from labs.sim.scheduler import SchedulerConfig
 
 Tokens = TypeVar("Tokens", int, np.ndarray)
 
@@ -120,7 +117,7 @@ def blocks_fit(needed: int | np.ndarray, free_blocks: int) -> bool | np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class Rules:
-    """The rules that read the engine's settings (SchedulerConfig)."""
+    """The rules that read the engine's settings (SchedulerConfig.rules() builds them)."""
 
     block_size: int
     token_budget: int  # max_num_batched_tokens
@@ -129,18 +126,6 @@ class Rules:
     paged: bool
     num_spec_tokens: int
     spec_draft_share: float
-
-    @classmethod
-    def of(cls, config: SchedulerConfig) -> Rules:
-        return cls(
-            block_size=config.block_size,
-            token_budget=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            chunked_prefill=config.chunked_prefill,
-            paged=config.kv_allocation == "paged",
-            num_spec_tokens=config.num_spec_tokens,
-            spec_draft_share=config.spec_draft_share,
-        )
 
     # -- running requests -------------------------------------------------------------------------
 

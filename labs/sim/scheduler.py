@@ -74,6 +74,18 @@ class SchedulerConfig:
         if not 0 < self.spec_draft_share <= 1:
             raise ValueError(f"spec_draft_share must be in (0, 1], got {self.spec_draft_share}")
 
+    def rules(self) -> Rules:
+        """The scheduling rules these settings give (labs/sim/rules.py)."""
+        return Rules(
+            block_size=self.block_size,
+            token_budget=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+            chunked_prefill=self.chunked_prefill,
+            paged=self.kv_allocation == "paged",
+            num_spec_tokens=self.num_spec_tokens,
+            spec_draft_share=self.spec_draft_share,
+        )
+
 
 @dataclass
 class SchedulerOutput:
@@ -143,7 +155,7 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, table: RequestTable, rng: np.random.Generator):
         self.config = config
-        self.rules = Rules.of(config)
+        self.rules = config.rules()
         self.table = table
         self.rng = rng
         contiguous = config.kv_allocation == "contiguous"

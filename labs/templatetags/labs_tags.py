@@ -9,10 +9,21 @@ from django import template
 from django.utils import timezone
 from django.utils.timesince import timesince
 
+from labs.backends import is_simulated
 from labs.results import format_value
 from labs.sim.engine_model import short_where_label
 
 register = template.Library()
+
+
+@register.filter
+def simulated(backend: str) -> bool:
+    """{% if run.backend|simulated %}: whether the backend's runs are simulations (asked of the
+    backend registry, so no template compares a backend's name)."""
+    try:
+        return is_simulated(backend)
+    except ValueError:
+        return False  # not a backend's name (a row of a backend since removed)
 
 
 @register.filter

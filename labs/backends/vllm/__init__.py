@@ -7,27 +7,32 @@ builds the `vllm serve` command and served.py reads what a running server serves
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from labs.backends.base import Device, Placement
 from labs.backends.vllm import cpu
 from labs.backends.vllm.backend import VLLMBackend, device_state, gpu_inventory
 from labs.backends.vllm.gpus import GpuInventory
 from labs.backends.vllm.served import served_instead
 from labs.backends.vllm.server import DEFAULT_PORT, build_plan, engine_busy
-from labs.backends.vllm.start import check_can_start, requirement
+from labs.backends.vllm.start import check_can_start as _check_can_start
+from labs.backends.vllm.start import requirement
 from labs.catalog import CPU_KIND
-from labs.device_calibration import cpu_device_key
+from labs.device_calibration import DeviceConstants, cpu_device_key
 from labs.params import LabParams
 
 __all__ = [
     "BACKEND",
+    "SIMULATED",
     "VLLMBackend",
-    "busy",
+    "backend_for_run",
     "check_can_start",
+    "describe",
     "device_lab_settings",
     "device_label",
     "device_state",
+    "engine_busy",
     "make_model",
     "requirement",
     "served_instead",
@@ -38,7 +43,28 @@ __all__ = [
 ]
 
 BACKEND = VLLMBackend
+SIMULATED = False
 make_model = cpu.make_model
+
+
+def backend_for_run(*, max_run_mb: int | None, device: DeviceConstants | None) -> VLLMBackend:
+    # A real engine: no simulated run's memory cap, and it measures instead of pricing.
+    return VLLMBackend()
+
+
+def check_can_start(
+    params: LabParams,
+    devices: Sequence[Device],
+    /,
+    *,
+    max_run_mb: int | None = None,
+    elsewhere: bool = False,
+) -> Placement | None:
+    return _check_can_start(params, devices, elsewhere=elsewhere)
+
+
+def describe() -> dict[str, Any]:
+    return VLLMBackend().describe()
 
 
 def device_lab_settings(kind: str, start: Mapping[str, Any] | None = None) -> dict[str, str]:
@@ -84,7 +110,3 @@ def server_argv(
 
 def server_port() -> int:
     return DEFAULT_PORT
-
-
-def busy() -> str:
-    return engine_busy()
