@@ -61,6 +61,18 @@ class _Batch:
     want: int  # tokens the batch schedules per step: 1 + k each
 
 
+@dataclass
+class _Plan:
+    """The steps of a decode run, cut to those that are plain."""
+
+    num_steps: int
+    accepted: np.ndarray | None  # (steps, m) drafts accepted, with speculation
+    new_blocks: np.ndarray  # (steps, m) blocks each request takes at each step
+    blocks_taken: np.ndarray  # (steps,) blocks the run has taken after each step
+    parts: np.ndarray  # (steps, len(PARTS)) each step's time, in parts
+    ends: np.ndarray  # (steps,) each step's end time
+
+
 def advance_decode_run(
     sim: Simulator,
     now: float,
@@ -83,19 +95,31 @@ def advance_decode_run(
     batch = _plain_decode_batch(sim.scheduler, sim.table)
     if batch is None:
         return now
+    rng = sim.scheduler.rng
+    state = rng.bit_generator.state if batch.k else None
+    plan = _plan(sim, batch, now, next_arrival)
+    if state is not None:
+        rng.bit_generator.state = state  # as if nothing had been drawn
+    if plan is None:
+        return now
+    _take_steps(sim, batch, plan, now, recorder, chunks)
+    return float(plan.ends[-1])
+
+
+def _plan(sim: Simulator, batch: _Batch, now: float, next_arrival: float | None) -> _Plan | None:
+    """The run's steps from `now`: as many as stay plain (nobody finishes, drafts all k),
+    whose blocks fit and that start before `next_arrival`; None if fewer than two."""
     sched, k, m = sim.scheduler, batch.k, len(batch.run)
     # With one token a step (no draft accepted), the step before anyone's last token, less k
     # so that everyone still has k + 1 tokens to make, bounds the run.
     num_steps = int(decode_steps_to_finish(batch.output, batch.target).min()) - k
     num_steps = min(num_steps, max(2, MAX_CELLS // m))
     if num_steps < 2:
-        return now
-    rng = sched.rng
-    state = rng.bit_generator.state if k else None
-    accepted: np.ndarray | None = None
+        return None
+    accepted = None
     if k:
         p_reject = 1.0 - sched.config.spec_acceptance
-        accepted = np.minimum(rng.geometric(p_reject, size=(num_steps, m)) - 1, k)
+        accepted = np.minimum(sched.rng.geometric(p_reject, size=(num_steps, m)) - 1, k)
         made = np.cumsum(1 + accepted, axis=0)  # tokens after each step
         grown = np.vstack([np.zeros((1, m), dtype=np.int64), made])  # before each step
         # Step j is plain if even with all its drafts accepted nobody finishes at it (so
@@ -104,50 +128,66 @@ def advance_decode_run(
         num_steps = min(num_steps, int(np.argmin(plain)) if not plain.all() else num_steps)
     else:
         grown = np.arange(num_steps + 1)[:, None]
-    if num_steps >= 2:
-        num_steps, new, used_per_step = _blocks_per_step(sched, batch, grown, num_steps)
-    ends = parts = None
-    if num_steps >= 2:
-        parts, ends = _price_steps(sim.cost_model, batch, grown, num_steps, now)
-        if next_arrival is not None:
-            # A step may start only before the next arrival is due.
-            due = int(np.searchsorted(ends[:-1], next_arrival, side="left"))
-            num_steps = min(num_steps, due)
     if num_steps < 2:
-        if state is not None:
-            rng.bit_generator.state = state  # as if nothing had been drawn
-        return now
-    assert ends is not None and parts is not None
+        return None
+    num_steps, new_blocks, blocks_taken = _blocks_per_step(sched, batch, grown, num_steps)
+    if num_steps < 2:
+        return None
+    parts, ends = _price_steps(sim.cost_model, batch, grown, num_steps, now)
+    if next_arrival is not None:
+        # A step may start only before the next arrival is due.
+        num_steps = min(num_steps, int(np.searchsorted(ends[:-1], next_arrival, side="left")))
+    if num_steps < 2:
+        return None
+    return _Plan(
+        num_steps,
+        None if accepted is None else accepted[:num_steps],
+        new_blocks[:num_steps],
+        blocks_taken[:num_steps],
+        parts[:num_steps],
+        ends[1 : num_steps + 1],
+    )
+
+
+def _take_steps(
+    sim: Simulator,
+    batch: _Batch,
+    plan: _Plan,
+    now: float,
+    recorder: SampleRecorder,
+    chunks: ChunkStore,
+) -> None:
+    """Apply the planned steps: the drafts accepted (redrawn from the rewound generator), the
+    breakdown, the blocks, the engine samples, the token times and the request counters."""
+    sched, k, m, num_steps = sim.scheduler, batch.k, len(batch.run), plan.num_steps
     tokens = None
     if k:
-        assert state is not None and accepted is not None  # both drawn above when k
-        rng.bit_generator.state = state
-        again = np.minimum(rng.geometric(p_reject, size=(num_steps, m)) - 1, k)
-        assert np.array_equal(again, accepted[:num_steps])
+        p_reject = 1.0 - sched.config.spec_acceptance
+        again = np.minimum(sched.rng.geometric(p_reject, size=(num_steps, m)) - 1, k)
+        assert plan.accepted is not None and np.array_equal(again, plan.accepted)
         tokens = 1 + again
         c = sched.counters
         c.spec_drafts += num_steps * m
         c.spec_draft_tokens += num_steps * m * k
         c.spec_accepted_tokens += int(again.sum())
-    ends = ends[1 : num_steps + 1]
     # Decode-only steps share no prefill time: each decoding request takes the whole step.
-    sim.breakdown.add_steps(batch.run, parts[:num_steps])
-    _take_blocks(sched, batch, new[:num_steps], int(used_per_step[num_steps - 1]))
-    blocks_used = sched.pool.num_used_blocks - int(used_per_step[num_steps - 1])
+    sim.breakdown.add_steps(batch.run, plan.parts)
+    total_new = int(plan.blocks_taken[-1])
+    _take_blocks(sched, batch, plan.new_blocks, total_new)
+    blocks_used = sched.pool.num_used_blocks - total_new
     recorder.add_many(
-        np.concatenate([[now], ends[:-1]]),
+        np.concatenate([[now], plan.ends[:-1]]),
         m,
         sched.num_waiting,
-        blocks_used + used_per_step[:num_steps],
+        blocks_used + plan.blocks_taken,
         batch.want,
     )
-    chunks.add_steps(ends, batch.run, tokens)
+    chunks.add_steps(plan.ends, batch.run, tokens)
     total = num_steps if tokens is None else tokens.sum(axis=0)
     sim.table.num_computed_tokens[batch.run] += total
     sim.table.num_output_tokens[batch.run] += total
     sim.num_steps += num_steps
     sim.num_skipped_steps += num_steps
-    return float(ends[-1])
 
 
 def _plain_decode_batch(sched: Scheduler, t: RequestTable) -> _Batch | None:
