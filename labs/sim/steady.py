@@ -62,16 +62,15 @@ if TYPE_CHECKING:
     from labs.sim.cost_model import CompositionCostModel, CostModel
     from labs.sim.entities import RequestTable
     from labs.sim.rules import Rules
-    from labs.sim.scheduler import Scheduler, SchedulerConfig
+    from labs.sim.scheduler import Scheduler
     from labs.sim.workload import GeneratedWorkload
 
 
 class Simulator(Protocol):
     """What steady steps read and advance of the simulator that takes them
-    (labs.sim.simulator.Simulator): its settings, scheduler, requests and workload, its cost
-    model and breakdown, its progress callback and its step count."""
+    (labs.sim.simulator.Simulator): its scheduler (and the rules it applies), requests and
+    workload, its cost model and breakdown, its progress callback and its step count."""
 
-    config: SchedulerConfig
     scheduler: Scheduler
     table: RequestTable
     workload: GeneratedWorkload
