@@ -14,6 +14,7 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from labs import selectors, services
+from labs.backends import is_simulated
 from labs.forms import BACKEND_LABELS
 from labs.params import ParamError
 from labs.presets import rerun_values
@@ -51,7 +52,7 @@ def _backends() -> list[tuple[str, str]]:
     return [
         (name, BACKEND_LABELS.get(name, name))
         for name in settings.LABS_BACKEND_QUEUES
-        if name == "sim" or name in online
+        if is_simulated(name) or name in online
     ]
 
 

@@ -353,7 +353,7 @@ def _run_errors(run: Any) -> dict[str, Any]:
     published = "calibrated on " not in (run.where or "")
     return {
         "expected_error": expected_errors(params.hardware, predicted),
-        "simulated_published": run.backend == "sim"
+        "simulated_published": is_simulated(run.backend)
         and params.engine.sim_profile == "realistic"
         and published,
     }

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from labs import accuracy
+from labs.backends import is_simulated
 from labs.questions.figures import Figure
 
 GOOD, HARD, AGAIN = 3, 2, 1
@@ -114,7 +115,7 @@ def expected_band(
 ) -> Band:
     """The band a measurement of `figure` is graded within: the simulator's published error, or a
     real engine's spread over `repeats` (earlier runs of the same settings on the device)."""
-    if backend == "sim":
+    if is_simulated(backend):
         return simulated_band(figure, params)
     return device_band(figure, repeats, ratio_repeats=2 if figure.ratio else 1)
 

@@ -141,7 +141,7 @@ class KVCacheManager:
 
     def allocate(self, idx: np.ndarray, num_blocks: np.ndarray) -> None:
         """Append new blocks to the tables of (distinct) requests `idx` (`num_blocks` each, at
-        least one). The caller has checked they are free (labs.sim.rules.step_fits)."""
+        least one). The caller has checked they are free (labs.sim.rules.blocks_fit)."""
         blocks = self.pool.allocate(int(num_blocks.sum()))
         assert blocks is not None, "allocated more blocks than are free"
         self.place(np.repeat(idx, num_blocks), blocks)
