@@ -1,17 +1,16 @@
-"""Random lab forms: settings drawn across the whole lab form, each a form a learner could submit,
-sized so the simulator takes it step by step in a fraction of a second.
+"""Random lab forms for the simulator's equivalence test: the settings labs/form_draws.py draws
+across the whole lab form (every field, validated as the form validates them), on either sim
+profile, sized so the simulator takes a run step by step in a fraction of a second.
 
-Every engine setting the simulator reads is drawn (model, GPU or a custom one, tp, dtypes, memory
-share, block size, max_num_seqs, token budget, chunked prefill, prefix caching with a shared
-prefix, paged or contiguous KV, a KV pool small enough to preempt, speculation, the sim profile,
-efficiencies and step overhead), and every kind of load (all at once, a request rate, a
-concurrency cap, both), with lengths fixed or drawn from a range. Beyond the form, sometimes a
-calibrated draft share below 1 and a device calibration with a front end (its latency, its cost
-per stream in flight, its CPU time taken from a busy engine), which only a worker's own sweep sets.
+Beyond those, more often a KV pool of one to a few of the longest requests (so admission waits
+on blocks and running requests preempt one another) and, beyond the form, sometimes a calibrated
+draft share below 1 and a device calibration with a front end (its latency, its cost per stream
+in flight, its CPU time taken from a busy engine), which only a worker's own sweep sets.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import date
@@ -19,17 +18,21 @@ from typing import TypeVar
 
 import numpy as np
 
-from labs.catalog import GPUS, MODELS
 from labs.device_calibration import DeviceConstants
-from labs.params import LabParams, ParamError, parse_lab_params
+from labs.form_draws import DRAW_RUN_MB, draw_values
+from labs.params import LabParams, ParamError, align_run_batch, parse_lab_params
 from labs.sim.lab import build_simulator
+from labs.sizing import sim_precheck, sim_steps
 
 T = TypeVar("T")
+# The most simulated work (labs.sizing.sim_steps) a draw may take: step by step, a fraction of
+# a second.
+MAX_STEPS = 4000
 
 
 @dataclass(frozen=True)
 class LabDraw:
-    form: dict[str, object]  # as submitted
+    form: dict[str, object]  # as the form posts it
     params: LabParams
     device: DeviceConstants | None  # the GPU's own calibration, if drawn
 
@@ -38,68 +41,20 @@ def _pick(rng: np.random.Generator, options: Sequence[T]) -> T:
     return options[int(rng.integers(len(options)))]
 
 
-def _log_int(rng: np.random.Generator, low: int, high: int) -> int:
-    return round(float(np.exp(rng.uniform(np.log(low), np.log(high)))))
-
-
 def draw_form(rng: np.random.Generator) -> dict[str, object]:
-    """One lab form (raw values, as a learner could submit them; some the parser refuses)."""
-    prompt, output = _log_int(rng, 1, 1536), _log_int(rng, 1, 160)
-    ratio_in, ratio_out = _pick(rng, [0.0, 0.0, 0.5, 0.9]), _pick(rng, [0.0, 0.0, 0.5, 0.9])
-    longest_prompt, longest_output = int(prompt * (1 + ratio_in)), int(output * (1 + ratio_out))
-    block = _pick(rng, [1, 2, 4, 8, 16, 16, 32, 64, 128])
-    chunked = bool(rng.random() < 0.7)
-    contiguous = bool(rng.random() < 0.15)
-    max_tokens = output * 2 + int(rng.integers(0, 64))
-    form: dict[str, object] = {
-        "model": _pick(rng, list(MODELS)),
-        "gpu": _pick(rng, list(GPUS)),
-        "tp": _pick(rng, [1, 1, 2, 4, 8]),
-        "weight_dtype": _pick(rng, ["bf16", "bf16", "fp8", "int4"]),
-        "kv_dtype": _pick(rng, ["auto", "fp8"]),
-        "gpu_memory_utilization": _pick(rng, [0.9, 0.9, 0.5]),
-        "sim_profile": _pick(rng, ["realistic", "ideal"]),
-        "prompt_tokens": prompt,
-        "output_tokens": output,
-        "input_range_ratio": ratio_in,
-        "output_range_ratio": ratio_out,
-        "max_tokens": max_tokens,
-        "num_prompts": int(rng.integers(1, 41)),
-        "max_num_seqs": _pick(rng, [1, 2, 4, 8, 16, 64, 256]),
-        "block_size": block,
-        "chunked_prefill": chunked,
-        "prefix_caching": bool(rng.random() < 0.6),
-        "kv_allocation": "contiguous" if contiguous else "paged",
-        "seed": int(rng.integers(0, 2**32)),
-    }
-    if rng.random() < 0.1:
-        form.update(gpu="custom", hbm_gb=48, bandwidth_tbs=1.2, tflops=300)
-    if rng.random() < 0.2:
-        form.update(
-            step_overhead_ms=_pick(rng, [0.0, 0.5, 3.0]),
-            compute_efficiency=_pick(rng, [1.0, 0.6]),
-            bandwidth_efficiency=_pick(rng, [1.0, 0.8]),
-        )
-    budget = _pick(rng, [8, 32, 128, 512, 2048, 8192])
-    # Without chunked prefill the parser asks for a budget that holds the longest prompt.
-    form["max_num_batched_tokens"] = budget if chunked else max(budget, longest_prompt + 1)
-    arrivals = _pick(rng, ["at-once", "rate", "concurrency", "rate-capped"])
-    if arrivals in ("rate", "rate-capped"):
-        form["request_rate"] = round(float(np.exp(rng.uniform(np.log(0.5), np.log(400)))), 3)
-    if arrivals in ("concurrency", "rate-capped"):
-        form["max_concurrency"] = _pick(rng, [1, 2, 4, 8, 32])
-    if rng.random() < 0.4:
-        shortest = max(1, int(prompt * (1 - ratio_in)))
-        form["shared_prefix_tokens"] = int(rng.integers(0, shortest + 1))
-    if rng.random() < 0.35:
-        form["spec_tokens"] = _pick(rng, [1, 2, 3, 5, 8])
-        form["spec_method"] = _pick(rng, ["draft_model", "eagle", "ngram"])
-        form["acceptance"] = _pick(rng, [0.0, 0.3, 0.7, 0.95])
+    """One lab form: labs/form_draws.py's, on a sim profile drawn, half the time with a KV pool
+    of one to two and a half of its longest requests."""
+    form = draw_values(rng)
+    form["sim_profile"] = _pick(rng, ["realistic", "ideal"])
     if rng.random() < 0.5:
-        # A pool of one to a few of the longest requests: admission waits on blocks, and
-        # running requests preempt one another.
-        longest = longest_prompt + (max_tokens if contiguous else longest_output)
-        form["kv_capacity_tokens"] = int(longest * rng.uniform(1.0, 4.0)) + 2 * block
+        prompt, output = int(form["prompt_tokens"]), int(form["output_tokens"])  # type: ignore[call-overload]
+        longest = math.floor(prompt * (1 + float(form.get("input_range_ratio", 0.0))))  # type: ignore[arg-type]
+        if form.get("kv_allocation") == "contiguous":
+            longest += int(form["max_tokens"])  # type: ignore[call-overload]
+        else:
+            longest += math.floor(output * (1 + float(form.get("output_range_ratio", 0.0))))  # type: ignore[arg-type]
+        block = int(form["block_size"])  # type: ignore[call-overload]
+        form["kv_capacity_tokens"] = int(longest * rng.uniform(1.0, 2.5)) + block
     return form
 
 
@@ -123,13 +78,16 @@ def _device(rng: np.random.Generator, params: LabParams) -> DeviceConstants:
 
 
 def draw_lab(rng: np.random.Generator) -> LabDraw:
-    """A lab the simulator runs: forms are drawn until the parser accepts one and its KV pool
-    holds a request."""
+    """A lab the simulator runs cheaply: forms are drawn until the form's validation accepts
+    one, its run passes the form's size check and its work is at most MAX_STEPS."""
     while True:
         form = draw_form(rng)
         try:
-            params = parse_lab_params(form)
+            params = parse_lab_params(align_run_batch(form))
+            sim_precheck(params, max_run_mb=DRAW_RUN_MB)
         except ParamError:
+            continue
+        if sim_steps(params) > MAX_STEPS:
             continue
         if params.engine.spec_tokens and rng.random() < 0.3:
             share = _pick(rng, [0.3, 0.8])
