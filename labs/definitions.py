@@ -89,7 +89,7 @@ def shown(
     # The run's own record says how its E2E was timed; one without the word started at the
     # socket (or, simulated, at the arrival).
     stored = (result.get("meta") or {}).get("definitions") or {}
-    e2e_said = stored.get("e2e") or (E2E_SIM if backend == "sim" else E2E_SOCKET)
+    e2e_said = stored.get("e2e") or (E2E_SIM if is_simulated(backend) else E2E_SOCKET)
     e2e = (result.get("e2e_s") or {}).get("mean")
     lines.append(("E2E", f"{e2e_said}; mean {_ms(e2e)}"))
     meta = result.get("meta") or {}

@@ -179,7 +179,7 @@ def pricing_line(run: LabRun) -> str:
     """How a real engine's run was predicted, for its page: with the device's own calibration
     (when, how well), or its start-up probe (it was calibrating itself, or had none), or the
     published constants."""
-    if run.backend == "sim":
+    if is_simulated(run.backend):
         return ""
     priced = (run.predicted or {}).get("priced_with")
     if not isinstance(priced, Mapping):

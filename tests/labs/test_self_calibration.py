@@ -359,7 +359,7 @@ def test_a_run_sent_while_the_cpu_calibrates_itself_says_it_used_the_probe(alice
     calibration = DeviceCalibration.objects.create(
         device=CPU_KEY, where="this worker", constants=SLOW_CPU, fit_error=0.05, held_out_error=0.12
     )
-    with mock.patch("labs.services.get_backend", _RecordedEngine):
+    with mock.patch("labs.services.backend_for_run", _RecordedEngine):
         assert services.run_execute(run_id=sent.pk, hostname="cpu@box") == RunState.DONE
     sent.refresh_from_db()
     assert sent.result["breakdown"]["calibrated"] is False
@@ -377,7 +377,7 @@ def test_a_run_sent_while_the_cpu_calibrates_itself_says_it_used_the_probe(alice
     with mock.patch("labs.services.run_next_task.apply_async"):
         later = services.run_request(owner=alice, lab="batching", backend="vllm", data=data)
     assert later.predicted["priced_with"]["calibration_id"] == calibration.pk
-    with mock.patch("labs.services.get_backend", _RecordedEngine):
+    with mock.patch("labs.services.backend_for_run", _RecordedEngine):
         assert services.run_execute(run_id=later.pk, hostname="cpu@box") == RunState.DONE
     later.refresh_from_db()
     assert later.result["breakdown"]["calibrated"] is True
