@@ -256,6 +256,15 @@ class ReviewStateAdmin(admin.ModelAdmin):
     list_select_related = ["user", "card"]
     raw_id_fields = ["user", "card"]
 
+    def save_model(
+        self, request: HttpRequest, obj: ReviewState, form: forms.ModelForm, change: bool
+    ) -> None:
+        # A save that changes nothing writes nothing: the form's times drop the microseconds
+        # (so saving would change them), and any write invalidates the learner's open card.
+        if change and not form.has_changed():
+            return
+        super().save_model(request, obj, form, change)
+
 
 @admin.register(ReviewLog)
 class ReviewLogAdmin(admin.ModelAdmin):

@@ -349,6 +349,35 @@ def _snapshot(state: ReviewState) -> dict[str, Any]:
     }
 
 
+def _snapshot_after(before: dict[str, Any], outcome: dict[str, Any], rating: int) -> dict[str, Any]:
+    """What a grade with `rating` writes over the `before` snapshot (the stored `outcome` for the
+    button, the counters, a leech suspended): the grade writes exactly this, and undo compares the
+    card with it to tell whether anyone changed the card since."""
+    after = CardState.from_json(outcome)
+    lapses = before["lapses"] + scheduling.is_lapse(CardState.from_json(before), rating)
+    became_leech = _became_leech(before["lapses"], lapses)
+    return {
+        **after.to_json(),
+        "lapses": lapses,
+        "reps": before["reps"] + 1,
+        "suspended": before["suspended"] or became_leech,
+        "leech": before["leech"] or became_leech,
+    }
+
+
+def _became_leech(lapses_before: int, lapses: int) -> bool:
+    """A new lapse at the threshold or at one of its later warnings (Anki's)."""
+    return lapses != lapses_before and scheduling.is_leech_event(lapses)
+
+
+def _snapshot_columns(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot as ReviewState column values."""
+    return {
+        **_fsrs_values(CardState.from_json(snapshot)),
+        **{name: snapshot[name] for name in ("lapses", "reps", "suspended", "leech")},
+    }
+
+
 def _log_kind(state: ReviewState) -> int:
     return ReviewLog.Kind.NEW if state.last_review is None else int(state.state)
 
@@ -403,20 +432,14 @@ def review_grade(
         # reveal, on the press's study day), so the log replays exactly.
         reviewed_at = dt.datetime.fromisoformat(showing.outcomes[CONTEXT_KEY]["at"])
         before = _snapshot(state)
-        after = CardState.from_json(showing.outcomes[str(rating)])
-        lapses = state.lapses + scheduling.is_lapse(_state_columns(state), rating)
-        became_leech = lapses != state.lapses and scheduling.is_leech_event(lapses)
+        after = _snapshot_after(before, showing.outcomes[str(rating)], rating)
+        became_leech = _became_leech(before["lapses"], after["lapses"])
         # The version in the WHERE clause makes this safe even where the lock above is a no-op.
         updated = rows.update(
             ReviewState,
             state.pk,
-            {
-                **_fsrs_values(after),
-                "lapses": lapses,
-                "suspended": state.suspended or became_leech,
-                "leech": state.leech or became_leech,
-            },
-            increment=("reps", "version"),
+            _snapshot_columns(after),
+            increment=("version",),
             expect={"version": state.version},
         )
         if updated != 1:
@@ -458,27 +481,32 @@ def review_undo(*, user: AbstractBaseUser, now: dt.datetime) -> int:
         log = ReviewLog.objects.select_for_update().filter(pk=candidate.pk).first()
         if log is None:  # undone by a second request meanwhile
             raise NothingToUndo("There is no answer to undo.")
-        state = ReviewState.objects.select_for_update().get(user=user, card_id=log.card_id)
-        graded_from = (
+        states = ReviewState.objects.select_for_update().filter(user=user, card_id=log.card_id)
+        state = states.first()
+        if state is None:
+            raise UndoRefused(
+                "That answer cannot be undone: your progress on this card was reset by staff "
+                "(its schedule was deleted), so there is nothing to restore; the card counts as "
+                "new again."
+            )
+        outcomes = (
             Showing.objects.filter(user=user, token=log.token)
-            .values_list("state_version", flat=True)
+            .values_list("outcomes", flat=True)
             .first()
         )
-        if graded_from is None or state.version != graded_from + 1:
-            # Written since the grade (a staff edit, an unsuspension): restoring the state before
-            # the answer would silently drop that change.
+        graded = outcomes and outcomes.get(str(log.rating))
+        # The card must hold exactly what the grade wrote (an earlier undo of a later answer
+        # restores that too): anything else is a change made since (a staff edit, a suspension
+        # or unsuspension) that restoring the state before the answer would silently drop. A
+        # save that changed nothing, or a version bumped by undo, is no change.
+        if not graded or _snapshot(state) != _snapshot_after(log.state_before, graded, log.rating):
             raise UndoRefused(
                 "That answer cannot be undone: the card's schedule was changed after it (by "
-                "staff, or by unsuspending the card), and undoing would overwrite that change. "
-                "The answer and the change both stay."
+                "staff, or by suspending or unsuspending the card), and undoing would overwrite "
+                "that change. The answer and the change both stay."
             )
-        before = CardState.from_json(log.state_before)
         ReviewState.objects.filter(pk=state.pk).update(
-            **_fsrs_values(before),
-            lapses=log.state_before["lapses"],
-            reps=log.state_before["reps"],
-            suspended=log.state_before["suspended"],
-            leech=log.state_before["leech"],
+            **_snapshot_columns(log.state_before),
             # Bumped, not restored: showings made after the review must not grade the old state.
             version=F("version") + 1,
         )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import io
+from html.parser import HTMLParser
 from typing import Any
 
 import pytest
@@ -401,3 +403,51 @@ def test_a_parent_that_is_no_card_is_a_form_error_not_a_500(staff_client, value)
     response = staff_client.post(url, data)
     assert response.status_code == 200
     assert "parent" in response.context["adminform"].form.errors
+
+
+# --- A learner's review state (issue 61) ---------------------------------------------------------
+
+
+class _FormValues(HTMLParser):
+    """The values a browser posts for a rendered admin change form."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data: dict[str, str] = {}
+        self._select: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        name = a.get("name")
+        if tag == "input" and name and a.get("type") not in ("submit", "button"):
+            if a.get("type") != "checkbox" or "checked" in a:
+                self.data[name] = a.get("value") or ("on" if a.get("type") == "checkbox" else "")
+        elif tag == "select":
+            self._select = name
+        elif tag == "option" and self._select and "selected" in a:
+            self.data[self._select] = a.get("value") or ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "select":
+            self._select = None
+
+
+def test_saving_a_learners_state_unchanged_in_the_admin_leaves_undo_possible(staff_client, alice):
+    # The save truncated the times to whole seconds and bumped the version: undo was refused.
+    from quiz import services
+    from quiz.models import ReviewLog, ReviewState
+    from tests.quiz.factories import at, review
+
+    card = make_card()
+    answered = at(2026, 6, 1, 9) + dt.timedelta(microseconds=123_456)
+    review(alice, card, 3, answered)
+    state = ReviewState.objects.get(user=alice, card=card)
+    url = reverse("admin:quiz_reviewstate_change", args=[state.pk])
+    form = _FormValues()
+    form.feed(staff_client.get(url).content.decode())
+    assert "due_0" in form.data and "version" in form.data
+    assert staff_client.post(url, form.data).status_code == 302
+    saved = ReviewState.objects.get(pk=state.pk)
+    assert (saved.last_review, saved.version) == (state.last_review, state.version)
+    services.review_undo(user=alice, now=answered + dt.timedelta(minutes=1))
+    assert not ReviewLog.objects.exists()

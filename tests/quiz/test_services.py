@@ -167,6 +167,60 @@ def test_undo_refuses_to_drop_a_staff_edit_made_after_the_answer_and_says_so(ali
     assert _row(alice, card) == staff_state and ReviewLog.objects.count() == 1
 
 
+def test_undo_chain_takes_back_a_new_cards_two_answers_one_after_the_other(alice):
+    # The undo chain: New -> Good -> Good -> undo -> undo was 302 then 409 ("changed after it by
+    # staff"), since undo bumped the version and the earlier answer wanted the one it left.
+    card = make_card()
+    services.showing_open(user=alice, card=card, now=NOW)
+    new = _row(alice, card)
+    review(alice, card, 3, NOW)
+    after_first = _row(alice, card)
+    review(alice, card, 3, NOW + dt.timedelta(minutes=10))
+    assert services.review_undo(user=alice, now=NOW + dt.timedelta(minutes=11)) == card.pk
+    assert _without_version(_row(alice, card)) == _without_version(after_first)
+    assert services.review_undo(user=alice, now=NOW + dt.timedelta(minutes=12)) == card.pk
+    assert _without_version(_row(alice, card)) == _without_version(new)
+    assert not ReviewLog.objects.exists()
+
+
+def test_undo_chain_walks_back_through_cards_a_b_a_in_order(alice):
+    a, b = make_card(), make_card()
+    review(alice, a, 3, NOW)
+    review(alice, b, 1, NOW + dt.timedelta(minutes=1))
+    review(alice, a, 3, NOW + dt.timedelta(minutes=11))
+    undone = [services.review_undo(user=alice, now=NOW + dt.timedelta(minutes=12)) for _ in "aba"]
+    assert undone == [a.pk, b.pk, a.pk]
+    # Back to new: last_review empty, no reps, no log.
+    for card in (a, b):
+        state = ReviewState.objects.get(user=alice, card=card)
+        assert (state.last_review, state.reps) == (None, 0)
+    assert not ReviewLog.objects.exists()
+
+
+def test_undo_refuses_after_the_learner_unsuspends_a_card_the_answer_made_a_leech(alice):
+    card = make_card()
+    make_review_state(alice, card, due=NOW, lapses=7)
+    review(alice, card, 1, NOW)  # the eighth lapse: suspended as a leech
+    services.card_unsuspend(user=alice, card=card)
+    with pytest.raises(services.UndoRefused, match="suspending or unsuspending"):
+        services.review_undo(user=alice, now=NOW)
+    assert ReviewState.objects.get(user=alice, card=card).suspended is False
+
+
+def test_undo_after_staff_deleted_the_learners_state_is_refused_with_a_message(alice):
+    # Was a 500 (ReviewState.DoesNotExist).
+    card = make_card()
+    review(alice, card, 3, NOW)
+    ReviewState.objects.filter(user=alice, card=card).delete()
+    with pytest.raises(services.UndoRefused, match="progress on this card was reset by staff"):
+        services.review_undo(user=alice, now=NOW)
+    assert ReviewLog.objects.count() == 1
+
+
+def _without_version(row: dict) -> dict:
+    return {name: value for name, value in row.items() if name != "version"}
+
+
 def test_it_does_not_undo_someone_elses_review(alice, bob):
     review(alice, make_card(), 3, NOW)
     with pytest.raises(services.NothingToUndo):
