@@ -132,8 +132,10 @@ def interval_table(
 ) -> list[dict[str, object]]:
     """The interval each path of INTERVAL_PATHS ends with, under both parameter sets: through the
     app's own scheduler (scheduling.outcomes, no fuzz), so a learning step shows as the app gives
-    it ("10m"), not as the days FSRS alone would give. "current"/"fitted" are labels,
-    "current_s"/"fitted_s" the same in seconds."""
+    it ("10m"), not as the days FSRS alone would give, and a review interval in study days, as
+    its button shows it (not the hours left from the press to the start of that day; outcomes'
+    default day starts at midnight UTC).
+    "current"/"fitted" are labels, "current_s"/"fitted_s" the same in seconds."""
     start = dt.datetime(2026, 1, 5, 12, tzinfo=dt.UTC)
     rows = []
     for path in INTERVAL_PATHS:
@@ -148,7 +150,7 @@ def interval_table(
                 state = scheduling.outcomes(state, card_id=1, now=pressed, scheduler=scheduler)[
                     _BUTTONS[button]
                 ]
-            interval = state.due - pressed
+            interval = scheduling.interval_shown(state, pressed, scheduling.UTC_ZONE, 0)
             row[name] = scheduling.format_interval(interval)
             row[f"{name}_s"] = interval.total_seconds()
         rows.append(row)

@@ -11,6 +11,8 @@ import pytest
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.urls import reverse
+from fsrs import Card as FsrsCard
+from fsrs import Rating
 
 from quiz import optimizer, parameters, scheduling, selectors, services
 from quiz.models import LearnerSettings, ParameterFit, ReviewLog
@@ -137,6 +139,30 @@ def test_the_interval_table_includes_the_learning_steps():
     assert rows["Good"]["current_s"] == 600
     assert rows["Good, Again, Good"]["current"] == "10m"  # Again restarts the steps
     assert rows["Good, Good"]["current"].endswith("d") and rows["Easy"]["current"].endswith("d")
+
+
+@pytest.mark.parametrize("retention", [0.7, 0.8, 0.85, 0.9, 0.95, 0.97])
+@pytest.mark.parametrize("path", [("Good", "Good"), ("Easy",)])
+def test_the_interval_table_counts_a_graduating_interval_in_days_as_fsrs_gives_it(retention, path):
+    # "Good, Good" was a day short at every retention (Easy at 0.95): it counted the hours from
+    # the press to the start of the due day. A new card graduating has nothing to convert, so
+    # fsrs's own interval (whole days, no fuzz) is the oracle; Anki shows the same.
+    fsrs = scheduling.make_scheduler(retention, fuzz=False)
+    card, now = FsrsCard(card_id=1), dt.datetime(2026, 1, 5, 12, tzinfo=dt.UTC)
+    for button in path:
+        now = card.due
+        card, _ = fsrs.review_card(card, Rating[button], now)
+    expected = (card.due - now) / dt.timedelta(days=1)
+    row = next(
+        row
+        for row in optimizer.interval_table(
+            scheduling.DEFAULT_PARAMETERS, scheduling.DEFAULT_PARAMETERS, retention
+        )
+        if row["path"] == ", ".join(path)
+    )
+    assert row["current_s"] == expected * 86400 and row["current"] == scheduling.format_interval(
+        dt.timedelta(days=expected)
+    )
 
 
 def test_the_workload_grows_with_desired_retention():
