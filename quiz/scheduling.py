@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -163,7 +164,8 @@ def outcomes(
             low, high = days, days
             if scheduler.enable_fuzzing and days >= FUZZ_FROM_DAYS:
                 low, high = fuzz_bounds(days, scheduler.maximum_interval)
-            minimum = no_shrink_minimum(days, previous_interval, scheduler.maximum_interval)
+            unrounded = unrounded_interval(scheduler, result.stability or 0.0)
+            minimum = no_shrink_minimum(unrounded, previous_interval, scheduler.maximum_interval)
             low = min(max(low, minimum, floor + 1, 1), scheduler.maximum_interval)
             high = max(high, low)
             days = rng.randint(low, max(low, high))
@@ -178,34 +180,72 @@ def outcomes(
     return out
 
 
-def no_shrink_minimum(days: int, previous: int, maximum: int) -> int:
+def no_shrink_minimum(interval: float, previous: int, maximum: int) -> int:
     """Anki's floor for a passing review interval (minimum_review_fuzz_interval), fuzz or not:
     one that grew stays above the card's previous interval; one that shrank by no more than its
     fuzz range (Hard, often) keeps the previous interval; one that shrank further (new
-    parameters or retention) may shrink."""
-    if days > previous:
+    parameters or retention) may shrink. `interval` is unrounded, as Anki passes it: the range
+    is around it, not around the whole days it rounds to."""
+    if _round_half_up(interval) > previous:
         return previous + 1
-    upper = fuzz_bounds(days, maximum)[1] if days >= FUZZ_FROM_DAYS else days
-    return previous if previous <= upper else 0
+    return previous if previous <= _anki_fuzz_upper(interval, maximum) else 0
+
+
+def _round_half_up(value: float) -> int:
+    """Rust's f32::round for a positive value (Python's round() goes to even: 2.5 -> 2)."""
+    return math.floor(value + 0.5)
+
+
+def _anki_fuzz_upper(interval: float, maximum: int) -> int:
+    """The top of Anki's fuzz range around an unrounded interval (constrained_fuzz_bounds with a
+    minimum of 1 day): no fuzz under 2.5 days, and a range of at least two days above 2."""
+    interval = min(max(interval, 1.0), float(maximum))
+    spread = _fuzz_spread(interval) if interval >= 2.5 else 0.0
+    lower = min(max(_round_half_up(interval - spread), 1), maximum)
+    upper = min(max(_round_half_up(interval + spread), 1), maximum)
+    if upper == lower and 2 < upper < maximum:
+        upper += 1
+    return upper
+
+
+def _fuzz_spread(interval: float) -> float:
+    """How far fuzz reaches either side of an interval: one day plus a share of each band of
+    the interval (fsrs's FUZZ_RANGES, the same as Anki's)."""
+    return 1.0 + sum(
+        band["factor"] * max(min(interval, band["end"]) - band["start"], 0.0)
+        for band in FUZZ_RANGES
+    )
+
+
+def unrounded_interval(scheduler: Scheduler, stability: float) -> float:
+    """The interval in days FSRS gives a stability before fsrs rounds it to whole days."""
+    decay = -scheduler.parameters[20]
+    factor = 0.9 ** (1 / decay) - 1
+    return stability / factor * (scheduler.desired_retention ** (1 / decay) - 1)
 
 
 def fuzz_bounds(days: int, maximum: int) -> tuple[int, int]:
     """The range fsrs fuzzes an interval of `days` into: one day plus a share of each band of
     the interval (fsrs's FUZZ_RANGES), at least 2 days, at most `maximum`."""
-    spread = 1.0 + sum(
-        band["factor"] * max(min(float(days), band["end"]) - band["start"], 0.0)
-        for band in FUZZ_RANGES
-    )
+    spread = _fuzz_spread(float(days))
     high = min(round(days + spread), maximum)
     return min(max(2, round(days - spread)), high), high
 
 
-def interval_label(outcome: CardState, revealed_at: dt.datetime, tz: ZoneInfo, hour: int) -> str:
-    """A button's label: whole study days for a Review outcome, else the time until it is due."""
+def interval_shown(
+    outcome: CardState, revealed_at: dt.datetime, tz: ZoneInfo, hour: int
+) -> dt.timedelta:
+    """The interval a button stands for: whole study days for a Review outcome (as Anki counts
+    them, not the hours left until that day starts), else the time until it is due."""
     if outcome.state == State.Review:
         days = (study_date(outcome.due, tz, hour) - study_date(revealed_at, tz, hour)).days
-        return format_interval(dt.timedelta(days=days))
-    return format_interval(outcome.due - revealed_at)
+        return dt.timedelta(days=days)
+    return outcome.due - revealed_at
+
+
+def interval_label(outcome: CardState, revealed_at: dt.datetime, tz: ZoneInfo, hour: int) -> str:
+    """A button's label (interval_shown, in Anki's units)."""
+    return format_interval(interval_shown(outcome, revealed_at, tz, hour))
 
 
 @dataclass(frozen=True)

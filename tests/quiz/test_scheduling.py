@@ -677,12 +677,38 @@ def test_replay_reproduces_every_stored_state_for_learners_who_change_their_sett
 
 
 @pytest.mark.parametrize(
-    ("days", "previous", "minimum"),
-    # Anki's own cases (fuzz.rs), the interval rounded to whole days as here.
-    [(3, 4, 4), (3, 5, 0), (5, 4, 5)],
+    ("interval", "previous", "minimum"),
+    [
+        # Anki's own cases (fuzz.rs).
+        (3.0, 4, 4),
+        (3.0, 5, 0),
+        (5.0, 4, 5),
+        # Its range is around the unrounded interval: 12.4 reaches 12.4 + 2.215 = 14.6 -> 15
+        # (around 12 it was 14.2 -> 14, so a previous 15 could shrink), and 7.6 reaches 9.3 -> 9
+        # (around 8 it was 9.8 -> 10, so a previous 10 was kept).
+        (12.4, 15, 15),
+        (7.6, 10, 0),
+        # Halves round up, as Rust's f32::round: 2.5 days is 3 (Python's round gives 2).
+        (2.5, 2, 3),
+        # Under 2.5 days there is no fuzz: the range is the interval alone.
+        (2.4, 3, 0),
+    ],
 )
-def test_the_no_shrink_minimum_is_ankis(days, previous, minimum):
-    assert scheduling.no_shrink_minimum(days, previous, 36500) == minimum
+def test_the_no_shrink_minimum_is_ankis(interval, previous, minimum):
+    assert scheduling.no_shrink_minimum(interval, previous, 36500) == minimum
+
+
+def test_hards_no_shrink_check_uses_the_unrounded_interval():
+    # 39 of 176 edge cases differed from Anki by 2-8 days: the range was taken around the
+    # interval rounded to whole days. Here fsrs gives Hard 12.3 days on a 15-day card: within
+    # Anki's range (up to 15), so Hard keeps 15 days; around 12 the range stopped at 14.
+    now = at(2026, 6, 1, 12)
+    state = CardState(FsrsState.REVIEW, None, 1.24, 3.0, now, now - dt.timedelta(days=15))
+    exact = scheduling.make_scheduler(0.9, fuzz=False)
+    raw = exact.review_card(state.to_fsrs(1), 2, now)[0]
+    assert 12.25 <= scheduling.unrounded_interval(exact, raw.stability) < 12.5
+    hard = scheduling.outcomes(state, card_id=1, now=now, scheduler=exact)[2]
+    assert (hard.due.date() - now.date()).days == 15
 
 
 @pytest.mark.parametrize("fuzz", [False, True])
