@@ -94,7 +94,7 @@ def _fsrs_values(card_state: CardState) -> dict[str, Any]:
 # The quiz loop's statements are written by hand (config/rows.py): built by the ORM, each cost
 # more CPU to compile than the database spent running it, and every fetch, answer and grade runs
 # several. Portable between PostgreSQL and SQLite (both run the suite).
-_STATE, _SHOWING, _LOG = (m._meta.db_table for m in (ReviewState, Showing, ReviewLog))
+_STATE, _SHOWING, _LOG, _CARD = (m._meta.db_table for m in (ReviewState, Showing, ReviewLog, Card))
 
 
 @cache
@@ -245,7 +245,8 @@ def _showing_with_state_sql(alias: str, lock: str) -> str:
     state = rows.select_list(ReviewState, "rs", alias)
     sql = (
         f"SELECT {showing}, {state}, (SELECT l.study_date FROM {_LOG} l"  # noqa: S608 - names from the models; values are bound parameters
-        " WHERE l.user_id = sh.user_id AND l.card_id = sh.card_id ORDER BY l.id DESC LIMIT 1)"
+        " WHERE l.user_id = sh.user_id AND l.card_id = sh.card_id ORDER BY l.id DESC LIMIT 1),"
+        f" (SELECT c.is_active FROM {_CARD} c WHERE c.id = sh.card_id)"
         f" FROM {_SHOWING} sh JOIN {_STATE} rs"
         " ON rs.user_id = sh.user_id AND rs.card_id = sh.card_id"
         " WHERE sh.user_id = %s AND sh.token = %s"
@@ -256,9 +257,15 @@ def _showing_with_state_sql(alias: str, lock: str) -> str:
     return sql
 
 
-def _showing_with_state(
-    *, user: AbstractBaseUser, token: str, lock: str
-) -> tuple[Showing, ReviewState, dt.date | None]:
+@dataclass(frozen=True)
+class _Shown:
+    showing: Showing
+    state: ReviewState
+    last_day: dt.date | None  # the study day of the card's latest logged review
+    card_active: bool  # False: retired since it was shown
+
+
+def _showing_with_state(*, user: AbstractBaseUser, token: str, lock: str) -> _Shown:
     """Raises Showing.DoesNotExist for a token that is not this learner's."""
     alias = "default"
     with connections[alias].cursor() as cursor:
@@ -273,7 +280,7 @@ def _showing_with_state(
     last_day = row[state_end]
     if last_day is not None and not isinstance(last_day, dt.date):  # SQLite: text
         last_day = dt.date.fromisoformat(str(last_day))
-    return showing, state, last_day
+    return _Shown(showing, state, last_day, bool(row[state_end + 1]))
 
 
 def showing_reveal(
@@ -293,7 +300,8 @@ def showing_reveal(
     option that is not the card's.
     """
     with transaction.atomic():
-        showing, state, last_day = _showing_with_state(user=user, token=token, lock="showing")
+        shown = _showing_with_state(user=user, token=token, lock="showing")
+        showing, state, last_day = shown.showing, shown.state, shown.last_day
         if showing.used_at is not None:
             raise QuizConflict("This card has already been graded.")
         if showing.revealed_at is not None and not refresh:
@@ -400,7 +408,8 @@ def review_grade(
     if rating not in (1, 2, 3, 4):
         raise ValueError("rating must be 1, 2, 3 or 4")
     with transaction.atomic():
-        showing, state, last_day = _showing_with_state(user=user, token=token, lock="both")
+        shown = _showing_with_state(user=user, token=token, lock="both")
+        showing, state = shown.showing, shown.state
         if showing.used_at is not None:
             log = ReviewLog.objects.filter(user=user, token=token).first()
             if log is None:
@@ -412,6 +421,11 @@ def review_grade(
             raise ShowingExpired("The answer was shown a while ago; the intervals were updated.")
         if state.suspended:
             raise QuizConflict("This card was suspended; it cannot be graded.")
+        if not shown.card_active:
+            raise QuizConflict(
+                "This card was retired from the deck after it was shown, so it was not graded; "
+                "nothing was recorded. Go on to the next card."
+            )
         if state.version != showing.state_version:
             raise QuizConflict("This card changed since it was shown (graded in another tab?).")
 

@@ -106,6 +106,22 @@ def test_it_undoes_and_shows_that_card_again(alice_client, alice):
     assert alice_client.post(reverse("quiz:review-undo"), **HX).status_code == 409
 
 
+def test_a_card_retired_between_reveal_and_press_is_not_graded(alice_client, alice):
+    # It was graded: a log and a schedule for a card no longer in the deck.
+    card = make_card()
+    token = open_card(alice_client)
+    reveal(alice_client, token)
+    before = ReviewState.objects.get(user=alice, card=card)
+    Card.objects.filter(pk=card.pk).update(is_active=False)  # as load_content retires it
+    response = grade(alice_client, token, 3, **HX)
+    assert response.status_code == 409
+    assert "retired from the deck after it was shown, so it was not graded" in (
+        response.content.decode()
+    )
+    assert not ReviewLog.objects.exists()
+    assert ReviewState.objects.get(pk=before.pk).version == before.version
+
+
 def test_undo_after_a_staff_edit_says_why_it_is_refused(alice_client, alice):
     card = make_card()
     token = open_card(alice_client)
