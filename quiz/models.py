@@ -358,6 +358,10 @@ class LearnerSettings(models.Model):
     fsrs_parameters = models.JSONField(null=True, blank=True)
     previous_parameters = models.JSONField(null=True, blank=True)
     parameters_changed_at = models.DateTimeField(null=True, blank=True)
+    # The study day the learner was on when a change of zone or rollover hour would have put
+    # them back on the day before: their day stays this one until the new settings reach it
+    # (scheduling.Context.day_floor). Past dates mean nothing.
+    day_floor = models.DateField(null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "learner settings"

@@ -126,6 +126,7 @@ def outcomes(
     tz: ZoneInfo = UTC_ZONE,
     rollover_hour: int = 0,
     last_day: dt.date | None = None,
+    today: dt.date | None = None,
 ) -> dict[int, CardState]:
     """What each rating would do to the card if given at `now`, computed once with the real
     scheduler (fuzz included): store these and apply the chosen one, so labels match exactly.
@@ -136,14 +137,15 @@ def outcomes(
       `last_review` exactly that many days before `now` (`last_day` is the study day of the
       previous review as logged; without it, the study day of `state.last_review`);
     - an interval of whole days ends at the start of the study day it names, in the learner's zone
-      (DST-safe), not a multiple of 24 h after `now`;
+      (DST-safe), not a multiple of 24 h after `now` (`today`: the study day of `now`, when it is
+    not the one `now` falls in, see Context.day_floor);
     - passing intervals grow with the button: Hard < Good < Easy in days (capped at the maximum);
       Easy from a (re)learning step is longer than Good's interval would be (at least 2 days);
     - a passing Review interval is not shorter than the card's previous one unless it shrank by
       more than its fuzz range (`no_shrink_minimum`, Anki's rule, fuzz or not).
     """
     review_at = to_utc(now)
-    today = study_date(review_at, tz, rollover_hour)
+    today = today or study_date(review_at, tz, rollover_hour)
     card = state.to_fsrs(card_id)
     previous_interval = 0  # the card's current interval in study days (Review cards only)
     if state.last_review is not None:
@@ -233,19 +235,40 @@ def fuzz_bounds(days: int, maximum: int) -> tuple[int, int]:
 
 
 def interval_shown(
-    outcome: CardState, revealed_at: dt.datetime, tz: ZoneInfo, hour: int
+    outcome: CardState,
+    revealed_at: dt.datetime,
+    tz: ZoneInfo,
+    hour: int,
+    today: dt.date | None = None,
 ) -> dt.timedelta:
     """The interval a button stands for: whole study days for a Review outcome (as Anki counts
-    them, not the hours left until that day starts), else the time until it is due."""
+    them, not the hours left until that day starts), else the time until it is due. `today`:
+    the study day the outcome was computed on, when not the one `revealed_at` falls in (see
+    Context.day_floor)."""
     if outcome.state == State.Review:
-        days = (study_date(outcome.due, tz, hour) - study_date(revealed_at, tz, hour)).days
-        return dt.timedelta(days=days)
+        today = today or study_date(revealed_at, tz, hour)
+        return dt.timedelta(days=(study_date(outcome.due, tz, hour) - today).days)
     return outcome.due - revealed_at
 
 
-def interval_label(outcome: CardState, revealed_at: dt.datetime, tz: ZoneInfo, hour: int) -> str:
+def interval_label(
+    outcome: CardState,
+    revealed_at: dt.datetime,
+    tz: ZoneInfo,
+    hour: int,
+    today: dt.date | None = None,
+) -> str:
     """A button's label (interval_shown, in Anki's units)."""
-    return format_interval(interval_shown(outcome, revealed_at, tz, hour))
+    return format_interval(interval_shown(outcome, revealed_at, tz, hour, today))
+
+
+def same_day_start(
+    due: dt.datetime, was: tuple[ZoneInfo, int], now: tuple[ZoneInfo, int]
+) -> dt.datetime:
+    """A review due date (the start of a study day under the zone and rollover hour `was`) moved
+    to the start of the same study day under `now`: Anki keeps a card's due day as a day
+    number, so a change of zone or rollover moves when the day starts, not which day it is."""
+    return day_start(study_date(to_utc(due), *was), *now)
 
 
 @dataclass(frozen=True)
@@ -257,6 +280,10 @@ class Context:
     rollover_hour: int
     desired_retention: float
     parameters: tuple[float, ...] | None = None  # None: fsrs's defaults
+    # The study day never goes back: a change of zone or rollover hour that puts the present in
+    # an earlier study day (a later hour, a zone to the west) keeps the learner on the day they
+    # were on until the new settings reach it, so its limits are not opened again.
+    day_floor: dt.date | None = None
 
     @property
     def tz(self) -> ZoneInfo:
@@ -266,7 +293,8 @@ class Context:
         return make_scheduler(self.desired_retention, parameters=self.parameters)
 
     def study_date(self, instant: dt.datetime) -> dt.date:
-        return study_date(to_utc(instant), self.tz, self.rollover_hour)
+        day = study_date(to_utc(instant), self.tz, self.rollover_hour)
+        return max(day, self.day_floor) if self.day_floor else day
 
 
 @dataclass(frozen=True)
@@ -280,9 +308,15 @@ class LoggedReview:
 
 
 def outcomes_in(
-    state: CardState, *, card_id: int, now: dt.datetime, context: Context, last_day: dt.date | None
+    state: CardState,
+    *,
+    card_id: int,
+    now: dt.datetime,
+    context: Context,
+    last_day: dt.date | None,
+    today: dt.date | None = None,
 ) -> dict[int, CardState]:
-    """`outcomes` with everything but the card taken from `context`."""
+    """`outcomes` with everything but the card taken from `context` (`today` too, unless given)."""
     return outcomes(
         state,
         card_id=card_id,
@@ -291,6 +325,7 @@ def outcomes_in(
         tz=context.tz,
         rollover_hour=context.rollover_hour,
         last_day=last_day,
+        today=today or context.study_date(now),
     )
 
 
@@ -309,6 +344,7 @@ def replay(history: Sequence[LoggedReview], *, card_id: int) -> CardState:
             now=review.reviewed_at,
             context=review.context,
             last_day=last_day,
+            today=review.study_date,  # as logged: the day it was made on
         )[review.rating]
         last_day = review.study_date
     return state

@@ -67,6 +67,8 @@ class StudyDay:
 def study_day_for(settings: LearnerSettings, now: dt.datetime) -> StudyDay:
     tz = ZoneInfo(settings.time_zone)
     day = scheduling.study_date(now, tz, settings.rollover_hour)
+    if settings.day_floor and settings.day_floor > day:  # see scheduling.Context.day_floor
+        day = settings.day_floor
     return StudyDay(
         tz=tz,
         rollover_hour=settings.rollover_hour,

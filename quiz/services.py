@@ -15,14 +15,17 @@ import datetime as dt
 import json
 import random
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from functools import cache
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import connections, transaction
 from django.db.models import F
+from django.utils import timezone
 
 from config import rows
 from quiz import prediction_asks, scheduling
@@ -33,6 +36,7 @@ from quiz.models import (
     CardTag,
     ChoiceOption,
     Deck,
+    FsrsState,
     LearnerSettings,
     ReviewLog,
     ReviewState,
@@ -58,6 +62,8 @@ SHOWING_REUSE = dt.timedelta(hours=12)
 RETENTION_KEY = "retention"  # beside the four outcomes in Showing.outcomes
 # Also beside them: what they were computed with, at which instant, for which study day.
 CONTEXT_KEY = "context"
+# Review states rewritten per statement when a learner's zone or rollover hour changes.
+DUE_MOVE_BATCH = 1000
 
 
 class QuizConflict(Exception):
@@ -201,6 +207,7 @@ def learner_context(settings: LearnerSettings) -> scheduling.Context:
         rollover_hour=settings.rollover_hour,
         desired_retention=settings.desired_retention,
         parameters=tuple(parameters) if parameters else None,
+        day_floor=settings.day_floor,
     )
 
 
@@ -208,6 +215,7 @@ def _context_key(context: scheduling.Context, day: dt.date) -> dict[str, Any]:
     return {
         **dataclasses.asdict(context),
         "parameters": context.parameters and list(context.parameters),
+        "day_floor": context.day_floor and context.day_floor.isoformat(),
         "day": day.isoformat(),
     }
 
@@ -512,15 +520,19 @@ def review_undo(*, user: AbstractBaseUser, now: dt.datetime) -> int:
         # The card must hold exactly what the grade wrote (an earlier undo of a later answer
         # restores that too): anything else is a change made since (a staff edit, a suspension
         # or unsuspension) that restoring the state before the answer would silently drop. A
-        # save that changed nothing, or a version bumped by undo, is no change.
-        if not graded or _snapshot(state) != _snapshot_after(log.state_before, graded, log.rating):
+        # save that changed nothing, or a version bumped by undo, is no change; nor is a new
+        # zone or rollover hour, which moved a review due to the same day's new start.
+        days = _days_moved(log, settings)
+        if not graded or _snapshot(state) != days(
+            _snapshot_after(log.state_before, graded, log.rating)
+        ):
             raise UndoRefused(
                 "That answer cannot be undone: the card's schedule was changed after it (by "
                 "staff, or by suspending or unsuspending the card), and undoing would overwrite "
                 "that change. The answer and the change both stay."
             )
         ReviewState.objects.filter(pk=state.pk).update(
-            **_snapshot_columns(log.state_before),
+            **_snapshot_columns(days(log.state_before)),
             # Bumped, not restored: showings made after the review must not grade the old state.
             version=F("version") + 1,
         )
@@ -529,20 +541,66 @@ def review_undo(*, user: AbstractBaseUser, now: dt.datetime) -> int:
     return card_id
 
 
+def _days_moved(
+    log: ReviewLog, settings: LearnerSettings
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A snapshot as of the log's zone and rollover hour, with a review due moved to the same
+    study day under the learner's present ones (as their change moved every review due)."""
+    was = ZoneInfo(log.time_zone), log.rollover_hour
+    now = ZoneInfo(settings.time_zone), settings.rollover_hour
+
+    def moved(snapshot: dict[str, Any]) -> dict[str, Any]:
+        if was == now or snapshot["state"] != FsrsState.REVIEW:
+            return snapshot
+        due = dt.datetime.fromisoformat(snapshot["due"])
+        return {**snapshot, "due": scheduling.same_day_start(due, was, now).isoformat()}
+
+    return moved
+
+
 def card_unsuspend(*, user: AbstractBaseUser, card: Card) -> None:
     ReviewState.objects.filter(user=user, card=card).update(
         suspended=False, version=F("version") + 1
     )
 
 
-def learner_settings_update(*, user: AbstractBaseUser, **values: Any) -> LearnerSettings:
-    settings, _ = LearnerSettings.objects.get_or_create(user=user)
-    for name, value in values.items():
-        setattr(settings, name, value)
-    settings.full_clean()
-    settings.save()
+def learner_settings_update(
+    *, user: AbstractBaseUser, now: dt.datetime | None = None, **values: Any
+) -> LearnerSettings:
+    """Save the learner's settings. A new zone or rollover hour keeps the learner's days as they
+    are, as Anki does: today stays today (its limits are not opened again) and every review
+    card stays due on the study day it was due on (its due moves to that day's new start)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        settings, _ = LearnerSettings.objects.select_for_update().get_or_create(user=user)
+        was = ZoneInfo(settings.time_zone), settings.rollover_hour
+        day_was = study_day_for(settings, now).date
+        for name, value in values.items():
+            setattr(settings, name, value)
+        settings.full_clean()
+        moved = (ZoneInfo(settings.time_zone), settings.rollover_hour) != was
+        if moved and study_day_for(settings, now).date < day_was:
+            settings.day_floor = day_was
+        settings.save()
+        if moved:
+            _review_dues_move(user, was, (ZoneInfo(settings.time_zone), settings.rollover_hour))
     user.quiz_settings = settings  # what this request reads from now on
     return settings
+
+
+def _review_dues_move(
+    user: AbstractBaseUser, was: tuple[ZoneInfo, int], now: tuple[ZoneInfo, int]
+) -> None:
+    """Every review card's due to the start of the same study day under the new zone and hour."""
+    states = ReviewState.objects.filter(user=user, state=FsrsState.REVIEW)
+    batch: list[ReviewState] = []
+    for state in states.only("pk", "due").iterator(chunk_size=DUE_MOVE_BATCH):
+        state.due = scheduling.same_day_start(state.due, was, now)
+        batch.append(state)
+        if len(batch) == DUE_MOVE_BATCH:
+            ReviewState.objects.bulk_update(batch, ["due"])
+            batch.clear()
+    ReviewState.objects.bulk_update(batch, ["due"])
 
 
 # --- Content sync --------------------------------------------------------------------------------

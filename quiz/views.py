@@ -42,6 +42,10 @@ def _now() -> dt.datetime:
 
 def _grade_buttons(showing: Showing, tz: ZoneInfo, hour: int) -> list[dict[str, Any]]:
     suggested = services.suggested_rating(showing)
+    # The study day the outcomes were computed on (it may not be the one the reveal falls in
+    # just after a change of zone or rollover hour: scheduling.Context.day_floor).
+    day = (showing.outcomes.get(services.CONTEXT_KEY) or {}).get("day")
+    today = dt.date.fromisoformat(day) if day else None
     buttons = []
     for rating, name in RATING_NAMES.items():
         outcome = scheduling.CardState.from_json(showing.outcomes[str(rating)])
@@ -49,7 +53,9 @@ def _grade_buttons(showing: Showing, tz: ZoneInfo, hour: int) -> list[dict[str, 
             {
                 "rating": rating,
                 "name": name,
-                "interval": scheduling.interval_label(outcome, showing.revealed_at, tz, hour),
+                "interval": scheduling.interval_label(
+                    outcome, showing.revealed_at, tz, hour, today
+                ),
                 "suggested": rating == suggested,
             }
         )
@@ -347,7 +353,7 @@ def settings_edit(request: HttpRequest) -> HttpResponse:
     form.show_workload(workload, current.new_per_day)
     if request.method == "POST":
         if form.is_valid():
-            services.learner_settings_update(user=request.user, **form.cleaned_data)
+            services.learner_settings_update(user=request.user, now=_now(), **form.cleaned_data)
             messages.success(request, "Settings saved.")
             return redirect("quiz:settings-edit")
         return render(request, "quiz/settings_edit.html", {"form": form}, status=400)

@@ -724,3 +724,72 @@ def test_hard_does_not_shrink_an_interval_within_its_fuzz_range(fuzz):
         state, card_id=1, now=now, scheduler=scheduling.make_scheduler(0.9, fuzz=fuzz)
     )[2]
     assert (outcome.due.date() - now.date()).days >= 5
+
+
+# --- A change of zone or rollover hour keeps the learner's days (issue 61) ------------------------
+
+# (what changes, the instant it changes) so that the present falls in the study day before:
+# the hour moved from 04:00 to 06:00 at 05:10 UTC, or the zone from UTC to New York (UTC-4 in
+# June) at 06:00 UTC, when it is 02:00 there, before New York's 04:00 rollover.
+DAY_MOVES = [
+    pytest.param({"rollover_hour": 6}, at(2026, 6, 1, 5, 10), at(2026, 6, 2, 6), id="later-hour"),
+    pytest.param(
+        {"time_zone": "America/New_York"}, at(2026, 6, 1, 6), at(2026, 6, 2, 8), id="zone-west"
+    ),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("change", "changed_at", "next_start"), DAY_MOVES)
+def test_a_later_day_start_does_not_open_the_days_new_card_limit_again(
+    alice, change, changed_at, next_start
+):
+    # 10 new cards within the hour at a limit of 5: the day went back to yesterday, whose
+    # count was 0.
+    make_settings(alice, time_zone="UTC", rollover_hour=4, new_per_day=5)
+    cards = [make_card() for _ in range(8)]
+    for i, card in enumerate(cards[:5]):
+        review(alice, card, 3, at(2026, 6, 1, 4, 30) + dt.timedelta(minutes=i))
+    services.learner_settings_update(user=alice, now=changed_at, **change)
+    for later in (changed_at + dt.timedelta(minutes=5), next_start - dt.timedelta(minutes=1)):
+        queue = selectors.queue_today(user=alice, now=later)
+        assert (queue.day.date, queue.new_left) == (dt.date(2026, 6, 1), 0), later
+    # A card shown anyway (an old tab) is logged on that day.
+    log = review(alice, cards[5], 3, changed_at + dt.timedelta(minutes=6))
+    assert log.study_date == dt.date(2026, 6, 1)
+    queue = selectors.queue_today(user=alice, now=next_start)
+    assert (queue.day.date, queue.new_left) == (dt.date(2026, 6, 2), 2)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("change", "changed_at", "next_start"), DAY_MOVES)
+def test_a_later_day_start_does_not_make_a_review_due_a_day_early(
+    alice, change, changed_at, next_start
+):
+    # The card is due on 2 June (its due is that day's 04:00 UTC start); under the new settings
+    # 2 June starts later, and the card came due on the evening of 1 June.
+    make_settings(alice, time_zone="UTC", rollover_hour=4)
+    card = make_card()
+    make_review_state(alice, card, due=at(2026, 6, 2, 4), last_review=at(2026, 5, 23, 9))
+    services.learner_settings_update(user=alice, now=changed_at, **change)
+    before = selectors.queue_today(user=alice, now=next_start - dt.timedelta(minutes=1))
+    assert (before.day.date, before.review_left) == (dt.date(2026, 6, 1), 0)
+    on_the_day = selectors.queue_today(user=alice, now=next_start)
+    assert (on_the_day.day.date, on_the_day.next_card_id) == (dt.date(2026, 6, 2), card.pk)
+    # Its interval, counted in the learner's study days, is still the 10 days it was given.
+    state = services._state_columns(ReviewState.objects.get(user=alice, card=card))
+    settings = selectors.learner_settings_get(user=alice)
+    tz, hour = ZoneInfo(settings.time_zone), settings.rollover_hour
+    assert scheduling.study_date(state.due, tz, hour) == dt.date(2026, 6, 2)
+
+
+@pytest.mark.django_db
+def test_undo_after_a_change_of_rollover_hour_restores_the_card_on_its_day(alice):
+    make_settings(alice, time_zone="UTC", rollover_hour=4)
+    card = make_card()
+    make_review_state(alice, card, due=at(2026, 6, 1, 4), last_review=at(2026, 5, 22, 9))
+    review(alice, card, 3, at(2026, 6, 1, 9))
+    services.learner_settings_update(user=alice, now=at(2026, 6, 1, 10), rollover_hour=6)
+    services.review_undo(user=alice, now=at(2026, 6, 1, 10, 5))
+    restored = ReviewState.objects.get(user=alice, card=card)
+    assert restored.due == at(2026, 6, 1, 6)  # due on 1 June, which now starts at 06:00
