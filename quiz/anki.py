@@ -141,7 +141,7 @@ def numeric_text(card: CardSpec) -> str:
         return ""
     text = with_unit(num(card.numeric_value), card.numeric_unit)
     tolerance = numeric.tolerance_text(
-        card.numeric_value, card.numeric_tolerance, card.prompt, card.numeric_unit
+        card.numeric_value, card.numeric_tolerance, card.prompt, card.numeric_unit, card.answer
     )
     if tolerance:
         text += f" ({tolerance})"

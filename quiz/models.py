@@ -158,14 +158,18 @@ class Card(models.Model):
 
     def numeric_accepts(self, value: float) -> bool:
         return numeric.answer_accepted(
-            value, self.numeric_value, self.numeric_tolerance, self.prompt
+            value, self.numeric_value, self.numeric_tolerance, self.prompt, self.answer
         )
 
     @property
     def tolerance_text(self) -> str:
         """How close an answer must be, as pages say it: '±0.5 KiB', '±5 %' (quiz/numeric.py)."""
         return numeric.tolerance_text(
-            self.numeric_value, self.numeric_tolerance, self.prompt, self.numeric_unit
+            self.numeric_value,
+            self.numeric_tolerance,
+            self.prompt,
+            self.numeric_unit,
+            self.answer,
         )
 
 
