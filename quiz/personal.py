@@ -1,8 +1,10 @@
 """A learner's finished lab run becomes a personal card: predict a neighbouring setting.
 
-"Your run: llama-3-8b on h100-sxm, max_num_seqs 64; workload: 128 requests of 512 prompt + 128
-output tokens, 32 in flight. It measured output tokens/s = 5,719 tok/s. Predict the output
-tokens/s at max_num_seqs 128, everything else the same." The graded answer is what the worked
+"Run #12 at max_num_seqs 64: predict the output tokens/s at max_num_seqs 16. Your run:
+llama-3-8b on h100-sxm, max_num_seqs 64; workload: 128 requests of 512 prompt + 128 output
+tokens, 32 in flight. It measured output tokens/s = 4,482 tok/s. Everything else stays the
+same." The neighbouring setting is the nearest one at which the predictor's figure changes (with
+32 in flight, max_num_seqs 128 would change nothing). The graded answer is what the worked
 steps compute: the measurement scaled by the predictor's ratio between the two settings. What a
 run measured at the neighbouring setting (the learner's own sweep point, else the simulator now,
 same workload and seed) is shown beside it, and the tolerance holds it when it is near: at least
@@ -53,6 +55,9 @@ CARD_SOFT_TIME_LIMIT_S = 120
 SIM_SECONDS_PER_STEP = 10e-6
 MAX_SIM_STEPS = int(CARD_SOFT_TIME_LIMIT_S / 4 / (NOISE_SEEDS + 1) / SIM_SECONDS_PER_STEP)
 MIN_RELATIVE_TOLERANCE = 0.05
+# Neighbouring settings tried for one where the setting binds: a prediction each (~10 ms) in the
+# web request that queues the card.
+NEIGHBOURS_TRIED = 4
 # The tolerance widens to hold what the run measured at the neighbour, up to this far from the
 # method's result; further than that, the card says the closed form misses it.
 MAX_RELATIVE_TOLERANCE = 0.25
@@ -142,7 +147,11 @@ def _round_up(value: float) -> float:
 
 
 def _neighbour_from_lab(lab: Lab, field: str, params: Mapping[str, Any]) -> Any:
-    """The next larger value of the lab's sweep list (the next smaller at the top)."""
+    """The nearest value of the lab's sweep list (by ratio; the larger first) at which the
+    predictor's figure for the lab's metric changes, so the card asks where the setting binds
+    (max_num_seqs 128 with 32 requests in flight changes nothing: a ratio of 1.000). Without
+    such a value, or a predicted figure to tell, the next larger value (the next smaller at the
+    top)."""
     current = params.get(field)
     candidates = []
     for item in lab.sweep_values.split(","):
@@ -155,7 +164,18 @@ def _neighbour_from_lab(lab: Lab, field: str, params: Mapping[str, Any]) -> Any:
     if not isinstance(current, int | float) or not candidates:
         raise CardRefused(f"This lab has no neighbouring {field} to predict.")
     larger = sorted(v for v in candidates if v > current)
-    return larger[0] if larger else max(candidates)
+    fallback = larger[0] if larger else max(candidates)
+    predicted_key = lab.sweep_metrics[0][1]
+    if not predicted_key or current <= 0:
+        return fallback
+    here = _predicted(params)
+    positive = [v for v in candidates if v > 0]
+    by_distance = sorted(positive, key=lambda v: (abs(math.log(v / current)), v < current))
+    for value in by_distance[:NEIGHBOURS_TRIED]:
+        pair = _predicted_pair(here, _predicted({**params, field: value}), predicted_key)
+        if pair is not None and round(pair[1] / pair[0], 3) != 1:
+            return value
+    return fallback
 
 
 def _simulate(
@@ -394,10 +414,13 @@ def _content(
         f"for {' and '.join(reasons)}."
     )
     where = labs_api.short_where_label(run.where) or run.backend
+    # The first line is the card's title in lists: the run and the two settings tell one
+    # learner's cards of the same lab apart.
     prompt = (
+        f"Run #{run.pk} at {field} {current}: predict the {label} at {field} {neighbour}.\n\n"
         f"Your run: {_hardware(params)}, {field} {current}; workload: {_workload(params)}. "
         f"It measured {label} = {_fmt(mine, decimals)} {unit} ({where}). "
-        f"Predict the {label} at {field} {neighbour}, everything else the same."
+        "Everything else stays the same."
     )
     return _Content(
         prompt=prompt,

@@ -59,7 +59,7 @@ def test_a_finished_run_becomes_a_card_in_todays_quiz(page, celery_worker):
     assert "Your run: llama-3-8b on h100-sxm, max_num_seqs 64" in prompt
     assert measured_text in prompt
     assert "128 requests of 512 prompt + 128 output tokens, 128 in flight" in prompt
-    assert "Predict the output tokens/s at max_num_seqs 128" in prompt
+    assert "predict the output tokens/s at max_num_seqs 128." in prompt
 
     # Answer it with the fixed answer (what the simulator gave at max_num_seqs 128).
     card = Card.objects.get(owner__username="runlearner")

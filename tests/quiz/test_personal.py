@@ -73,11 +73,13 @@ def test_it_asks_for_the_next_setting_and_answers_with_the_worked_method(alice):
 
     assert card.owner == alice and card.kind == Card.Kind.NUMERIC and card.is_active
     measured = run.result["output_tokens_per_s"]
-    assert card.prompt.startswith("Your run: llama-3-8b on h100-sxm, max_num_seqs 64; workload: ")
-    assert f"{measured:,.0f} tok/s" in card.prompt and "simulated" in card.prompt
-    assert card.prompt.endswith(
-        "Predict the output tokens/s at max_num_seqs 128, everything else the same."
+    title, details = card.prompt.split("\n\n")
+    assert title == (
+        f"Run #{run.pk} at max_num_seqs 64: predict the output tokens/s at max_num_seqs 128."
     )
+    assert details.startswith("Your run: llama-3-8b on h100-sxm, max_num_seqs 64; workload: ")
+    assert f"{measured:,.0f} tok/s" in card.prompt and "simulated" in card.prompt
+    assert details.endswith("Everything else stays the same.")
     # The graded answer is the last step's result: your measurement x the predictor's ratio.
     ratio = float(re.search(r"a ratio of (\d\.\d{3})", " ".join(card.steps)).group(1))
     assert card.numeric_value == round(round(measured) * ratio)
@@ -100,6 +102,24 @@ def test_it_asks_for_the_next_setting_and_answers_with_the_worked_method(alice):
     assert any(step.startswith("Predicted output tokens/s") for step in card.steps)
     # Making it again returns the same card.
     assert personal.card_from_run(user=alice, run=run) == card
+
+
+def test_it_asks_at_a_setting_where_the_limit_binds_and_titles_each_card_apart(alice):
+    # Both cards made from the batching lab's own runs (32 requests in flight) asked at
+    # max_num_seqs 128, where the limit never binds (a ratio of 1.000), and had one title.
+    runs = [finished_run(alice), finished_run(alice, max_num_seqs=16)]
+    assert [run.params["concurrency"] for run in runs] == [32, 32]
+    cards = [personal.card_from_run(user=alice, run=run) for run in runs]
+    ratios = [
+        float(re.search(r"a ratio of (\d\.\d{3})", " ".join(card.steps)).group(1)) for card in cards
+    ]
+    assert all(ratio != 1.0 for ratio in ratios), ratios
+    current = runs[0].params["max_num_seqs"]
+    assert current >= 32 and f"at max_num_seqs {current}: predict" in cards[0].title
+    # Above 32 nothing changes; the nearest value below that binds is asked.
+    assert "at max_num_seqs 16." in cards[0].prompt.split("\n")[0]
+    assert "at max_num_seqs 32." in cards[1].prompt.split("\n")[0]
+    assert len({card.title for card in cards}) == 2
 
 
 def test_the_prompt_states_the_whole_workload(alice):
@@ -149,7 +169,7 @@ def test_the_worked_method_typed_as_the_answer_is_graded_correct(alice_client, a
         card = personal.card_from_run(user=alice, run=finished_run(alice, lab=lab, **values))
         typed = _last_number(card.steps[-1])
         page = alice_client.get(reverse("quiz:today")).content.decode()
-        assert card.prompt.split(";")[0] in page  # the personal card is the one on screen
+        assert card.prompt.split("\n")[0] in page  # the personal card is the one on screen
         token = re.search(r"/quiz/answer/([\w-]+)/", page).group(1)
         response = alice_client.post(
             reverse("quiz:answer-submit", args=[token]), {"value": typed}, HTTP_HX_REQUEST="true"
@@ -279,9 +299,9 @@ def test_the_button_queues_the_card_on_the_lab_worker_and_my_cards_shows_it(
     assert "It comes today, before the deck&#x27;s new cards." in html
     assert reverse("quiz:card-detail", args=[card.slug]) in html
     today = alice_client.get(reverse("quiz:today")).content.decode()
-    assert "Predict the output tokens/s at max_num_seqs" in today
+    assert "predict the output tokens/s at max_num_seqs" in today
     listed = alice_client.get(reverse("quiz:my-cards")).content.decode()
-    assert "Predict the output tokens/s at max_num_seqs" in listed and card.slug in listed
+    assert "predict the output tokens/s at max_num_seqs" in listed and card.slug in listed
     assert '<strong class="my-card-when">today</strong>' in listed
 
     client = Client()
