@@ -1,7 +1,10 @@
 """The shared deck as an Anki package (.apkg), built with genanki.
 
 Plain Python over the content specs (`selectors.content_snapshot`), no ORM, so the export holds
-exactly what `export_content` writes: the deck's active cards, never a learner's personal ones.
+exactly what `export_content` writes: the deck's active cards. A learner's own download adds
+their cards made from runs (`selectors.personal_export`, deck "Your runs"); their prediction
+cards cannot be fixed notes (each showing asks a setting chosen then, graded against a
+simulation), and the stats page says they are left out and why.
 
 Ids are derived from slugs, not from the clock: the same card always becomes the note with the
 same GUID and the same note id, so importing a newer export into Anki updates the notes already
@@ -250,9 +253,14 @@ def write_apkg(
     return len(tree.cards)
 
 
-def deck_apkg(out: str | Path | BinaryIO) -> int:
-    """The shared deck as it is in the database (what `export_content` writes), as an .apkg."""
-    from quiz.selectors import card_edit_times, content_snapshot
+def deck_apkg(out: str | Path | BinaryIO, *, user: Any = None) -> int:
+    """The shared deck as it is in the database (what `export_content` writes), as an .apkg;
+    with `user`, their own cards made from runs too."""
+    from quiz.selectors import card_edit_times, content_snapshot, personal_export
 
     tree, _ = content_snapshot()
-    return write_apkg(tree, out, card_edit_times())
+    if user is not None:
+        own = personal_export(user=user)
+        if own.deck is not None:
+            tree = ContentTree(decks=[*tree.decks, own.deck], cards=[*tree.cards, *own.cards])
+    return write_apkg(tree, out, card_edit_times(user=user))

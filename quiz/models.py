@@ -119,7 +119,8 @@ class Card(models.Model):
     source = models.CharField(max_length=200, blank=True)
     is_active = models.BooleanField(default=True, help_text="Retired cards keep their history.")
     # A personal card (made from the learner's own lab run): only its owner studies it, and it
-    # never enters the shared deck's files or its Anki export. NULL: a card of the shared deck.
+    # never enters the shared deck's files (its owner's Anki download adds it). NULL: a card of
+    # the shared deck.
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,

@@ -17,7 +17,7 @@ through `CARD_REQUESTS`): a learner's card waits for the learners before it in t
 every run queued before it.
 
 The card is owned by the learner (Card.owner), lives in the "my-runs" deck, is scheduled by FSRS
-like any other, and never enters content/ or the Anki export.
+like any other, and never enters content/; its owner's Anki download holds it (deck "Your runs").
 """
 
 from __future__ import annotations

@@ -536,10 +536,44 @@ def content_snapshot() -> tuple[ContentTree, set[str]]:
     return ContentTree(decks=decks, cards=specs), retired
 
 
-def card_edit_times() -> dict[str, float]:
-    """Each shared card's last edit, Unix seconds, by slug (the Anki export's note times)."""
-    shared = Card.objects.filter(is_active=True, owner__isnull=True)
-    return {slug: at.timestamp() for slug, at in shared.values_list("slug", "updated_at")}
+def card_edit_times(*, user: AbstractBaseUser | None = None) -> dict[str, float]:
+    """Each shared card's last edit, Unix seconds, by slug (the Anki export's note times), and
+    `user`'s own cards' too."""
+    owners = Q(owner__isnull=True) | (Q(owner=user) if user is not None else Q(pk__in=[]))
+    cards = Card.objects.filter(owners, is_active=True)
+    return {slug: at.timestamp() for slug, at in cards.values_list("slug", "updated_at")}
+
+
+@dataclass(frozen=True)
+class PersonalExport:
+    """What of a learner's own cards goes into their Anki download, and what cannot."""
+
+    deck: DeckSpec | None
+    cards: list[CardSpec]
+    # Prediction cards: each showing asks a neighbouring setting labs chooses then and grades
+    # against a simulation the quiz runs, which a fixed Anki note cannot do.
+    left_out: int
+
+
+def personal_export_counts(*, user: AbstractBaseUser) -> dict[str, int]:
+    """For the stats page, in one query: {"cards": the learner's own cards their Anki download
+    holds, "left_out": their prediction cards it cannot (PersonalExport)}."""
+    prediction = Q(kind=Card.Kind.PREDICTION)
+    return Card.objects.filter(owner=user, is_active=True).aggregate(
+        cards=Count("id", filter=~prediction), left_out=Count("id", filter=prediction)
+    )
+
+
+def personal_export(*, user: AbstractBaseUser) -> PersonalExport:
+    """The learner's active cards made from their runs, as content specs for the Anki export,
+    and how many of their prediction cards are left out of it."""
+    own = Card.objects.filter(owner=user, is_active=True)
+    cards = _for_specs(own.exclude(kind=Card.Kind.PREDICTION)).order_by("slug")
+    specs = [_card_spec(card) for card in cards]
+    left_out = own.filter(kind=Card.Kind.PREDICTION).count()
+    deck = Deck.objects.filter(slug=PERSONAL_DECK).first()
+    spec = DeckSpec(deck.slug, deck.title, deck.description) if deck and specs else None
+    return PersonalExport(deck=spec, cards=specs, left_out=left_out)
 
 
 def _card_spec(card: Card) -> CardSpec:

@@ -330,15 +330,18 @@ def card_retire(request: HttpRequest, slug: str) -> HttpResponse:
 @login_required
 def stats(request: HttpRequest) -> HttpResponse:
     data = selectors.stats_for(user=request.user, now=_now())
-    return render(request, "quiz/stats.html", {"stats": data, "chart_data": data.chart_data()})
+    own = selectors.personal_export_counts(user=request.user)
+    context = {"stats": data, "chart_data": data.chart_data(), "anki_own": own}
+    return render(request, "quiz/stats.html", context)
 
 
 @require_GET
 @login_required
 def anki_export(request: HttpRequest) -> HttpResponse:
-    """The shared deck as an .apkg download (the same file as `manage.py export_anki`)."""
+    """The shared deck as an .apkg download (`manage.py export_anki`'s file), with the learner's
+    own cards made from runs."""
     buffer = io.BytesIO()
-    deck_apkg(buffer)
+    deck_apkg(buffer, user=request.user)
     response = HttpResponse(buffer.getvalue(), content_type="application/octet-stream")
     response["Content-Disposition"] = 'attachment; filename="serving-school.apkg"'
     return response

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import json
 import re
+import sqlite3
+import zipfile
 
 import pytest
 from django.core.management import call_command
@@ -228,7 +231,7 @@ def test_it_refuses_unfinished_foreign_and_oversized_runs(alice, bob):
     assert not Card.objects.exists()
 
 
-def test_personal_cards_stay_out_of_the_deck_files_the_anki_export_and_load_content(alice):
+def test_personal_cards_stay_out_of_the_deck_files_and_load_content(alice):
     call_command("load_content", stdout=io.StringIO())
     card = personal.card_from_run(user=alice, run=finished_run(alice))
     tree, retired = content_snapshot()
@@ -237,6 +240,43 @@ def test_personal_cards_stay_out_of_the_deck_files_the_anki_export_and_load_cont
     call_command("load_content", stdout=io.StringIO())  # would retire cards not in the files
     card.refresh_from_db()
     assert card.is_active
+
+
+def _download_slugs(client, tmp_path) -> dict[str, str]:
+    """The notes of a learner's Anki download: their deck's name by the note's slug field."""
+    apkg = tmp_path / "download.apkg"
+    apkg.write_bytes(client.get(reverse("quiz:anki-export")).content)
+    with zipfile.ZipFile(apkg) as zf:
+        (tmp_path / "download.anki2").write_bytes(zf.read("collection.anki2"))
+    with sqlite3.connect(tmp_path / "download.anki2") as conn:
+        decks = {
+            int(deck_id): deck["name"]
+            for deck_id, deck in json.loads(
+                conn.execute("SELECT decks FROM col").fetchone()[0]
+            ).items()
+        }
+        rows = conn.execute("SELECT n.flds, c.did FROM notes n JOIN cards c ON c.nid = n.id")
+        return {fields.split("\x1f")[0]: decks[did] for fields, did in rows}
+
+
+def test_a_learners_anki_download_has_their_run_cards_and_says_why_predictions_are_not(
+    alice, alice_client, bob, tmp_path
+):
+    # Personal cards were not in the download, and the page did not say so.
+    shared = make_card(slug="shared")
+    card = personal.card_from_run(user=alice, run=finished_run(alice))
+    prediction = make_card("prediction", slug="mine-prediction", owner=alice, deck=card.deck)
+    notes = _download_slugs(alice_client, tmp_path)
+    assert notes[card.slug] == "Serving School::Your runs"
+    assert shared.slug in notes and prediction.slug not in notes
+    page = alice_client.get(reverse("quiz:stats")).content.decode()
+    assert "It includes your 1 card made from runs" in page
+    assert "Your 1 prediction card is left out: each time, the quiz asks one at a setting" in page
+    # Nobody else's.
+    bob_client = Client()
+    bob_client.force_login(bob)
+    assert card.slug not in _download_slugs(bob_client, tmp_path)
+    assert "made from runs" not in bob_client.get(reverse("quiz:stats")).content.decode()
 
 
 def test_only_its_owner_is_quizzed_on_it_and_it_comes_first(alice, bob):
