@@ -31,25 +31,25 @@ def parameters_page(request: HttpRequest) -> HttpResponse:
     return render(request, "quiz/parameters.html", context)
 
 
-def _act(request: HttpRequest, action: Callable[[], object], done: str) -> HttpResponse:
-    """Run one of the page's actions; a refusal is shown as its message, never a 500."""
+def _act(request: HttpRequest, action: Callable[[], object], done: str = "") -> HttpResponse:
+    """Run one of the page's actions; a refusal is shown as its message, never a 500. `done`:
+    what to say once it is done ("": the page itself shows it)."""
     try:
         action()
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     else:
-        messages.success(request, done)
+        if done:
+            messages.success(request, done)
     return redirect("quiz:parameters")
 
 
 @require_POST
 @login_required
 def parameters_optimize(request: HttpRequest) -> HttpResponse:
-    return _act(
-        request,
-        lambda: parameters.fit_start(user=request.user),
-        "Optimizing on the worker; this page shows its progress.",
-    )
+    # No message above the page: the fit's own section says it is optimizing, and the poll
+    # replaces that section with the result (a message stayed above it).
+    return _act(request, lambda: parameters.fit_start(user=request.user))
 
 
 @require_POST

@@ -477,3 +477,18 @@ def test_optimize_from_the_page_runs_on_a_real_fit_worker(alice, alice_client):
     assert fit.status == ParameterFit.Status.DONE, f"{fit.error}\n{worker.log()}"
     page = alice_client.get(reverse("quiz:parameters")).content.decode()
     assert "Use these parameters" in page and f"on {fit.reviews} reviews" in page
+
+
+@pytest.mark.django_db
+def test_the_page_says_optimizing_only_while_the_fit_runs(alice, alice_client, monkeypatch):
+    # "Optimizing on the worker" was a message above the fit's section, which the poll swaps
+    # alone: it stayed above the finished result.
+    monkeypatch.setattr("quiz.tasks.fit_parameters_task.apply_async", lambda args: None)
+    _store(alice, review_log("forgetful", 600, 5))
+    response = alice_client.post(reverse("quiz:parameters-optimize"), follow=True)
+    page = response.content.decode()
+    fit_section = page[page.index('id="fit"') : page.index("</section>", page.index('id="fit"'))]
+    assert page.count("Optimizing on the worker") == 1 and "Optimizing on the worker" in fit_section
+    parameters.fit_run(fit_id=ParameterFit.objects.get(user=alice).pk)
+    polled = alice_client.get(reverse("quiz:parameters"), HTTP_HX_REQUEST="true").content.decode()
+    assert "Optimizing on the worker" not in polled and "How your intervals change" in polled
