@@ -5,6 +5,7 @@ Every function here runs a fixed number of queries whatever the deck size (a tes
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import threading
@@ -338,9 +339,17 @@ def logged_review(log: ReviewLog) -> scheduling.LoggedReview:
 
 
 def card_replayed(*, user: AbstractBaseUser, card_id: int) -> scheduling.CardState:
-    """The learner's state of a card recomputed from its review log alone."""
-    logs = ReviewLog.objects.filter(user=user, card_id=card_id).order_by("id")
-    return scheduling.replay([logged_review(log) for log in logs], card_id=card_id)
+    """The learner's state of a card recomputed from its review log alone, a review due on the
+    same study day under the learner's present zone and rollover hour (where a change of them
+    since the last review moved it, services.learner_settings_update)."""
+    logs = list(ReviewLog.objects.filter(user=user, card_id=card_id).order_by("id"))
+    state = scheduling.replay([logged_review(log) for log in logs], card_id=card_id)
+    settings = learner_settings_get(user=user)
+    was = ZoneInfo(logs[-1].time_zone), logs[-1].rollover_hour
+    now = ZoneInfo(settings.time_zone), settings.rollover_hour
+    if state.state != FsrsState.REVIEW or was == now:
+        return state
+    return dataclasses.replace(state, due=scheduling.same_day_start(state.due, was, now))
 
 
 def undo_available(

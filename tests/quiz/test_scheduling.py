@@ -788,8 +788,15 @@ def test_undo_after_a_change_of_rollover_hour_restores_the_card_on_its_day(alice
     make_settings(alice, time_zone="UTC", rollover_hour=4)
     card = make_card()
     make_review_state(alice, card, due=at(2026, 6, 1, 4), last_review=at(2026, 5, 22, 9))
+    learnt = make_card()  # a review card made by its log alone
+    review(alice, learnt, 3, at(2026, 6, 1, 8, 40))
+    review(alice, learnt, 3, at(2026, 6, 1, 8, 50))
     review(alice, card, 3, at(2026, 6, 1, 9))
     services.learner_settings_update(user=alice, now=at(2026, 6, 1, 10), rollover_hour=6)
+    # Its log still replays to the stored state, the due moved as the change moved it.
+    moved = services._state_columns(_state(alice, learnt))
+    assert moved.state == FsrsState.REVIEW and moved.due.hour == 6
+    assert selectors.card_replayed(user=alice, card_id=learnt.pk) == moved
     services.review_undo(user=alice, now=at(2026, 6, 1, 10, 5))
     restored = ReviewState.objects.get(user=alice, card=card)
     assert restored.due == at(2026, 6, 1, 6)  # due on 1 June, which now starts at 06:00
