@@ -741,24 +741,30 @@ DAY_MOVES = [
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(("change", "changed_at", "next_start"), DAY_MOVES)
-def test_a_later_day_start_does_not_open_the_days_new_card_limit_again(
+def test_a_later_day_start_does_not_open_the_days_limits_again(
     alice, change, changed_at, next_start
 ):
     # 10 new cards within the hour at a limit of 5: the day went back to yesterday, whose
     # count was 0.
-    make_settings(alice, time_zone="UTC", rollover_hour=4, new_per_day=5)
+    make_settings(alice, time_zone="UTC", rollover_hour=4, new_per_day=5, reviews_per_day=5)
+    due_today = make_card()
+    make_review_state(alice, due_today, due=at(2026, 6, 1, 4), last_review=at(2026, 5, 22, 9))
     cards = [make_card() for _ in range(8)]
     for i, card in enumerate(cards[:5]):
         review(alice, card, 3, at(2026, 6, 1, 4, 30) + dt.timedelta(minutes=i))
     services.learner_settings_update(user=alice, now=changed_at, **change)
     for later in (changed_at + dt.timedelta(minutes=5), next_start - dt.timedelta(minutes=1)):
         queue = selectors.queue_today(user=alice, now=later)
-        assert (queue.day.date, queue.new_left) == (dt.date(2026, 6, 1), 0), later
+        assert (queue.day.date, queue.new_left, queue.review_left) == (
+            dt.date(2026, 6, 1),
+            0,
+            0,  # the review limit (5) is spent on the day's 5 new cards, as in Anki
+        ), later
     # A card shown anyway (an old tab) is logged on that day.
     log = review(alice, cards[5], 3, changed_at + dt.timedelta(minutes=6))
     assert log.study_date == dt.date(2026, 6, 1)
     queue = selectors.queue_today(user=alice, now=next_start)
-    assert (queue.day.date, queue.new_left) == (dt.date(2026, 6, 2), 2)
+    assert (queue.day.date, queue.new_left, queue.review_left) == (dt.date(2026, 6, 2), 2, 1)
 
 
 @pytest.mark.django_db
