@@ -10,6 +10,7 @@ from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 
+from config.admin_delete import BoundedDeleteMixin
 from labs.questions.models import LabQuestion
 from labs.questions.spec import KEYS, QuestionError, from_data
 
@@ -73,7 +74,7 @@ def _field_of(message: str) -> str | None:
 
 
 @admin.register(LabQuestion)
-class LabQuestionAdmin(admin.ModelAdmin):
+class LabQuestionAdmin(BoundedDeleteMixin, admin.ModelAdmin):
     form = LabQuestionForm
     list_display = [
         "slug",

@@ -11,6 +11,7 @@ from django.template.loader import render_to_string
 from django.urls import path, reverse
 from django.utils.safestring import SafeString
 
+from config.admin_delete import BoundedDeleteMixin
 from quiz import documents
 from quiz.admin_forms import (
     MAX_OPTIONS,
@@ -42,7 +43,7 @@ def _slug_fixed_once_saved(readonly: list[str], obj: Deck | Card | None) -> list
 
 
 @admin.register(Deck)
-class DeckAdmin(admin.ModelAdmin):
+class DeckAdmin(BoundedDeleteMixin, admin.ModelAdmin):
     form = DeckAdminForm
     list_display = ["slug", "title", "active_cards", "edited_since_load", "updated_at"]
     list_filter = ["edited_since_load"]
@@ -68,7 +69,7 @@ class DeckAdmin(admin.ModelAdmin):
 
 
 @admin.register(Tag)
-class TagAdmin(admin.ModelAdmin):
+class TagAdmin(BoundedDeleteMixin, admin.ModelAdmin):
     search_fields = ["slug"]
     list_display = ["slug"]
 
@@ -109,7 +110,7 @@ class ImportDocumentForm(forms.Form):
 
 
 @admin.register(Card)
-class CardAdmin(SafeAutocompleteMixin, admin.ModelAdmin):
+class CardAdmin(SafeAutocompleteMixin, BoundedDeleteMixin, admin.ModelAdmin):
     change_list_template = "admin/quiz/card/change_list.html"
     form = CardAdminForm
     list_display = [
@@ -248,7 +249,7 @@ class ReviewStateForm(forms.ModelForm):
 
 
 @admin.register(ReviewState)
-class ReviewStateAdmin(admin.ModelAdmin):
+class ReviewStateAdmin(BoundedDeleteMixin, admin.ModelAdmin):
     form = ReviewStateForm
     list_display = ["user", "card", "state", "due", "stability", "lapses", "suspended", "leech"]
     list_filter = ["state", "suspended", "leech"]
@@ -267,7 +268,7 @@ class ReviewStateAdmin(admin.ModelAdmin):
 
 
 @admin.register(ReviewLog)
-class ReviewLogAdmin(admin.ModelAdmin):
+class ReviewLogAdmin(BoundedDeleteMixin, admin.ModelAdmin):
     list_display = ["reviewed_at", "user", "card", "rating", "kind", "correct", "duration_ms"]
     list_filter = ["rating", "kind", "correct"]
     search_fields = ["user__username", "card__slug"]
@@ -283,7 +284,7 @@ class ReviewLogAdmin(admin.ModelAdmin):
 
 
 @admin.register(LearnerSettings)
-class LearnerSettingsAdmin(admin.ModelAdmin):
+class LearnerSettingsAdmin(BoundedDeleteMixin, admin.ModelAdmin):
     list_display = ["user", "time_zone", "rollover_hour", "new_per_day", "reviews_per_day"]
     search_fields = ["user__username"]
     raw_id_fields = ["user"]
