@@ -346,6 +346,10 @@ QUIZ_CARD_CACHE_MAX = env_int("QUIZ_CARD_CACHE_MAX", 2000)
 # later), and how long a fit may wait queued before it counts as lost.
 QUIZ_FIT_TIME_LIMIT_S = env_int("QUIZ_FIT_TIME_LIMIT_S", 600)
 QUIZ_FIT_QUEUED_STALE_S = env_int("QUIZ_FIT_QUEUED_STALE_S", 3600)
+# A running fit's worker marks it alive this often; the page fails a running fit silent for
+# QUIZ_FIT_STALE_S (its worker was killed), whatever time limit the fit worker runs it under.
+QUIZ_FIT_HEARTBEAT_S = env_int("QUIZ_FIT_HEARTBEAT_S", 10)
+QUIZ_FIT_STALE_S = env_int("QUIZ_FIT_STALE_S", 45)
 # The memory (address space) of a fit's own process (quiz.fitting); a fit that needs more fails
 # and says so. A fit of 600,000 reviews peaks at about 0.9 GB (128 reviews a card, the most used).
 QUIZ_FIT_MEMORY_LIMIT_MB = env_int("QUIZ_FIT_MEMORY_LIMIT_MB", 2048)

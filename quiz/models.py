@@ -475,8 +475,10 @@ class ParameterFit(models.Model):
     progress = models.PositiveSmallIntegerField(default=0, help_text="Percent.")
     stage = models.CharField(max_length=120, blank=True)
     created_at = models.DateTimeField()
-    # When a worker took it: a fit running past its time limit since then lost its worker.
+    # When a worker took it, and when that worker last said it was still fitting (every
+    # QUIZ_FIT_HEARTBEAT_S): a running fit silent for QUIZ_FIT_STALE_S lost its worker.
     started_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     reviews = models.PositiveIntegerField(default=0)
     parameters = models.JSONField(null=True, blank=True)

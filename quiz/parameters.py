@@ -21,6 +21,7 @@ uses them).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from datetime import date, timedelta
 from typing import Any
@@ -30,7 +31,8 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings as django_settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import DatabaseError, connections, transaction
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from quiz import fitting, optimizer
@@ -53,14 +55,15 @@ def _reviews(user_id: int) -> Iterator[tuple[int, int, date]]:
 
 
 def _release_stale(user: AbstractBaseUser) -> None:
-    """Fail the learner's fit whose worker died (killed, out of memory, restarted): running past
-    the task's hard time limit, or queued so long that no fit worker can be taking it. Without
-    this the row stays "running" and the learner can never optimize again."""
+    """Fail the learner's fit whose worker died (killed, out of memory, restarted): running with
+    no heartbeat for QUIZ_FIT_STALE_S, or queued so long that no fit worker can be taking it.
+    Without this the row stays "running" and the learner can never optimize again. The fit's
+    time limit is the fit worker's to enforce (its settings, not this process's)."""
     now = timezone.now()
-    dead = django_settings.QUIZ_FIT_TIME_LIMIT_S + 60  # the hard limit, and a margin
-    ParameterFit.objects.filter(
-        user=user, status=ParameterFit.Status.RUNNING, started_at__lt=now - timedelta(seconds=dead)
-    ).update(
+    silent_since = now - timedelta(seconds=django_settings.QUIZ_FIT_STALE_S)
+    ParameterFit.objects.filter(user=user, status=ParameterFit.Status.RUNNING).annotate(
+        alive_at=Coalesce("heartbeat_at", "started_at")
+    ).filter(alive_at__lt=silent_since).update(
         status=ParameterFit.Status.FAILED,
         error="The worker stopped before the fit finished; optimize again.",
         finished_at=now,
@@ -105,6 +108,43 @@ def fit_start(*, user: AbstractBaseUser) -> ParameterFit:
     return fit
 
 
+class _Heartbeat:
+    """On the worker, while a fit runs: bumps its heartbeat_at from a side thread every
+    `interval_s`, so a page can tell a long fit from one whose worker was killed."""
+
+    def __init__(self, fit_id: int, interval_s: float) -> None:
+        self.fit_id = fit_id
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"fit-{fit_id}", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self._beat()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _beat(self) -> None:
+        ParameterFit.objects.filter(pk=self.fit_id, status=ParameterFit.Status.RUNNING).update(
+            heartbeat_at=timezone.now()
+        )
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.wait(self.interval_s):
+                try:
+                    self._beat()
+                except DatabaseError:
+                    # A database restart: the next beat reconnects (a fit lives through it).
+                    logger.warning("heartbeat of fit %s: database unavailable", self.fit_id)
+                    connections["default"].close()
+        finally:
+            connections.close_all()  # this thread's own connection
+
+
 def fit_run(*, fit_id: int) -> None:
     """On the worker: fit, compare with the parameters in force, store the figures."""
     claimed = ParameterFit.objects.filter(pk=fit_id, status=ParameterFit.Status.QUEUED).update(
@@ -123,16 +163,17 @@ def fit_run(*, fit_id: int) -> None:
     limit_mb = django_settings.QUIZ_FIT_MEMORY_LIMIT_MB
     try:
         progress(2, "Reading your reviews")
-        result = fitting.run(
-            _reviews(fit.user_id),
-            current=settings.fsrs_parameters,
-            desired_retention=settings.desired_retention,
-            new_per_day=settings.new_per_day,
-            memory_limit_mb=limit_mb,
-            # A backstop for a fit process whose worker was killed: the hard limit, and a margin.
-            cpu_limit_s=django_settings.QUIZ_FIT_TIME_LIMIT_S + 60,
-            progress=progress,
-        )
+        with _Heartbeat(fit_id, django_settings.QUIZ_FIT_HEARTBEAT_S):
+            result = fitting.run(
+                _reviews(fit.user_id),
+                current=settings.fsrs_parameters,
+                desired_retention=settings.desired_retention,
+                new_per_day=settings.new_per_day,
+                memory_limit_mb=limit_mb,
+                # A backstop for a fit process whose worker was killed: the hard limit + margin.
+                cpu_limit_s=django_settings.QUIZ_FIT_TIME_LIMIT_S + 60,
+                progress=progress,
+            )
     except SoftTimeLimitExceeded:
         fit_fail(
             fit_id=fit_id,

@@ -261,12 +261,18 @@ def test_a_fit_killed_mid_way_is_failed_and_a_new_press_starts_one(
 
 
 @pytest.mark.django_db
-def test_a_fit_still_within_its_time_limit_or_lost_in_the_queue(alice, monkeypatch):
+def test_a_fit_with_a_live_worker_or_lost_in_the_queue(alice, monkeypatch, settings):
     monkeypatch.setattr("quiz.tasks.fit_parameters_task.apply_async", lambda args: None)
+    # The web's own time limit says nothing of the fit worker's (which may allow hours).
+    settings.QUIZ_FIT_TIME_LIMIT_S = 1
     _store(alice, review_log("forgetful", 600, 8))
     now = dt.datetime.now(dt.UTC)
     running = ParameterFit.objects.create(
-        user=alice, status="running", created_at=now, started_at=now - dt.timedelta(seconds=60)
+        user=alice,
+        status="running",
+        created_at=now - dt.timedelta(hours=2),
+        started_at=now - dt.timedelta(hours=2),
+        heartbeat_at=now - dt.timedelta(seconds=settings.QUIZ_FIT_HEARTBEAT_S),
     )
     with pytest.raises(ValidationError, match="already"):
         parameters.fit_start(user=alice)  # a live fit is left alone
@@ -279,6 +285,44 @@ def test_a_fit_still_within_its_time_limit_or_lost_in_the_queue(alice, monkeypat
     assert parameters.fit_start(user=alice).pk != lost.pk
     lost.refresh_from_db()
     assert lost.status == "failed" and "No worker took" in lost.error
+
+
+@pytest.mark.django_db
+def test_a_killed_fit_workers_fit_is_released_within_a_minute(alice, alice_client, settings):
+    assert settings.QUIZ_FIT_HEARTBEAT_S * 3 < settings.QUIZ_FIT_STALE_S < 60
+    now = dt.datetime.now(dt.UTC)
+    silent = dt.timedelta(seconds=settings.QUIZ_FIT_STALE_S + 1)
+    fit = ParameterFit.objects.create(
+        user=alice,
+        status="running",
+        progress=20,
+        created_at=now - silent,
+        started_at=now - silent,
+        heartbeat_at=now - silent,
+    )
+    page = alice_client.get(reverse("quiz:parameters")).content.decode()
+    fit.refresh_from_db()
+    assert fit.status == "failed" and "worker stopped before the fit finished" in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_running_fit_beats_while_it_fits(alice, monkeypatch, settings):
+    monkeypatch.setattr("quiz.tasks.fit_parameters_task.apply_async", lambda args: None)
+    settings.QUIZ_FIT_HEARTBEAT_S = 0.05
+    _store(alice, review_log("forgetful", 600, 8))
+    fit = parameters.fit_start(user=alice)
+    beats = []
+
+    def fitting_slowly(*args, **kwargs):
+        deadline = time.monotonic() + 10
+        while len(set(beats)) < 3 and time.monotonic() < deadline:
+            beats.append(ParameterFit.objects.get(pk=fit.pk).heartbeat_at)
+            time.sleep(0.02)
+        raise ValueError("stopped by the test")
+
+    monkeypatch.setattr(parameters.fitting, "run", fitting_slowly)
+    parameters.fit_run(fit_id=fit.pk)
+    assert len(set(beats)) >= 3  # the first beat at the start, then the side thread's
 
 
 @pytest.mark.django_db
