@@ -25,3 +25,5 @@ urlpatterns = [
     path("admin/password_change/", views.admin_password_change),
     path("admin/", admin.site.urls),
 ]
+
+handler500 = "config.errors.server_error"
