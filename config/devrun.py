@@ -237,11 +237,12 @@ class DevRun:
             self.start("web server")
             started_at = time.monotonic()
             while True:
+                # Asked to stop: a clean stop exits 0, so make does not print "Error 143".
                 if self.received:
-                    why, code = signal.Signals(self.received[0]).name, 128 + self.received[0]
+                    why, code = signal.Signals(self.received[0]).name, 0
                     break
                 if self.watch.stopping():
-                    why, code = "make is stopping", 128 + signal.SIGTERM
+                    why, code = "make is stopping", 0
                     break
                 ended = next((c for c in self.children if c.process.poll() is not None), None)
                 if ended is not None:

@@ -95,17 +95,25 @@ refresh_lock() {
   fi
 }
 
+# What will be installed, as many as the installer reports: the lock's pins whose markers apply to
+# this Python (a universal lock also pins other platforms' packages), and the project itself.
+packages() {
+  local pins
+  pins=$("$VENV/bin/python" scripts/lock_count.py "$LOCK" 2>/dev/null) ||
+    pins=$(grep -c '^[A-Za-z0-9]' "$LOCK" 2>/dev/null || true)
+  echo "$((pins + 1)) packages ($pins pinned in $LOCK, and the project)"
+}
+
 install() {
   local started=$SECONDS first=0
   [[ -x $VENV/bin/python ]] || first=1
   make_venv
   local count
-  count=$(grep -c '^[A-Za-z0-9]' "$LOCK" 2>/dev/null || true)
   if [[ $INSTALLER != pip ]] && ensure_uv; then
     refresh_lock
-    count=$(grep -c '^[A-Za-z0-9]' "$LOCK" 2>/dev/null || true)
+    count=$(packages)
     if ((first)); then
-      say "Installing $count pinned packages from $LOCK with uv ($(direct_deps), ...)"
+      say "Installing $count with uv ($(direct_deps), ...)"
       say "This usually takes 5-15 s with uv's cache warm, up to a minute when it downloads all"
     else
       say "Updating $VENV from $LOCK with uv"
@@ -124,7 +132,8 @@ install() {
         "instead (slower, same pinned versions from $LOCK)" >&2
     fi
     ensure_pip
-    say "Installing $count pinned packages from $LOCK with pip; usually 45 s with pip's cache warm," \
+    count=$(packages)
+    say "Installing $count with pip; usually 45 s with pip's cache warm," \
       "about 3 minutes without"
     # pip's own notices and the setuptools editable-install banner stay in the log unless it fails.
     quietly "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$LOCK" -e .

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from config.devrun import bytecode_command, parse_port, port_problem
+from config.devrun import DevRun, bytecode_command, parse_port, port_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 PORTS = range(8170, 8180)
@@ -228,3 +228,19 @@ def test_it_stops_server_and_worker_when_make_gets_a_signal(tmp_path, sig):
         for pid, cmd in started.items():
             if still_running(pid, cmd):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_clean_stop_exits_0_so_make_prints_no_error(sig):
+    # make printed "Error 143" after `kill -TERM` of make run: the stop is asked for, not a fault.
+    devrun = DevRun(HOST, free_port(), ROOT / ".venv")
+    devrun.commands = {"web server": [sys.executable, "-c", "import time; time.sleep(60)"]}
+    devrun.received.append(sig)
+    assert devrun.run() == 0
+    assert all(child.process.poll() is not None for child in devrun.children)
+
+
+def test_a_child_that_dies_is_still_an_error():
+    devrun = DevRun(HOST, free_port(), ROOT / ".venv")
+    devrun.commands = {"web server": [sys.executable, "-c", "raise SystemExit(3)"]}
+    assert devrun.run() == 3
