@@ -134,7 +134,8 @@ def _delete_children_first(queryset: models.QuerySet, depth: int) -> None:
             if child.exists():
                 _delete_children_first(child, depth + 1)
     model = queryset.model
-    while pks := list(queryset.values_list("pk", flat=True)[:BATCH]):
+    # Unordered: a model's default ordering would sort every remaining row for each batch.
+    while pks := list(queryset.order_by().values_list("pk", flat=True)[:BATCH]):
         # Django's delete for one batch: its signals and SET_NULLs, nothing left to cascade.
         model._base_manager.filter(pk__in=pks).delete()
 
