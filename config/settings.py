@@ -159,6 +159,9 @@ LOGIN_ACCOUNT_DELAY_S = env_int("LOGIN_ACCOUNT_DELAY_S", 10)
 LOGIN_KNOWN_ADDRESS_DAYS = env_int("LOGIN_KNOWN_ADDRESS_DAYS", 30)
 LOGINS_PER_ACCOUNT_PER_MIN = env_int("LOGINS_PER_ACCOUNT_PER_MIN", 10)
 LOGIN_ATTEMPTS_PER_IP_PER_MIN = env_int("LOGIN_ATTEMPTS_PER_IP_PER_MIN", 60)
+# Password checks a minute, site-wide, of suspect log-ins (config/throttle.py): a spray of real
+# names from rotating addresses; never a learner's first try at an unattacked account.
+LOGIN_SUSPECT_CHECKS_PER_MIN = env_int("LOGIN_SUSPECT_CHECKS_PER_MIN", 30)
 LOGIN_THROTTLE_WINDOW_S = env_int("LOGIN_THROTTLE_WINDOW_S", 900)
 SIGNUPS_PER_IP = env_int("SIGNUPS_PER_IP", 5)
 SIGNUP_THROTTLE_WINDOW_S = env_int("SIGNUP_THROTTLE_WINDOW_S", 3600)

@@ -16,7 +16,16 @@ old password on the password-change form (`password_change_throttled`) count:
   (remembered LOGIN_KNOWN_ADDRESS_DAYS), so guessing from rotating addresses is slowed to one
   try per delay while the owner, at home, still gets in;
 - every hashed attempt per address and every successful log-in per account, per minute, so one
-  account logging in again and again cannot keep the hash slots from everyone else.
+  account logging in again and again cannot keep the hash slots from everyone else;
+- suspect attempts across the whole site, per minute (LOGIN_SUSPECT_CHECKS_PER_MIN): from an
+  address the account has not logged in from, for an account under attack (LOGIN_FAILURES_PER_
+  ACCOUNT failures from other addresses in the window) or from an address with failures. A spray
+  of real names from rotating addresses is held to that many password checks a minute in all,
+  while a learner on a new address whose account is not attacked is never counted nor refused by
+  it, and hashes ahead of the spray (slot_tier).
+
+The owner of an attacked account, on an address it has not used, is refused with what to do:
+log in from a network the account has used before (the attacker has none), or wait.
 
 The account is the one the typed name logs in as (`account_key`): Django's username field strips
 and NFKC-normalises the name, so " victim2" and "ｖictim2" are victim2 and count as victim2.
@@ -252,6 +261,7 @@ def _limits() -> dict[str, Limit]:
         "account": Limit("login-user", settings.LOGIN_FAILURES_PER_ACCOUNT_CEILING, window),
         "logins-account": Limit("login-ok-user", settings.LOGINS_PER_ACCOUNT_PER_MIN, 60),
         "tries-ip": Limit("login-tries-ip", settings.LOGIN_ATTEMPTS_PER_IP_PER_MIN, 60),
+        "suspect": Limit("login-suspect", settings.LOGIN_SUSPECT_CHECKS_PER_MIN, 60),
     }
 
 
@@ -306,21 +316,66 @@ def login_check(attempt: LoginAttempt, what: str = "log-ins") -> None:
                 limits["account"],
                 attempt.account,
                 f"Too many failed {what} for this account. "
-                "Try again in {minutes} min, or from an address you have logged in from before.",
+                "Try again in {minutes} min, or from an address you have logged in from before. "
+                + OWNER_HELP,
             )
             if _cache_get(_delay_key(attempt)):
                 delay_s = settings.LOGIN_ACCOUNT_DELAY_S
                 raise Throttled(
                     f"Several {what} for this account failed just now. Wait {delay_s} s, "
-                    "then try again.",
+                    "then try again, or log in from an address you have logged in from before. "
+                    + OWNER_HELP,
                     retry_after_s=delay_s,
                 )
+    if _suspect(attempt, limits):
+        check(
+            limits["suspect"],
+            "site",
+            "Many log-ins are failing across the site just now, and this one comes from an"
+            " address this account has not logged in from. Try again in {minutes} min, or"
+            " from an address you have logged in from before. " + OWNER_HELP,
+        )
+        hit(limits["suspect"], "site")
+    if attempt.account:
         check(
             limits["logins-account"],
             attempt.account,
             "This account has logged in many times in the last minute. Try again in {minutes} min.",
         )
     hit(limits["tries-ip"], attempt.ip)
+
+
+# Said to whoever an attacked account's throttle stops: the owner must know it is not their
+# password, and what gets them in without helping the guesser (who has no such address).
+OWNER_HELP = (
+    "If this is your account: someone else has been guessing its password from other"
+    " addresses; nobody has logged in, and your password still works from a network you have"
+    " used this account from before (at home, at work)."
+)
+
+
+def _failures(limit: Limit, who: str) -> int:
+    return _count(_key(limit, who)[0])
+
+
+def _attacked(attempt: LoginAttempt, limits: dict[str, Limit]) -> bool:
+    """The account has LOGIN_FAILURES_PER_ACCOUNT failures in the window from addresses other
+    than this one (its owner's own typos from here do not make it attacked)."""
+    others = _failures(limits["account"], attempt.account) - _failures(limits["pair"], attempt.pair)
+    return others >= settings.LOGIN_FAILURES_PER_ACCOUNT
+
+
+def _suspect(attempt: LoginAttempt, limits: dict[str, Limit]) -> bool:
+    """Whether the site-wide cap on suspect checks applies: not for an account's known address,
+    nor for an unattacked name tried from an address without failures."""
+    failing_address = _failures(limits["ip"], attempt.ip) > 0
+    if not attempt.account:
+        return failing_address
+    if _cache_get(_known_key(attempt)):
+        return False
+    # A name of no account is judged as an account is (its failures are counted by name), so a
+    # fresh address cannot tell the two apart by which one the cap refuses.
+    return failing_address or _attacked(attempt, limits)
 
 
 def login_record(attempt: LoginAttempt, *, succeeded: bool) -> None:
@@ -343,14 +398,17 @@ def login_record(attempt: LoginAttempt, *, succeeded: bool) -> None:
 
 
 def slot_tier(attempt: LoginAttempt) -> int:
-    """0: a name from an address it logged in from before; 1: an account with no failure from
-    this address in the window; 2: anything else (see _Slots)."""
+    """0: a name from an address it logged in from before; 1: an account not under attack,
+    from an address with no failure for it in the window; 2: anything else (see _Slots), so a
+    spray of an attacked account's name from fresh addresses waits behind a learner."""
     if not attempt.account.startswith("user:"):
         return LOWEST_TIER
     if _cache_get(_known_key(attempt)):
         return 0
-    key, _ = _key(_limits()["pair"], attempt.pair)
-    return 1 if _count(key) == 0 else LOWEST_TIER
+    limits = _limits()
+    if _failures(limits["pair"], attempt.pair) or _attacked(attempt, limits):
+        return LOWEST_TIER
+    return 1
 
 
 def _password_throttled(

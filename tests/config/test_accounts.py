@@ -419,3 +419,69 @@ def test_a_learner_logs_in_during_a_rotating_address_attack(fresh_throttle, monk
     *tries, statuses = race(*[functools.partial(attack, n) for n in range(6)], learner)
     assert statuses == [302] * 5
     assert sum(tries) >= 12  # the attack was hashing all along (two guesses a thread at least)
+
+
+# --- A spray of real account names from rotating addresses (issue 61) ----------------------------
+
+
+def _spray(client, names, rounds, first_address=0):
+    """Wrong passwords for `names`, each try from an address of its own; the statuses."""
+    statuses = []
+    for i in range(rounds):
+        for n, name in enumerate(names):
+            ip = f"10.61.{first_address + i}.{n + 1}"
+            statuses.append(_login(client, name, "wrong", ip=ip).status_code)
+    return statuses
+
+
+@pytest.fixture
+def spray_throttle(fast_hash):
+    fast_hash.LOGIN_ACCOUNT_DELAY_S = 0  # the sprayer waits out every delay
+    fast_hash.LOGIN_FAILURES_PER_ACCOUNT_CEILING = 1000
+    fast_hash.LOGIN_SUSPECT_CHECKS_PER_MIN = 6
+    return fast_hash
+
+
+def test_a_spray_of_real_names_is_capped_site_wide_but_not_a_learner_on_a_new_address(
+    client, spray_throttle
+):
+    victims = [make_user(f"victim{i}").username for i in range(3)]
+    make_user("learner")
+    # Three failures per account (LOGIN_FAILURES_PER_ACCOUNT) mark it attacked; after them every
+    # try from a fresh address counts against the site's six a minute, then is refused unhashed.
+    statuses = _spray(client, victims, 6)
+    assert statuses[:9] == [200] * 9
+    assert statuses[9:15] == [200] * 6 and set(statuses[15:]) == {429}
+    # A learner whose account nobody attacks, on an address it never used: in, at once.
+    assert _login(client, "learner", "a-long-passphrase-1", ip="198.51.100.7").status_code == 302
+
+
+def test_the_owner_of_a_sprayed_account_is_told_what_to_do_and_gets_in_from_home(
+    client, spray_throttle
+):
+    make_user("victim")
+    assert _login(client, "victim", "a-long-passphrase-1", ip="192.0.2.10").status_code == 302
+    client.logout()
+    _spray(client, ["victim"], 12)
+    response = _login(client, "victim", "a-long-passphrase-1", ip="198.51.100.8")
+    assert response.status_code == 429 and int(response["Retry-After"]) > 0
+    page = response.content.decode()
+    assert "from an address you have logged in from before" in page
+    assert "your password still works from a network you have used" in page
+    assert _login(client, "victim", "a-long-passphrase-1", ip="192.0.2.10").status_code == 302
+
+
+def test_a_spray_at_an_attacked_account_waits_behind_a_learner_for_the_hash(fresh_throttle):
+    from config import throttle
+
+    victim, learner = make_user("victim"), make_user("learner")
+    for i in range(fresh_throttle.LOGIN_FAILURES_PER_ACCOUNT):
+        throttle.login_record(
+            throttle.LoginAttempt(ip=f"10.62.0.{i}", account=f"user:{victim.pk}"),
+            succeeded=False,
+        )
+    fresh = "203.0.113.5"
+    # Before, both were tier 1 ("no failure from this address"): the spray queued level with
+    # the learner and the learner's wait ran out (1 log-in in 6 refused).
+    assert throttle.slot_tier(throttle.LoginAttempt(fresh, f"user:{victim.pk}")) == 2
+    assert throttle.slot_tier(throttle.LoginAttempt(fresh, f"user:{learner.pk}")) == 1
