@@ -133,11 +133,22 @@ def _delete_children_first(queryset: models.QuerySet, depth: int) -> None:
         for _, child in _children(queryset, (models.CASCADE,)):
             if child.exists():
                 _delete_children_first(child, depth + 1)
-    model = queryset.model
-    # Unordered: a model's default ordering would sort every remaining row for each batch.
-    while pks := list(queryset.order_by().values_list("pk", flat=True)[:BATCH]):
-        # Django's delete for one batch: its signals and SET_NULLs, nothing left to cascade.
-        model._base_manager.filter(pk__in=pks).delete()
+    # Onwards by key range, BATCH rows at a time: the range's end is read from the index, and
+    # Django deletes the range (one DELETE with no keys sent when nothing has to see the rows).
+    # Each batch starts after the last one rather than from the beginning: in one transaction
+    # PostgreSQL cannot yet drop the index entries of the rows deleted, so a restart would step
+    # over all of them every time.
+    keys = queryset.order_by("pk").values_list("pk", flat=True)
+    done_to = None
+    while True:
+        rest = keys if done_to is None else keys.filter(pk__gt=done_to)
+        last = rest[BATCH - 1 : BATCH].first() or rest.last()
+        if last is None:
+            return
+        part = queryset if done_to is None else queryset.filter(pk__gt=done_to)
+        # Django's delete of one batch: its signals and SET_NULLs, nothing left to cascade.
+        part.filter(pk__lte=last).order_by().delete()
+        done_to = last
 
 
 def delete_in_batches(objs: Iterable[models.Model] | models.QuerySet) -> None:
