@@ -324,10 +324,22 @@ def sweep_detail(sweep: Sweep) -> dict[str, Any]:
         )
     agg = sweep.runs.aggregate(first=Min("started_at"), last=Max("finished_at"))
     done = sum(r.state == RunState.DONE for r in runs)
+    # Each finished point's "why": the run page's reading (the figure that differs most and why,
+    # the cap that held admission, where the time went), shown under the point on demand.
+    whys = [
+        results.headline(
+            results.compare(run.result, run.predicted, run.params),
+            (run.result or {}).get("breakdown"),
+        )
+        if run.state == RunState.DONE
+        else ""
+        for run in runs
+    ]
     finished = sum(r.is_terminal for r in runs)
     return {
         "lab": lab,
         "runs": runs,
+        "whys": whys,
         "metrics": metrics,
         "chart": {
             "field": sweep.field,

@@ -996,3 +996,19 @@ def test_calibrate_while_the_broker_is_down_says_so_and_fails_the_job(client, br
     job = CalibrationJob.objects.get()
     assert job.state == RunState.FAILED and "never sent" in job.error
     assert "The calibration failed." in html  # the page shows the job's state and reason
+
+
+def test_each_finished_sweep_point_says_why_as_its_run_page_does(alice_client, alice, done_run):
+    # The sweep page had the figures of each point but not the run page's reading of them.
+    sweep = Sweep.objects.create(
+        owner=alice, lab="paged-kv", backend="sim", field="block_size", values=[16, 32]
+    )
+    done_run.sweep, done_run.sweep_index = sweep, 0
+    done_run.save()
+    make_run(alice, lab="paged-kv", sweep=sweep, sweep_index=1, state=RunState.QUEUED)
+    run_page = alice_client.get(done_run.get_absolute_url())
+    sweep_page = alice_client.get(sweep.get_absolute_url())
+    reading = run_page.context["headline"]
+    assert reading and sweep_page.context["whys"] == [reading, ""]
+    html = sweep_page.content.decode()
+    assert html.count('class="why-row"') == 1 and "Why, at block_size = 16" in html
