@@ -156,7 +156,7 @@ def hit(limit: Limit, who: str) -> None:
 # worker's threads one by one until quiz requests and /healthz had none left.
 #
 # A freed slot goes to the most trusted waiter (`slot_tier`): a name from an address it logged
-# in from before, then an account with no failures from that address, then everyone else
+# in from before, then an account with no failures in the window, then everyone else
 # (names of no account, addresses that failed, sign-ups). Guesses for random names from rotating
 # addresses then cost a learner at most the one hash in progress, not a place behind all of them.
 # The price: under such a flood, how soon a name is served hints that it is an account's.
@@ -398,17 +398,14 @@ def login_record(attempt: LoginAttempt, *, succeeded: bool) -> None:
 
 
 def slot_tier(attempt: LoginAttempt) -> int:
-    """0: a name from an address it logged in from before; 1: an account not under attack,
-    from an address with no failure for it in the window; 2: anything else (see _Slots), so a
-    spray of an attacked account's name from fresh addresses waits behind a learner."""
+    """0: a name from an address it logged in from before; 1: an account with no failure in
+    the window (from any address); 2: anything else (see _Slots), so a spray of real names from
+    fresh addresses waits behind a learner once each name has failed once."""
     if not attempt.account.startswith("user:"):
         return LOWEST_TIER
     if _cache_get(_known_key(attempt)):
         return 0
-    limits = _limits()
-    if _failures(limits["pair"], attempt.pair) or _attacked(attempt, limits):
-        return LOWEST_TIER
-    return 1
+    return LOWEST_TIER if _failures(_limits()["account"], attempt.account) else 1
 
 
 def _password_throttled(

@@ -485,3 +485,64 @@ def test_a_spray_at_an_attacked_account_waits_behind_a_learner_for_the_hash(fres
     # the learner and the learner's wait ran out (1 log-in in 6 refused).
     assert throttle.slot_tier(throttle.LoginAttempt(fresh, f"user:{victim.pk}")) == 2
     assert throttle.slot_tier(throttle.LoginAttempt(fresh, f"user:{learner.pk}")) == 1
+
+
+# Six threads spraying real names against one hash slot, timed: `make test-deep`.
+@pytest.mark.deep
+@pytest.mark.django_db(transaction=True)
+def test_a_learner_logs_in_during_a_spray_of_real_names(fresh_throttle, monkeypatch):
+    # The same spray of real account names, a new address every ten tries, refused a learner
+    # on a new address once in six log-ins: every guess hashed at the learner's tier.
+    from config import throttle
+
+    fresh_throttle.PASSWORD_HASHERS = [f"{__name__}.SlowHasher"]
+    fresh_throttle.LOGIN_HASH_WAIT_S = 4 * HASH_S
+    fresh_throttle.LOGIN_ACCOUNT_DELAY_S = 0
+    fresh_throttle.LOGIN_FAILURES_PER_ACCOUNT_CEILING = 1000
+    monkeypatch.setattr(throttle, "_hash_slots", throttle._Slots(1))
+    victim_users = [make_user(f"victim{i}") for i in range(6)]
+    victims = [user.username for user in victim_users]
+    victim_pks = [user.pk for user in victim_users]
+    make_user("learner")
+    stop = threading.Event()
+
+    def spray(n):
+        client, tries, hashed = Client(), 0, 0
+        while not stop.is_set():
+            name = victims[(n + tries) % len(victims)]
+            status = _login(client, name, "wrong", ip=f"10.78.{n}.{tries // 10}").status_code
+            hashed += status == 200
+            tries += 1
+        return hashed
+
+    def learner():
+        try:
+            return learn()
+        finally:
+            stop.set()  # whatever happened, the spray ends
+
+    def learn():
+        # The spray is under way: each name has failed once (until then, and while the guesses
+        # that queued before that wait, the spray hashes at a learner's tier).
+        limit = throttle._limits()["account"]
+        deadline = time.monotonic() + 60
+        while any(throttle._failures(limit, f"user:{pk}") == 0 for pk in victim_pks):
+            assert time.monotonic() < deadline
+            time.sleep(HASH_S / 4)
+        time.sleep(len(victims) * HASH_S)
+        client, statuses = Client(), []
+        for i in range(6):
+            statuses.append(
+                _login(client, "learner", "a-long-passphrase-1", ip=f"192.0.2.{i}").status_code
+            )
+            client.logout()
+        return statuses
+
+    started = time.monotonic()
+    *hashed, statuses = race(*[functools.partial(spray, n) for n in range(6)], learner)
+    minutes = (time.monotonic() - started) / 60
+    print(f"spray of real names: {sum(hashed)} guesses hashed in {minutes * 60:.1f} s")
+    assert statuses == [302] * 6
+    # Hashed guesses: each account's first LOGIN_FAILURES_PER_ACCOUNT, then the site's cap.
+    cap = fresh_throttle.LOGIN_SUSPECT_CHECKS_PER_MIN
+    assert sum(hashed) <= len(victims) * fresh_throttle.LOGIN_FAILURES_PER_ACCOUNT + cap + 6
