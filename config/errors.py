@@ -35,7 +35,10 @@ def database_away(exc: BaseException | None) -> bool:
 def server_error(request: HttpRequest) -> HttpResponse:
     if database_away(sys.exception()):
         # Rendered without the request: its context (the user, the session) needs the database.
-        html = render_to_string("maintenance.html", {"retry_after_s": RETRY_AFTER_S})
+        try:
+            html = render_to_string("maintenance.html", {"retry_after_s": RETRY_AFTER_S})
+        except Exception:  # noqa: BLE001 - e.g. no static manifest yet: still say it plainly
+            html = f"The site cannot reach its database just now. Try again in {RETRY_AFTER_S} s."
         response = HttpResponse(html, status=503)
         response["Retry-After"] = str(RETRY_AFTER_S)
         response["Cache-Control"] = "no-store"

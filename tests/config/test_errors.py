@@ -58,3 +58,14 @@ def test_a_database_away_is_a_maintenance_page_with_retry_after(monkeypatch, exc
 )
 def test_other_errors_stay_a_500(monkeypatch, exc):
     assert _healthz_raising(monkeypatch, exc).status_code == 500
+
+
+def test_the_maintenance_page_needs_nothing_that_could_be_missing(monkeypatch):
+    # Without a static manifest (collectstatic not yet run) the page itself cannot render.
+    def no_manifest(*args, **kwargs):
+        raise ValueError("Missing staticfiles manifest entry for 'css/app.css'")
+
+    monkeypatch.setattr(errors, "render_to_string", no_manifest)
+    away = _raised_from(OperationalError("refused"), psycopg.OperationalError("refused"))
+    response = _healthz_raising(monkeypatch, away)
+    assert response.status_code == 503 and b"cannot reach its database" in response.content
