@@ -395,8 +395,9 @@ LABS_SELF_CALIBRATE_TIME_LIMIT_S = env_int("LABS_SELF_CALIBRATE_TIME_LIMIT_S", 9
 LABS_SIM_MAX_RUN_MB = env_int("LABS_SIM_MAX_RUN_MB", 1024)
 # Runs queued or running on the simulator, all learners together (a sweep counts each value).
 LABS_SIM_QUEUE_CAP = env_int("LABS_SIM_QUEUE_CAP", 200)
-# A queued run whose backend has had an idle worker online for this long was lost on the way
-# (a broker restart, a failed send): the reaper fails it so it does not hold the learner's quota.
+# A queued run whose backend has had an idle worker online for this long lost its turn on the way
+# (a broker restarted empty, a failed send): the reaper sends it one again, and fails it (so it
+# does not hold the learner's quota) only if that one is lost as well.
 LABS_QUEUED_LOST_S = env_int("LABS_QUEUED_LOST_S", 60)
 # A running lab's final write retries this long through a database outage (a restart); its
 # heartbeat and progress writes keep trying meanwhile, so it is not reaped as dead.

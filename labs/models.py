@@ -78,6 +78,9 @@ class LabRun(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # When the reaper sent this queued run a turn again, the broker having lost its own (a Redis
+    # restarted empty): a run whose second turn is lost too is failed, not sent a third.
+    turn_resent_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True, help_text="hostname that claimed it")
     where = models.CharField(max_length=200, blank=True, help_text="'simulated on CPU', ...")
     result = models.JSONField(null=True, blank=True, help_text="metrics.summarize(record)")

@@ -839,11 +839,13 @@ def run_next(*, queue: str, hostname: str) -> str:
 
 
 def run_reap_stale(*, now: datetime | None = None, run_ids: Sequence[int] | None = None) -> int:
-    """Fail runs a dead worker left behind. Returns how many were failed.
+    """Fail runs a dead worker or a lost message left behind. Returns how many were failed.
 
     - running, and no heartbeat for LABS_RUN_STALE_S: the worker was killed or lost;
     - queued for LABS_QUEUED_STALE_S while no online worker consumes the queue it was sent to
-      (a run for an H100 waits for an H100 worker, whatever other GPU workers are up).
+      (a run for an H100 waits for an H100 worker, whatever other GPU workers are up);
+    - queued while the broker lost its turn, and lost the one sent again (`_reap_lost_queued`,
+      which sends that second turn).
     `run_ids` limits the check to those runs (a page watching one run).
     """
     now = now or timezone.now()
@@ -916,12 +918,17 @@ def _waiting_in_broker(queue: str) -> int | None:
 
 
 def _reap_lost_queued(runs: QuerySet[LabRun], now: datetime, served: set[str]) -> int:
-    """Fail queued runs whose message never reached a worker: a worker consuming their queue has
-    been up for LABS_QUEUED_LOST_S, their backend has been idle (nothing running, nothing
-    started or finished) as long, and the broker's queue is empty. A worker with prefetch 1
-    takes a waiting message within seconds, so such a run is lost. A worker that has just come
-    back (after an outage, a restart) has not had the time to take them: runs still waiting in
-    the broker are its to run, not lost."""
+    """Queued runs whose turn the broker lost (a Redis restarted empty, say) get it again; a run
+    whose re-sent turn was lost as well is failed. Returns how many were failed.
+
+    A run's turn is lost when, LABS_QUEUED_LOST_S after it was queued, a worker consuming its
+    queue has been up that long, their backend has been idle as long (nothing running, nothing
+    started or finished) and the broker's queue is empty: a worker with prefetch 1 takes a
+    waiting turn within seconds. Turns name no run (labs.turns), so after a loss a new run's
+    turn may run an older one and leave the new run without one: every such run is sent a turn
+    again, whenever it was queued. Only one whose re-sent turn vanished too is failed, so a run
+    sent after the broker lost its messages is never failed for it. A worker that has just come
+    back (after an outage, a restart) has not had the time to take what waits for it."""
     lost_s = settings.LABS_QUEUED_LOST_S
     cutoff = now - timedelta(seconds=lost_s)
     reaped = 0
@@ -941,13 +948,32 @@ def _reap_lost_queued(runs: QuerySet[LabRun], now: datetime, served: set[str]) -
         )
         if busy or _waiting_in_broker(sent_to) != 0:
             continue
+        lost = waiting.filter(backend=backend, queue=queue)
         reaped += _fail_all(
-            waiting.filter(backend=backend, queue=queue),
+            lost.filter(turn_resent_at__lt=cutoff),
             now,
-            f"This run never reached a {backend} worker (the lab queue lost it): a worker "
-            f"was online and idle for {lost_s} s. Run it again.",
+            f"This run never reached a {backend} worker: the lab queue lost its turn, then the "
+            f"one sent again, while a worker was online and idle for {lost_s} s. Run it again.",
         )
+        _resend_turns(lost.filter(turn_resent_at__isnull=True), sent_to, now)
     return reaped
+
+
+def _resend_turns(runs: QuerySet[LabRun], queue: str, now: datetime) -> None:
+    """Send `queue` one turn for each of `runs`, whose own the broker lost, and record it on
+    them. Marked first, so two reapers at once send them once; unmarked if the broker refuses,
+    so the next reap tries again."""
+    ids = list(runs.values_list("pk", flat=True))
+    marked = LabRun.objects.filter(
+        pk__in=ids, state=RunState.QUEUED, turn_resent_at__isnull=True
+    ).update(turn_resent_at=now)
+    if not marked:
+        return
+    logger.warning("reaper: the broker lost the turns of runs %s; sending them again", ids)
+    try:
+        send_turns([queue] * marked, for_what=f"runs {ids} whose turns were lost")
+    except QueueUnavailable:
+        LabRun.objects.filter(pk__in=ids, turn_resent_at=now).update(turn_resent_at=None)
 
 
 def _runs_its_workers_take(backend: str, queue: str) -> QuerySet[LabRun]:

@@ -417,7 +417,7 @@ def test_a_run_for_a_gpu_no_worker_has_is_not_called_lost_by_an_idle_other_gpu(a
 
 
 def test_a_lost_gpu_kind_run_is_not_hidden_by_another_gpus_busy_worker(
-    alice, bob, settings, empty_queues
+    alice, bob, settings, empty_queues, sent
 ):
     settings.LABS_QUEUED_LOST_S = 60
     settings.LABS_QUEUED_STALE_S = 600
@@ -428,14 +428,16 @@ def test_a_lost_gpu_kind_run_is_not_hidden_by_another_gpus_busy_worker(
     lost = make_run(
         alice, backend="vllm", queue="labs.gpu.h100-sxm", created_at=now - timedelta(seconds=120)
     )
-    assert services.run_reap_stale(now=now) == 1
+    assert services.run_reap_stale(now=now) == 0
+    assert [queues for queues, _ in sent] == [["labs.gpu.h100-sxm"]]  # its turn, sent again
     lost.refresh_from_db()
-    assert lost.state == RunState.FAILED and "never reached a vllm worker" in lost.error
-    # A run on the shared GPU queue keeps the H100 worker busy: then nothing is called lost.
-    lost.state, lost.error = RunState.QUEUED, ""
+    assert lost.state == RunState.QUEUED and lost.turn_resent_at == now
+    # A run on the shared GPU queue keeps the H100 worker busy: then no turn is called lost.
+    lost.turn_resent_at = None
     lost.save()
     make_run(bob, backend="vllm", queue="labs.gpu", state=RunState.RUNNING)
     assert services.run_reap_stale(now=now) == 0
+    assert len(sent) == 1
 
 
 @pytest.mark.parametrize(
@@ -463,19 +465,87 @@ def test_what_no_online_worker_can_start_is_refused_at_submit_by_field(
     assert not LabRun.objects.exists() and sent == []
 
 
-def test_the_reaper_fails_a_queued_run_an_idle_online_worker_never_took(
-    alice, settings, empty_queues
+def test_the_reaper_sends_again_the_turn_of_a_queued_run_an_idle_online_worker_never_took(
+    alice, settings, empty_queues, sent
 ):
     settings.LABS_QUEUED_LOST_S = 60
     now = timezone.now()
     lost = make_run(alice, backend="sim", created_at=now - timedelta(seconds=61))
     recent = make_run(alice, backend="sim", created_at=now - timedelta(seconds=30))
     make_heartbeat("sim")
-    assert services.run_reap_stale(now=now) == 1
+    assert services.run_reap_stale(now=now) == 0
+    assert [queues for queues, _ in sent] == [["labs.sim"]]
     lost.refresh_from_db()
     recent.refresh_from_db()
-    assert lost.state == RunState.FAILED and "never reached a sim worker" in lost.error
-    assert recent.state == RunState.QUEUED
+    assert lost.state == RunState.QUEUED and lost.turn_resent_at == now
+    # Its own turn may still be on its way to the worker.
+    assert recent.state == RunState.QUEUED and recent.turn_resent_at is None
+    # A second reaper at the same moment (every worker reaps) sends it no other.
+    assert services.run_reap_stale(now=now) == 0
+    assert len(sent) == 1
+
+
+def test_after_the_broker_lost_every_turn_the_runs_left_without_one_get_one_again(
+    alice, settings, empty_queues, sent
+):
+    """Redis restarted empty with runs A and B queued; C, queued after, sent a turn that ran
+    the oldest, A (turns name no run). B and C are left without a turn: both get one again,
+    and none is failed (the reaper used to fail both, C queued after the loss included)."""
+    settings.LABS_QUEUED_LOST_S = 60
+    now = timezone.now()
+    make_heartbeat("sim")
+    make_run(
+        alice,
+        state=RunState.DONE,
+        created_at=now - timedelta(seconds=600),
+        started_at=now - timedelta(seconds=100),
+        finished_at=now - timedelta(seconds=90),
+    )  # A
+    b = make_run(alice, created_at=now - timedelta(seconds=590))
+    c = make_run(alice, created_at=now - timedelta(seconds=101))
+    assert services.run_reap_stale(now=now) == 0
+    assert [queues for queues, _ in sent] == [["labs.sim", "labs.sim"]]
+    for run in (b, c):
+        run.refresh_from_db()
+        assert run.state == RunState.QUEUED and run.turn_resent_at == now
+
+
+def test_a_run_whose_turn_sent_again_was_lost_too_is_failed_and_says_so(
+    alice, settings, empty_queues, sent
+):
+    settings.LABS_QUEUED_LOST_S = 60
+    now = timezone.now()
+    make_heartbeat("sim")
+    lost_twice = make_run(
+        alice, created_at=now - timedelta(seconds=600), turn_resent_at=now - timedelta(seconds=61)
+    )
+    # Queued after the second loss: its turn is sent again, it is not failed with the other.
+    after = make_run(alice, created_at=now - timedelta(seconds=61))
+    assert services.run_reap_stale(now=now) == 1
+    lost_twice.refresh_from_db()
+    after.refresh_from_db()
+    assert lost_twice.state == RunState.FAILED
+    assert lost_twice.error == (
+        "This run never reached a sim worker: the lab queue lost its turn, then the one sent "
+        "again, while a worker was online and idle for 60 s. Run it again."
+    )
+    assert after.state == RunState.QUEUED and after.turn_resent_at == now
+    assert [queues for queues, _ in sent] == [["labs.sim"]]
+
+
+def test_a_turn_sent_again_but_refused_by_the_broker_is_tried_again_at_the_next_reap(
+    alice, settings, empty_queues
+):
+    settings.LABS_QUEUED_LOST_S = 60
+    now = timezone.now()
+    make_heartbeat("sim")
+    run = make_run(alice, created_at=now - timedelta(seconds=61))
+    refused = services.QueueUnavailable("connection refused")
+    with mock.patch.object(services, "send_turns", side_effect=refused) as send:
+        assert services.run_reap_stale(now=now) == 0
+    send.assert_called_once()
+    run.refresh_from_db()
+    assert run.state == RunState.QUEUED and run.turn_resent_at is None
 
 
 def test_a_queued_run_behind_a_busy_or_just_finished_worker_is_not_lost(alice, bob, settings):

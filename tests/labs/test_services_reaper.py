@@ -39,11 +39,49 @@ def test_a_run_queued_during_a_two_minute_outage_is_left_for_the_worker_that_com
     WorkerHeartbeat.objects.update(last_seen=later)
     assert services.run_reap_stale(now=later) == 0
     assert state_of(run.pk) == RunState.QUEUED
-    # Only once the broker holds nothing for it is it lost.
+    # Once the broker holds nothing for it, its turn was lost: it is sent one again.
     purge(["labs.sim"])
-    assert services.run_reap_stale(now=later) == 1
+    assert services.run_reap_stale(now=later) == 0
+    assert services._waiting_in_broker("labs.sim") == 1
+    run.refresh_from_db()
+    assert run.state == RunState.QUEUED and run.turn_resent_at == later
+    # Lost as well, and the worker idle a minute more: now it is failed.
+    purge(["labs.sim"])
+    last = later + timedelta(seconds=61)
+    WorkerHeartbeat.objects.update(last_seen=last)
+    assert services.run_reap_stale(now=last) == 1
     run.refresh_from_db()
     assert run.state == RunState.FAILED and "never reached a sim worker" in run.error
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_runs_queued_before_and_after_the_broker_restarted_empty_are_all_run(celery_worker, alice):
+    """Redis restarted empty with A and B queued; C, queued after, sends a turn, which runs A
+    (the oldest: turns name no run). B and C, left without a turn, get one again from the
+    reaper (here the test's call, or the worker's own reaping) and run."""
+    now = timezone.now()
+    # The worker has been up for long; the clock is faked by the rows' ages.
+    WorkerHeartbeat.objects.filter(hostname__startswith=celery_worker.name).update(
+        started_at=now - timedelta(hours=1)
+    )
+    params = parse_lab_params({"num_prompts": 4}).as_dict()
+    a, b = (make_run(alice, params=params, created_at=now - timedelta(minutes=m)) for m in (5, 4))
+    c = make_run(alice, params=params)
+    _queue_for_real(c)
+    wait_for(lambda: state_of(a.pk) == RunState.DONE, 120, 0.2)
+    assert state_of(b.pk) == state_of(c.pk) == RunState.QUEUED
+    # A minute and more later, the worker idle all along.
+    LabRun.objects.filter(pk=a.pk).update(
+        started_at=now - timedelta(seconds=100), finished_at=now - timedelta(seconds=90)
+    )
+    LabRun.objects.filter(pk=c.pk).update(created_at=now - timedelta(seconds=101))
+    assert services.run_reap_stale() == 0
+    for run in (b, c):
+        wait_for(lambda run=run: state_of(run.pk) in {RunState.DONE, RunState.FAILED}, 120, 0.2)
+        run.refresh_from_db()
+        assert run.state == RunState.DONE, run.error
+        assert run.turn_resent_at is not None
 
 
 def test_a_worker_process_restarted_under_the_same_name_says_when_it_started(settings):
