@@ -1,7 +1,9 @@
-"""A lab worker outlives its broker: Redis stopped and started under a running worker.
+"""A lab worker outlives its broker: Redis stopped and started under a running worker, and
+restarted empty with runs queued (none of them lost: the reaper sends their turns again).
 
 These start their own redis-server (never the machine's shared one) on a port of their own,
-with an append-only file so a restart keeps the queued messages, as a production Redis would.
+with an append-only file so a restart keeps the queued messages, as a production Redis would
+(one that lost the file starts empty).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
 ]
 PORT = 6396  # a Redis of its own; the machine's shared Redis on 6379 is never touched
+LOST_S = 10
 
 
 @dataclass
@@ -74,6 +77,16 @@ class OwnRedis:
             self.process.terminate()
             self.process.wait(timeout=30)
         self.process = None
+
+    def restart_empty(self) -> None:
+        """Stopped, its append-only file gone, started: a Redis that lost what it held."""
+        self.stop()
+        for path in self.folder.iterdir():
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        self.start()
 
     def _answers(self) -> bool:
         try:
@@ -124,7 +137,13 @@ def redis_worker(request, transactional_db, own_redis) -> Iterator[WorkerProcess
         pool=request.param,
         concurrency=2 if request.param == "prefork" else 1,
         as_deployed=True,
-        extra_env={"CELERY_BROKER_URL": own_redis.url, "CELERY_RESULT_BACKEND": own_redis.url},
+        extra_env={
+            "CELERY_BROKER_URL": own_redis.url,
+            "CELERY_RESULT_BACKEND": own_redis.url,
+            # Reaping lost turns within seconds rather than a minute, beating every 2 s.
+            "LABS_QUEUED_LOST_S": str(LOST_S),
+            "LABS_WORKER_HEARTBEAT_S": "2",
+        },
     )
     yield worker
     worker.stop()
@@ -170,3 +189,37 @@ def test_redis_stopped_and_started_under_a_running_worker(
     assert "Unrecoverable error" not in log, log[-5000:]
     assert restarted == 0, log[-5000:]
     assert served_after_s < 120, log[-5000:]
+
+
+def test_redis_restarted_empty_loses_no_queued_run(
+    own_redis, redis_worker, alice_client, alice, settings
+):
+    """Two long runs keep the worker busy (both prefork processes) while three short ones wait
+    with their turns in Redis, which restarts empty. A run queued afterwards sends a turn,
+    which runs the oldest waiting; the others' turns, lost, are sent again once the worker has
+    been idle LOST_S: every run is run, none failed as lost."""
+    settings.LABS_NEW_LEARNER_MAX_ACTIVE = 6
+    url = reverse("labs:run-create", args=["sandbox"])
+    small = {**WATCHABLE, "num_prompts": "3"}
+    for data in (LONG, LONG, small, small, small):
+        response = alice_client.post(url, data)
+        assert response.status_code == 302, response.content.decode()[:2000]
+    wait_for(lambda: LabRun.objects.filter(owner=alice, progress__gt=0).exists())
+
+    own_redis.restart_empty()
+    online = WorkerHeartbeat.objects.online().filter(hostname__startswith=redis_worker.name)
+    wait_for(online.exists, 180, 0.5)
+    response = alice_client.post(url, small)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    newest = LabRun.objects.filter(owner=alice).latest("created_at")
+
+    runs = LabRun.objects.filter(owner=alice)
+    wait_for(lambda: not runs.filter(state__in=[RunState.QUEUED, RunState.RUNNING]).exists(), 600)
+    failed = list(runs.exclude(state=RunState.DONE).values_list("pk", "state", "error"))
+    resent = runs.filter(turn_resent_at__isnull=False).count()
+    print(f"after Redis restarted empty: {resent} of {runs.count()} runs sent a turn again")
+    assert failed == [], redis_worker.log()[-5000:]
+    # The newest's turn ran an older run: it got one again (and so did those queued before).
+    newest.refresh_from_db()
+    assert newest.turn_resent_at is not None and resent >= 3, redis_worker.log()[-5000:]
+    assert redis_worker.alive(), redis_worker.log()[-3000:]
