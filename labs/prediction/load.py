@@ -584,6 +584,14 @@ def _in_flight(workload: Workload) -> int:
     return max(1, min(c, n))
 
 
+def _in_step(workload: Workload, engine: EngineConfig) -> bool:
+    """Whether every request takes the same steps: fixed lengths, and no drafts accepted
+    by chance."""
+    fixed = workload.prompt_range[0] == workload.prompt_range[1]
+    fixed &= workload.output_range[0] == workload.output_range[1]
+    return fixed and not (engine.spec_tokens and engine.acceptance > 0)
+
+
 def _budget_run(
     pricer: Pricer,
     shape: Shape,
@@ -636,7 +644,11 @@ def _closed_loop(
     if steady.caps(running):
         return _budget_run(pricer, shape, engine, workload, steady, c)
     wave = first_wave(pricer, shape, engine, running)
-    group = running / wave.groups
+    # Requests that finish together come back together, so the waves the first prompts
+    # finished in return every cycle, unless the requests take different times: lengths
+    # drawn from a range, or drafts accepted by chance. Then they drift apart, and later
+    # prompts arrive one by one.
+    group = running / wave.groups if _in_step(workload, engine) else 1.0
     cyc = cycle(
         pricer, shape, running, group, engine.max_num_batched_tokens, engine.chunked_prefill
     )
@@ -696,6 +708,10 @@ def _open_loop(
     rate = float(workload.request_rate or 0.0)
     c = _in_flight(workload)
     cap = max(1, min(seq_cap, c))
+    # With max_concurrency at or below what the engine holds, a request that finds every
+    # client slot taken waits in the client, and is sent (its TTFT's clock starts) only when
+    # a slot frees: the engine never queues it.
+    client_queues = workload.max_concurrency is not None and c <= seq_cap
     budget, chunked = engine.max_num_batched_tokens, engine.chunked_prefill
     steady = budget_steady(engine, workload, shape.cached)
     full = None if steady.caps(cap) else cycle(pricer, shape, cap, 1, budget, chunked)
@@ -711,23 +727,32 @@ def _open_loop(
     cold = prefill_time_s(pricer.hw, pricer.model, engine, shape.prompt, 0)
     below = None
     if rate < capacity or n <= cap:
-        below = _open_loop_fixed_point(pricer, shape, engine, rate, cap, alone, n)
+        below = _open_loop_fixed_point(
+            pricer, shape, engine, rate, cap, alone, n, engine_queues=not client_queues
+        )
     if below is not None:
         running, ttft, tpot_s, decode_s, light, wait, wait_p50 = below
-        # Prompts that come faster than the budget computes them queue as a first wave
-        # does: request j's first token no sooner than the wave's, j / rate after the start.
-        # The first request finds nothing cached.
+        # Prompts that come faster than the engine computes them queue one behind another:
+        # request j arrives j / rate in and, the engine computing a prompt per `per_prompt`
+        # (a first wave's pace, several to a step), gets its first token no sooner than
+        # cold + j x per_prompt from the start. The first request finds nothing cached.
         count = min(n, cap)
         wave = first_wave(pricer, shape, engine, count)
+        per_prompt = wave.step_s * wave.prefill_steps / count
         alone_each = np.full(count, ttft)
         alone_each[0] += cold - alone
-        each = np.maximum(wave.first_token_s - np.arange(count) / rate, alone_each)
+        behind = cold + np.arange(count) * (per_prompt - 1 / rate)
+        each = np.maximum(behind, alone_each)
         later = n - count
         ttft_mean = float((each.sum() + later * ttft) / n) + wait
         ttft_p50 = _weighted_median(np.append(each, ttft), np.append(np.ones(count), later))
         e2e = ttft + decode_s
         makespan = (n - 1) / rate + e2e
-        peak, within = poisson_peak(rate * (e2e - max(0.0, ttft - alone)), n, cap)
+        # A sequence is counted beside another's arrival if it is still running when the
+        # step in progress ends: it overlaps arrivals from its own arrival (waiting included)
+        # until its last step begins.
+        last_step = light if shape.decode_steps else alone
+        peak, within = poisson_peak(rate * max(e2e - last_step, 0.0), n, cap)
         uncovered = {}
         if within < 0.5:
             uncovered["running_seqs"] = (
@@ -767,6 +792,8 @@ def _open_loop(
         own, tpot, in_engine = times.first_token_s, times.tpot_s, times.in_engine_s
         plain = times.plain_tpot_s
     first = min(cap, n)
+    if client_queues:
+        gap = 0.0  # the queue is in the client, before the clock starts
     # Request i waits i x gap once the first `cap` have started.
     waits_total = gap * (n * (n - 1) / 2 - first * (first - 1) / 2)
     mean_wait = waits_total / n
@@ -797,6 +824,7 @@ def _open_loop_fixed_point(
     cap: int,
     alone_s: float,
     arrivals: int,
+    engine_queues: bool = True,
 ) -> tuple[float, float, float, float, float, float, float] | None:
     """(running, TTFT, TPOT, decode time, a light step, mean and median wait for a slot) of
     Poisson arrivals at `rate` below capacity, or None when no fixed point holds under `cap`
@@ -817,10 +845,13 @@ def _open_loop_fixed_point(
         )
         step_extra = chunks * max(heavy - light, 0.0)  # what another's prompt adds
         extra = rate * step_extra
-        # Decode time D = s x light + (prompts arriving during it) x step_extra, with at
-        # most n - 1 of them in the run.
+        # Decode time D = s x light + (prompts arriving from its own prefill until its last
+        # decode step starts) x step_extra, with at most n - 1 of them in the run:
+        # D = s x light + rate x (t_prefill + D (1 - 1 / s)) x step_extra.
         bounded = s * light + others_most * step_extra
-        decode_s = min(s * light / (1 - extra), bounded) if extra < 1 else bounded
+        seen = extra * (1 - 1 / s) if s else 0.0
+        own = s * light + extra * chunks * heavy
+        decode_s = min(own / (1 - seen), bounded) if seen < 1 else bounded
         if not s:
             decode_s = 0.0  # one token each: nothing decodes after the first
         # Steps per second of each kind, for the step an arrival finds in progress: its mean
@@ -852,7 +883,7 @@ def _open_loop_fixed_point(
     service = ttft + decode_s
     offered = rate * service
     wait = wait_p50 = 0.0
-    if cap < arrivals and offered < cap:
+    if engine_queues and cap < arrivals and offered < cap:
         busy_all = erlang_c(cap, offered)
         drain = (cap - offered) / (service / 2) if service else math.inf
         wait = busy_all / drain

@@ -505,11 +505,22 @@ def test_concurrency_within_the_batch_waits_for_nothing():
 def test_a_poisson_rate_above_capacity_builds_a_queue_and_one_below_does_not():
     base = _batching_lab(max_num_seqs=8, concurrency=8)
     capacity = predict(base).capacity_requests_per_s
-    over = predict(_batching_lab(max_num_seqs=8, concurrency=8, request_rate=3 * capacity))
+    over = predict(_batching_lab(max_num_seqs=8, concurrency=64, request_rate=3 * capacity))
     under = predict(_batching_lab(max_num_seqs=8, concurrency=8, request_rate=capacity / 3))
     assert over.queue_wait_s > 1.0
     # Below capacity an arrival waits only for the step in progress: milliseconds.
     assert under.queue_wait_s < 0.01
+
+
+def test_a_client_that_holds_no_more_than_the_engine_queues_before_the_clock_starts():
+    """max_concurrency at most max_num_seqs: a request that finds every client slot taken is
+    sent when one frees (the simulator's clock starts then), so above capacity its TTFT
+    carries no queue."""
+    capacity = predict(_batching_lab(max_num_seqs=8, concurrency=8)).capacity_requests_per_s
+    over = predict(_batching_lab(max_num_seqs=8, concurrency=8, request_rate=3 * capacity))
+    assert over.regime == "rate above capacity"
+    assert over.queue_wait_s == 0
+    assert over.running_seqs == 8
 
 
 def _first_wave(params, count):
