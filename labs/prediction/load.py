@@ -395,6 +395,9 @@ class BudgetSteady:
     running: float
     per_step: float
     admit_share: float
+    # The most at once: with chunked prefill a step's prompt tokens run from the end of one
+    # prompt into the next, so a step holds one more sequence than it fills.
+    peak: float
 
     def caps(self, allowed: int) -> bool:
         """Whether the budget runs fewer sequences than the `allowed` other limits let run."""
@@ -425,16 +428,20 @@ def budget_steady(engine: EngineConfig, workload: Workload, cached_tokens: int =
     per_request = prompt + steps * per_decode
     if engine.chunked_prefill:
         per_step = budget / per_request
-        return BudgetSteady(per_step * steps + max(per_step, 1.0), per_step, 1.0)
+        decoding = per_step * steps
+        return BudgetSteady(
+            decoding + max(per_step, 1.0), per_step, 1.0, math.ceil(decoding + per_step) + 1
+        )
     whole = budget // per_request
     if whole >= 1:
         per_step = float(whole)
         if steps:
             per_step = max(per_step, (budget - (whole + 1) * prompt) / (steps * per_decode))
-        return BudgetSteady(per_step * (steps + 1), per_step, min(per_step, 1.0))
+        running = per_step * (steps + 1)
+        return BudgetSteady(running, per_step, min(per_step, 1.0), running)
     running = max((budget - prompt) // per_decode + 1, 1)
     per_step = running / (steps + 1)
-    return BudgetSteady(float(running), per_step, per_step)
+    return BudgetSteady(float(running), per_step, per_step, float(running))
 
 
 @dataclass(frozen=True)
@@ -612,7 +619,7 @@ def _budget_run(
     tpot = times.tpot_s if shape.output > 1 else None
     makespan = (n - 1) / rate + times.in_engine_s
     return LoadPrediction(
-        batch=max(1, min(math.ceil(steady.running), in_flight)),
+        batch=max(1, min(math.ceil(steady.peak), in_flight)),
         capacity_requests_per_s=rate,
         queue_wait_s=mean_wait,
         queue_wait_p50_s=p50_wait,
@@ -747,7 +754,10 @@ def _open_loop(
         ttft_mean = float((each.sum() + later * ttft) / n) + wait
         ttft_p50 = _weighted_median(np.append(each, ttft), np.append(np.ones(count), later))
         e2e = ttft + decode_s
-        makespan = (n - 1) / rate + e2e
+        # The run ends when its last arrival is done: queued behind the first prompts if
+        # every request came in that first stretch.
+        last_ttft = float(each[-1]) if not later else ttft
+        makespan = (n - 1) / rate + last_ttft + decode_s
         # A sequence is counted beside another's arrival if it is still running when the
         # step in progress ends: it overlaps arrivals from its own arrival (waiting included)
         # until its last step begins.
@@ -783,25 +793,27 @@ def _open_loop(
             own_prefill_s=alone,
             plain_tpot_s=light / shape.tokens_per_step if d > 0 else None,
         )
-    # Above capacity: the engine runs saturated at cap sequences.
+    # Above capacity: the engine runs saturated at its slots, its queue growing by
+    # 1 / mu - 1 / rate a request, until the client's own slots are full: beyond that,
+    # requests wait in the client (before their clock starts), and the engine's queue holds
+    # the c - slots the client keeps there, each waiting (c - slots) / mu.
     gap = max(0.0, 1 / capacity - 1 / rate)
     if full is not None:
         own, tpot, in_engine = full.first_token_s, full.tpot_s(shape.output), full.seconds
         plain = full.light_s / shape.tokens_per_step
+        slots = min(cap, n)
     else:
         own, tpot, in_engine = times.first_token_s, times.tpot_s, times.in_engine_s
         plain = times.plain_tpot_s
-    first = min(cap, n)
-    if client_queues:
-        gap = 0.0  # the queue is in the client, before the clock starts
-    # Request i waits i x gap once the first `cap` have started.
-    waits_total = gap * (n * (n - 1) / 2 - first * (first - 1) / 2)
-    mean_wait = waits_total / n
-    middle = (n - 1) / 2
-    p50_wait = gap * middle if middle >= first else 0.0
+        slots = max(1, min(cap, math.ceil(steady.running), n))
+    longest = max(c - slots, 0) / capacity
+    # Request i waits i x gap once the first `slots` have started, at most `longest`.
+    waits = np.minimum(np.arange(slots, n) * gap, longest)
+    mean_wait = float(waits.sum()) / n
+    p50_wait = float(np.median(np.append(np.zeros(slots), waits)))
     makespan = max((n - 1) / rate, (n - 1) / capacity) + in_engine
     return LoadPrediction(
-        batch=min(cap, n),
+        batch=slots,
         capacity_requests_per_s=capacity,
         queue_wait_s=mean_wait,
         queue_wait_p50_s=p50_wait,
@@ -852,6 +864,10 @@ def _open_loop_fixed_point(
         seen = extra * (1 - 1 / s) if s else 0.0
         own = s * light + extra * chunks * heavy
         decode_s = min(own / (1 - seen), bounded) if seen < 1 else bounded
+        if engine.chunked_prefill:
+            # A step carries at most a budget's chunk beside the decodes: every decode step
+            # heavy is the most prompts can slow a decode.
+            decode_s = min(decode_s, s * max(heavy, light))
         if not s:
             decode_s = 0.0  # one token each: nothing decodes after the first
         # Steps per second of each kind, for the step an arrival finds in progress: its mean
