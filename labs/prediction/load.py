@@ -591,12 +591,25 @@ def _in_flight(workload: Workload) -> int:
     return max(1, min(c, n))
 
 
-def _in_step(workload: Workload, engine: EngineConfig) -> bool:
-    """Whether every request takes the same steps: fixed lengths, and no drafts accepted
-    by chance."""
-    fixed = workload.prompt_range[0] == workload.prompt_range[1]
-    fixed &= workload.output_range[0] == workload.output_range[1]
-    return fixed and not (engine.spec_tokens and engine.acceptance > 0)
+def _in_step(shape: Shape, workload: Workload, engine: EngineConfig, wave: FirstWave) -> bool:
+    """Whether requests keep taking the same steps: prompts computed in one step (or all of
+    one length), and decode step counts that spread by less than half a step. Output lengths
+    drawn from [lo, hi] spread by (hi - lo) / sqrt(12) tokens; with drafts each step yields T
+    tokens (mean m, spread v from the chance each draft is accepted), so s steps spread by
+    sqrt(s) x v / m steps."""
+    if wave.prefill_steps > 1 and workload.prompt_range[0] != workload.prompt_range[1]:
+        return False
+    lo, hi = workload.output_range
+    per_step = variance = 0.0
+    k, alpha = engine.spec_tokens, engine.acceptance
+    if k and alpha > 0 and shape.decode_steps and shape.output > 2:
+        # P(T = j) = alpha^(j-1) (1 - alpha) for j <= k, P(T = k + 1) = alpha^k.
+        chances = [alpha ** (j - 1) * (1 - alpha) for j in range(1, k + 1)] + [alpha**k]
+        per_step = sum(j * c for j, c in enumerate(chances, start=1))
+        spread = sum(j * j * c for j, c in enumerate(chances, start=1)) - per_step**2
+        variance = shape.decode_steps * spread / per_step**2
+    variance += ((hi - lo) / math.sqrt(12) / max(per_step, 1.0)) ** 2
+    return math.sqrt(variance) < 0.5
 
 
 def _budget_run(
@@ -655,7 +668,7 @@ def _closed_loop(
     # finished in return every cycle, unless the requests take different times: lengths
     # drawn from a range, or drafts accepted by chance. Then they drift apart, and later
     # prompts arrive one by one.
-    group = running / wave.groups if _in_step(workload, engine) else 1.0
+    group = running / wave.groups if _in_step(shape, workload, engine, wave) else 1.0
     cyc = cycle(
         pricer, shape, running, group, engine.max_num_batched_tokens, engine.chunked_prefill
     )
