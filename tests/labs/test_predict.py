@@ -753,3 +753,13 @@ def test_the_predicted_parts_add_up_to_the_figures_the_pages_show(
         assert breakdown["ttft_s"]["parts"]["queueing"] >= values["queue_wait_s"] - 1e-12
     if breakdown["tpot_s"] is not None:
         assert breakdown["tpot_s"]["parts"]["queueing"] == 0
+
+
+def test_near_capacity_the_formulas_say_they_do_not_cover_ttft():
+    capacity = predict(_batching_lab(max_num_seqs=8, concurrency=64)).capacity_requests_per_s
+    near = predict(_batching_lab(max_num_seqs=8, concurrency=64, request_rate=0.8 * capacity))
+    far = predict(_batching_lab(max_num_seqs=8, concurrency=64, request_rate=0.3 * capacity))
+    assert near.loaded_ttft_s is None and near.loaded_ttft_p50_s is None
+    assert "do not cover TTFT" in near.uncovered["loaded_ttft_p50_s"]
+    assert near.tpot_s is not None and near.output_tokens_per_s is not None
+    assert far.loaded_ttft_s is not None and "loaded_ttft_s" not in far.uncovered
