@@ -183,25 +183,25 @@ def spec_speedup(k: int, alpha: float, draft_cost: float) -> float:
 def spec_decode(tokens: int, k: int, alpha: float) -> tuple[float, float]:
     """(decode steps, tokens each step verifies per sequence) to make `tokens` more tokens
     with k drafts accepted at rate alpha, as the engine drafts: never past the request's last
-    token, so with r tokens left a step drafts min(k, r - 1) and yields
-    (1 - alpha^(drafts+1)) / (1 - alpha) on average. The mean path is followed: whole-k steps
-    while more than k + 1 tokens are left, then the tail one step at a time (at most k + 1)."""
+    token, so with r tokens left a step drafts d = min(k, r - 1) and yields T tokens, T = j
+    with chance alpha^(j-1) (1 - alpha) for j <= d and d + 1 with chance alpha^d. Whole-k
+    steps are followed in the mean while more than k + 1 tokens are left; the last k + 1 by
+    expectation, E(r) = 1 + sum_j P(T = j) E(r - j), since a few tokens left are where the
+    mean path and the expected steps part (the chance of one step for all of them)."""
     if tokens <= 0:
         return 0.0, 1.0 + k
     if not k:
         return float(tokens), 1.0
     full = spec_tokens_per_step(k, alpha)
-    steps = verified = 0.0
-    left = float(tokens)
-    bulk = max(0.0, (left - (k + 1)) / full)
-    steps += bulk
-    verified += bulk * (1 + k)
-    left -= bulk * full
-    while left > 1e-9:
-        drafts = max(0, min(k, math.ceil(left) - 1))
-        made = spec_tokens_per_step(drafts, alpha) if drafts else 1.0
-        share = min(1.0, left / made)
-        steps += share
-        verified += share * (1 + drafts)
-        left -= made
-    return steps, verified / steps
+    bulk = max(0.0, (tokens - (k + 1)) / full)
+    tail = min(tokens, k + 1)
+    # steps[r], verified[r]: expected steps and verified tokens to make the last r tokens.
+    steps = [0.0] * (tail + 1)
+    verified = [0.0] * (tail + 1)
+    for r in range(1, tail + 1):
+        d = min(k, r - 1)
+        chances = [alpha ** (j - 1) * (1 - alpha) for j in range(1, d + 1)] + [alpha**d]
+        steps[r] = 1 + sum(c * steps[r - j] for j, c in enumerate(chances, start=1))
+        verified[r] = 1 + d + sum(c * verified[r - j] for j, c in enumerate(chances, start=1))
+    total = bulk + steps[tail]
+    return total, (bulk * (1 + k) + verified[tail]) / total

@@ -763,3 +763,15 @@ def test_near_capacity_the_formulas_say_they_do_not_cover_ttft():
     assert "do not cover TTFT" in near.uncovered["loaded_ttft_p50_s"]
     assert near.tpot_s is not None and near.output_tokens_per_s is not None
     assert far.loaded_ttft_s is not None and "loaded_ttft_s" not in far.uncovered
+
+
+def test_the_last_tokens_of_a_speculative_decode_are_counted_by_expectation():
+    from labs.prediction.steps import spec_decode
+
+    # Two tokens, one draft: one step if it is accepted (chance alpha), else two.
+    steps, verify = spec_decode(2, 1, 0.5)
+    assert steps == pytest.approx(1.5)
+    # The first step verifies 1 + 1 tokens, a second (no draft past the last token) 1.
+    assert verify == pytest.approx((2 + 0.5 * 1) / 1.5)
+    # Nothing accepted: a token a step, drafting 4, 3, 2, 1, 0 as the end nears.
+    assert spec_decode(5, 8, 0.0) == pytest.approx((5.0, (5 + 4 + 3 + 2 + 1) / 5))
