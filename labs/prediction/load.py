@@ -96,11 +96,14 @@ class Pricer:
         seqs = decoders + prefilling
         verify = decoders * self.verify
         seconds = step_time_s(hw, model, engine, prefill, verify, kv, num_seqs=seqs)
-        if k and decoders:
+        if k and decoders and self.verify > 1:
             # Drafting runs when anyone decodes: a mean below one sequence is the share of
-            # steps that have a decoder, each drafting for at least one.
+            # steps that have a decoder, each drafting for at least one. It takes a pass per
+            # draft, and near a request's end it drafts fewer than k: verify - 1 on average.
             busy = min(decoders, 1.0)
-            seconds += busy * draft_time_s(hw, model, engine, max(decoders, 1.0), kv / busy)
+            passes = (self.verify - 1) / k
+            drafts = draft_time_s(hw, model, engine, max(decoders, 1.0), kv / busy)
+            seconds += busy * passes * drafts
         return seconds
 
     def light(self, shape: Shape, decoders: float) -> float:
@@ -482,7 +485,10 @@ def budget_times(
     prompts = round(steady.per_step / share * prompt)
     admit = step_time_s(hardware, model, engine, prompts, decode_tokens, kv_read)
     plain = step_time_s(hardware, model, engine, 0, decode_tokens, kv_read)
-    drafts = draft_time_s(hardware, model, engine, round(decoding), kv_read) if k else 0.0
+    drafts = 0.0
+    if k:  # a pass per draft: per_decode - 1 of them on average (fewer than k near the end)
+        drafts = draft_time_s(hardware, model, engine, round(decoding), kv_read)
+        drafts *= (per_decode - 1) / k
     if not steps:
         seen = plain  # nothing decodes: no token waits on a prompt
     elif engine.chunked_prefill or share >= 1:
