@@ -744,7 +744,11 @@ def _open_loop(
     client_queues = workload.max_concurrency is not None and c <= seq_cap
     budget, chunked = engine.max_num_batched_tokens, engine.chunked_prefill
     steady = budget_steady(engine, workload, shape.cached)
-    full = None if steady.caps(cap) else cycle(pricer, shape, cap, 1, budget, chunked)
+    # Saturated, the engine runs as a closed loop of its `cap` slots: requests that finish
+    # together are replaced together, in the waves its first prompts made while they last.
+    saturated = first_wave(pricer, shape, engine, cap)
+    group = cap / saturated.groups if _in_step(shape, workload, engine, saturated) else 1.0
+    full = None if steady.caps(cap) else cycle(pricer, shape, cap, group, budget, chunked)
     if full is None:
         times = budget_times(
             pricer.hw, pricer.model, engine, workload, steady, round(shape.context), shape.cached
