@@ -15,10 +15,12 @@ from __future__ import annotations
 import pytest
 
 from labs.form_draws import Tally, run_draws
-from tests.budget import examples
+from tests.budget import DEEP, examples
 
-# One process computes the draws for every test here (they share the module's fixture).
-pytestmark = pytest.mark.xdist_group("form-draws")
+# One process computes the draws for every test here (they share the module's fixture). A
+# thousand simulated runs take minutes of CPU, more than the suite's 300 s guard on a busy
+# machine, so the deep count has a guard of its own.
+pytestmark = [pytest.mark.xdist_group("form-draws"), pytest.mark.timeout(1800 if DEEP else 300)]
 
 DRAWS = examples(1000)
 SEED = 20260
