@@ -43,8 +43,9 @@ def test_a_full_chunked_budget_names_the_batch_it_allows():
     notice = _notice(
         prompt_tokens=4096, output_tokens=128, max_tokens=512, concurrency=128, num_prompts=256
     )
+    # 64 is also the most the ideal simulator runs at once here.
     assert notice.startswith(
-        "max_num_batched_tokens (2,048) lets only about 63 sequences run at once, not the 101 "
+        "max_num_batched_tokens (2,048) lets only about 64 sequences run at once, not the 101 "
         "that max_num_seqs, the KV pool and the load allow: every step is full"
     )
 
