@@ -94,6 +94,8 @@ class TodayQueue:
     # Learning and relearning cards that come back before the day ends, due now or not: the
     # "learning" counter (a card just failed with Again counts at once, as in Anki).
     learning_today: int = 0
+    # The next card is new and has no state yet: showing it makes one (no showing to reuse).
+    next_is_new: bool = False
 
     @property
     def total_left(self) -> int:
@@ -129,14 +131,17 @@ _QUEUE_COUNTS = """
 SELECT d.done_new, d.done_review, d.done_total,
   s.learning_now, s.learning_ahead, s.review_due, s.learning_next,
   n.new_cards, COALESCE(n.first_own, n.first_shared), s.learning_today"""
-# The next learning or review card: the earliest due (then the oldest state).
+# The next learning or review card: the earliest due (then the oldest state); and whether the
+# next new card has a state yet (shown before, never answered), so showing it can make one first.
 _QUEUE_PICKS = f""",
   (SELECT rs.card_id {_LIVE_STATES} AND {_INTRADAY_SQL} AND rs.due <= %(now)s
     ORDER BY rs.due, rs.id LIMIT 1),
   (SELECT rs.card_id {_LIVE_STATES} AND rs.state = {FsrsState.REVIEW} AND rs.due < %(end)s
     ORDER BY rs.due, rs.id LIMIT 1),
   (SELECT rs.card_id {_LIVE_STATES} AND {_INTRADAY_SQL} AND rs.due <= %(ahead)s
-    ORDER BY rs.due, rs.id LIMIT 1)"""  # noqa: S608 - names from code; values are bound parameters
+    ORDER BY rs.due, rs.id LIMIT 1),
+  (SELECT 1 FROM {ReviewState._meta.db_table} ns
+    WHERE ns.user_id = %(user)s AND ns.card_id = COALESCE(n.first_own, n.first_shared))"""  # noqa: S608 - names from code; values are bound parameters
 _QUEUE_FROM = f"""
 FROM (
   SELECT
@@ -203,7 +208,7 @@ def queue_today(
     done_new, done_review, done_total = row[0], row[1], row[2]
     learning_now, learning_ahead, review_due, learning_next, new_cards, first_new = row[3:9]
     learning_today = row[9]
-    picks = row[10:] if pick_next else (None, None, None)
+    picks = row[10:] if pick_next else (None, None, None, None)
 
     # New cards answered today count against the review limit too, as in Anki (unless its "new
     # cards ignore review limit"): otherwise "new left" said 3 while a 4th new card was shown.
@@ -213,12 +218,14 @@ def queue_today(
     new_left = min(new_cards, new_quota)
 
     learning_left = learning_now
+    next_is_new = False
     if learning_now:
         next_id = picks[0]
     elif review_left:
         next_id = picks[1]
     elif new_left:
         next_id = first_new if pick_next else None
+        next_is_new = next_id is not None and picks[3] is None
     elif learning_ahead:
         learning_left = learning_ahead
         next_id = picks[2]
@@ -235,6 +242,7 @@ def queue_today(
         next_learning_due=_as_datetime(learning_next) if nothing_now else None,
         reviewed_today=done_total,
         learning_today=learning_today,
+        next_is_new=next_is_new,
     )
 
 

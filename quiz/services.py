@@ -135,24 +135,40 @@ def _open_showing(
     return row[0], showing
 
 
-def showing_open(*, user: AbstractBaseUser, card: Card, now: dt.datetime) -> Showing:
+def _new_state(*, user: AbstractBaseUser, card: Card, now: dt.datetime) -> int | None:
+    """Make the learner's (new) state of `card`: its version, or None when it exists already."""
+    fresh = scheduling.new_card_state(now)
+    state = ReviewState(
+        user_id=user.pk, card_id=card.pk, state=fresh.state, step=fresh.step, due=fresh.due
+    )
+    return state.version if rows.insert(state, unless_exists=("user", "card")) else None
+
+
+def showing_open(
+    *, user: AbstractBaseUser, card: Card, now: dt.datetime, new: bool = False
+) -> Showing:
     """Present `card`: reuse the learner's open showing of it (a reload keeps its token, option
-    order and revealed answer), or issue a new token. The first showing creates the (new) state."""
+    order and revealed answer), or issue a new token. The first showing creates the (new) state.
+    `new`: the card is most likely one the learner has no state of yet (the queue picked it as
+    new), so the state is made first and the look-up for a showing to reuse only runs when one
+    was there already. The showing returned carries `card`."""
     since = now - SHOWING_REUSE
-    found = _open_showing(user_id=user.pk, card_id=card.pk, since=since)
+    version = _new_state(user=user, card=card, now=now) if new else None
+    # A state made just now has no showing yet to reuse.
+    found: tuple[int, Showing | None] | None = (version, None) if version is not None else None
+    if found is None:
+        found = _open_showing(user_id=user.pk, card_id=card.pk, since=since)
     # A loop: the state another request made can be deleted (staff can, in the admin) before
     # this one reads it back; then there is none again, and this request makes it.
     while found is None:
-        fresh = scheduling.new_card_state(now)
-        state = ReviewState(
-            user_id=user.pk, card_id=card.pk, state=fresh.state, step=fresh.step, due=fresh.due
-        )
-        if rows.insert(state, unless_exists=("user", "card")):
-            found = state.version, None  # a state made just now has no showing yet to reuse
+        version = _new_state(user=user, card=card, now=now)
+        if version is not None:
+            found = version, None
         else:  # another request made it meanwhile
             found = _open_showing(user_id=user.pk, card_id=card.pk, since=since)
     version, showing = found
     if showing is not None:
+        showing.card = card
         return showing
     option_ids = [option.pk for option in card.options.all()]
     random.SystemRandom().shuffle(option_ids)
@@ -165,6 +181,7 @@ def showing_open(*, user: AbstractBaseUser, card: Card, now: dt.datetime) -> Sho
         option_order=option_ids,
     )
     rows.insert(showing)
+    showing.card = card
     return showing
 
 
@@ -322,6 +339,7 @@ def showing_reveal(
                 # Shown by a process with a newer copy (an option added since this one read it).
                 card = card_for_quiz(card_id=showing.card_id, fresh=True)
             showing.answer, showing.correct = _judge(card, showing, answer)
+            showing.card = card  # what the page shows next: read once per request
         settings = settings or learner_settings_get(user=user)
         context = learner_context(settings)
         showing.outcomes = _compute_outcomes(showing, state, context, now, last_day)

@@ -123,13 +123,23 @@ def _panel(
     # The card to show: the showing's (never null), else the one asked for, else the next.
     card_id = showing.card_id if showing is not None else card_id or queue.next_card_id
     if card_id:
-        card = selectors.card_for_quiz(card_id=card_id)
+        card = _card_of(showing) or selectors.card_for_quiz(card_id=card_id)
         if showing is None:
-            showing = services.showing_open(user=request.user, card=card, now=now)
+            showing = services.showing_open(
+                user=request.user, card=card, now=now, new=queue.next_is_new
+            )
         context.update(_card_context(card, showing, queue.day))
     elif queue.next_learning_due:
         context["comes_back"] = queue.next_learning_due.astimezone(queue.day.tz)
     return _render_panel(request, context, status=status)
+
+
+def _card_of(showing: Showing | None) -> Card | None:
+    """The card a service already read for this showing (it came with it), so that a request
+    reads its card once; None when it came without."""
+    if showing is not None and Showing.card.is_cached(showing):
+        return showing.card
+    return None
 
 
 def _own_showing(request: HttpRequest, token: str) -> Showing:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from quiz import selectors
+from quiz import selectors, services
 from quiz.models import FsrsState
 from tests.quiz.factories import at, make_card, make_review_state, make_settings, review
 
@@ -23,6 +23,20 @@ def test_it_puts_due_reviews_before_new_cards(alice):
     assert (queue.review_left, queue.new_left, queue.next_card_id) == (1, 1, due.pk)
     review(alice, due, 3, NOW)
     assert selectors.queue_today(user=alice, now=NOW).next_card_id == new.pk
+
+
+def test_it_says_whether_the_next_card_is_new_without_a_state_yet(alice):
+    due, new = make_card(), make_card()
+    make_review_state(alice, due, due=NOW - dt.timedelta(days=1))
+    assert not selectors.queue_today(user=alice, now=NOW).next_is_new  # a review comes first
+    review(alice, due, 3, NOW)
+    queue = selectors.queue_today(user=alice, now=NOW)
+    assert (queue.next_card_id, queue.next_is_new) == (new.pk, True)
+    # Shown once, never answered: new still, but with a state (and maybe a showing to reuse).
+    services.showing_open(user=alice, card=new, now=NOW)
+    queue = selectors.queue_today(user=alice, now=NOW)
+    assert (queue.next_card_id, queue.next_is_new) == (new.pk, False)
+    assert not selectors.queue_today(user=alice, now=NOW, pick_next=False).next_is_new
 
 
 def test_it_stops_new_cards_at_the_daily_new_limit(alice):

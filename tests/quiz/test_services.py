@@ -311,6 +311,18 @@ def test_it_shuffles_options_per_showing_and_keeps_the_order_on_reload(alice):
     assert len(orders) >= 1  # 12 shuffles of 3 options: a second order is all but certain
 
 
+def test_a_card_taken_for_new_still_reuses_its_open_showing(alice):
+    """`new` (the queue's guess that the card has no state) makes the state first; when one was
+    there already (shown before, never answered), the open showing is reused as without it."""
+    card = make_card("choice")
+    first = services.showing_open(user=alice, card=card, now=NOW, new=True)
+    assert ReviewState.objects.filter(user=alice, card=card).count() == 1
+    again = services.showing_open(user=alice, card=card, now=NOW, new=True)
+    assert again.token == first.token and again.option_order == first.option_order
+    assert Showing.objects.filter(user=alice, card=card).count() == 1
+    assert again.card is card  # the page renders the card it was given, not a second read
+
+
 def test_a_showing_opens_when_the_state_another_request_made_is_deleted_meanwhile(
     alice, monkeypatch
 ):

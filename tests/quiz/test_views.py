@@ -355,11 +355,42 @@ def test_it_uses_the_same_few_queries_for_10_or_200_cards(alice, bob, settings):
     selectors.card_cache_clear()
     assert small == large, (small, large)
     show_n, reveal_n, grade_n = large
-    # 7 to show (a new card creates its state row), 8 to reveal, 12 to grade and show the next
-    # one; sessions, auth and transactions included. The queue is one query, computed once per
-    # request, the settings come with the user and the showing with its state; no next card is
-    # picked while one is on screen.
-    assert show_n <= 7 and reveal_n <= 8 and grade_n <= 12, large
+    # 6 to show: session, user, queue, undo check (no review yet today), the new card's state
+    # and showing (made first: the queue says the card has no state yet). 8 to reveal: session,
+    # user, savepoint, showing with state, its update, release, queue, undo check. 11 to grade
+    # and show the next card: session, user, savepoint, showing with state, state update, log,
+    # showing update, release, queue, the next card's state and showing. The queue is one
+    # query, computed once per request, the settings come with the user and the showing with
+    # its state; no next card is picked while one is on screen.
+    assert show_n <= 6 and reveal_n <= 8 and grade_n <= 11, large
+
+
+def test_each_request_reads_its_card_once_without_the_card_cache(alice_client, settings):
+    """With the per-process card cache off (as under DEBUG), the card and its parts are read
+    once per request: revealing hands the card it judged to the page it renders."""
+    settings.QUIZ_CARD_CACHE_S = 0
+    for _ in range(2):
+        make_card("choice", tags=("kv-memory",))
+
+    def card_reads(request) -> int:
+        with CaptureQueriesContext(connection) as queries:
+            response = request()
+        assert response.status_code == 200
+        # Each read of a card runs its options' prefetch once (and its tags' and relations').
+        return sum('FROM "quiz_choiceoption"' in q["sql"] for q in queries.captured_queries)
+
+    token = None
+
+    def show():
+        nonlocal token
+        response = alice_client.get(reverse("quiz:today"), **HX)
+        token = token_in(response)
+        return response
+
+    assert card_reads(show) == 1
+    option = Showing.objects.get(token=token).option_order[0]
+    assert card_reads(lambda: reveal(alice_client, token, option=option)) == 1
+    assert card_reads(lambda: grade(alice_client, token, 3, **HX)) == 1  # the next card's
 
 
 def test_it_labels_the_counters_new_learning_and_review(alice_client):
