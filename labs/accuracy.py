@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from labs.catalog import CPU_KIND, GPUS, Hardware
+from labs.parameters.catalog import CPU_KIND, GPUS, Hardware
 from labs.sim.engine_model import calibration_evidence, gpu_display_name, load_calibration
 
 ACCURACY_PATH = Path(__file__).parent / "sim" / "accuracy.json"

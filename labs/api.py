@@ -22,8 +22,8 @@ from labs import hooks, results, selectors, services, turns
 from labs.backends import get_backend
 from labs.metrics import summarize
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
-from labs.params import ParamError, parse_lab_params
-from labs.presets import LABS, Lab
+from labs.parameters.params import ParamError, parse_lab_params
+from labs.parameters.presets import LABS, Lab
 from labs.questions import content as question_content
 from labs.questions import services as questions
 from labs.questions.figures import FIGURES

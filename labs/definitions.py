@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from labs.backends import is_simulated
-from labs.params import stored_param
+from labs.parameters.params import stored_param
 
 TTFT_SOCKET = (
     "stamped at the socket: from the request's first byte sent to the last byte of its first "

@@ -31,8 +31,6 @@ from labs.backends import check_can_start, device_label, get_backend
 from labs.backends import this_device as backend_device
 from labs.backends.base import Device, Placement
 from labs.calibration_progress import progress_note, time_limit
-from labs.catalog import CPU_KIND, GPUS, LAB_MODEL_SHAPES, MODELS
-from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants, announced_cpu_key
 from labs.device_calibration_sweep import (
     SWEEP,
     Runs,
@@ -47,7 +45,9 @@ from labs.device_calibration_sweep import (
     steal_share,
 )
 from labs.models import CalibrationJob, DeviceCalibration, RunState, WorkerHeartbeat
-from labs.params import LabParams, ParamError, parse_lab_params
+from labs.parameters.catalog import CPU_KIND, GPUS, LAB_MODEL_SHAPES, MODELS
+from labs.parameters.device_calibration import CONSTANT_BOUNDS, DeviceConstants, announced_cpu_key
+from labs.parameters.params import LabParams, ParamError, parse_lab_params
 from labs.services import QueueUnavailable
 from labs.workers import announced_cpu_figures, placement_queue, served_queues, start_command
 

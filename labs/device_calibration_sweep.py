@@ -4,10 +4,10 @@ held out.
 
 The sweep (SWEEP) is fixed here, roles included, before anything is measured: batch-1 decode, a
 batch sweep, a long prefill and an ngram speculation run. Each point is measured `repeats` times
-and its median kept. The fit moves the device's constants (labs.device_calibration) to match the
-`fit` points on the simulator's realistic profile; the `held_out` points are only simulated with
-the result and give the held-out error. `manage.py lab calibrate` runs it and stores a
-labs.models.DeviceCalibration.
+and its median kept. The fit moves the device's constants (labs.parameters.device_calibration) to
+match the `fit` points on the simulator's realistic profile; the `held_out` points are only
+simulated with the result and give the held-out error. `manage.py lab calibrate` runs it and stores
+a labs.models.DeviceCalibration.
 
 Pure Python; never Django (the command does the storing).
 """
@@ -21,15 +21,15 @@ from dataclasses import dataclass, replace
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
-from labs.catalog import CPU_KIND
-from labs.device_calibration import (
+from labs.metrics import summarize
+from labs.parameters.catalog import CPU_KIND
+from labs.parameters.device_calibration import (
     CONSTANT_BOUNDS,
     MEASURED_CONSTANTS,
     DeviceConstants,
     every_step_acceptance,
 )
-from labs.metrics import summarize
-from labs.params import LabParams, align_run_batch, parse_lab_params
+from labs.parameters.params import LabParams, align_run_batch, parse_lab_params
 from labs.sim.engine_model import load_calibration
 from labs.sim.lab import build_simulator
 from labs.sim.published_calibration import coordinate_search, log_error_loss, relative_error

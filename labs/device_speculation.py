@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from labs.catalog import CPU_KIND
-from labs.device_calibration import DeviceConstants, every_step_acceptance
-from labs.params import LabParams
+from labs.parameters.catalog import CPU_KIND
+from labs.parameters.device_calibration import DeviceConstants, every_step_acceptance
+from labs.parameters.params import LabParams
 from labs.predict import decode_step_time, lab_prediction, spec_tokens_per_step
 
 

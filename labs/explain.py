@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from labs.limits import Caps, Limit, Ramp, binding_limit, formula_batch_reason, ramp
-from labs.params import stored_param
+from labs.parameters.params import stored_param
 from labs.sim.breakdown import PART_LABELS as BREAKDOWN_LABELS
 
 # Parts are named largest first until what is left is at most COVER of the difference; after

@@ -1,11 +1,11 @@
 """Random settings across the whole lab form, and how the formulas agree with the ideal engine.
 
-The formulas (`labs.predict.lab_prediction`, what `lab predict` prints) are meant to be the
-closed form of the engine the simulator's `ideal` profile runs (`lab run --backend sim
---sim-profile ideal`). This module checks that where a learner may click, not on presets: it
-draws settings from every field of the form (labs.params.PARAM_FIELDS: its choices, and its
-numeric ranges log-uniformly), validates them as the form does (`align_run_batch`, then
-`parse_lab_params`), runs the ideal simulation and compares, per draw:
+The formulas (`labs.predict.lab_prediction`, what `lab predict` prints) are meant to be the closed
+form of the engine the simulator's `ideal` profile runs (`lab run --backend sim --sim-profile
+ideal`). This module checks that where a learner may click, not on presets: it draws settings from
+every field of the form (labs.parameters.params.PARAM_FIELDS: its choices, and its numeric ranges
+log-uniformly), validates them as the form does (`align_run_batch`, then `parse_lab_params`), runs
+the ideal simulation and compares, per draw:
 
 - TTFT mean and median (predicted under the load: `loaded_ttft_s`, `loaded_ttft_p50_s`),
 - TPOT (mean), output tokens/s, and running sequences (the most that ran at once).
@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from labs.catalog import GPUS, MODELS
 from labs.limits import BUDGET, KV, SEQS, UNCLEAR, Caps, binding_limit
 from labs.metrics import summarize
-from labs.params import (
+from labs.parameters.catalog import GPUS, MODELS
+from labs.parameters.params import (
     FIELDS_BY_NAME,
     SPEC_METHODS,
     LabParams,

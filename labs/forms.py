@@ -1,4 +1,4 @@
-"""The lab form, generated from `labs.params.PARAM_FIELDS`.
+"""The lab form, generated from `labs.parameters.params.PARAM_FIELDS`.
 
 Every field is a plain optional CharField: the widgets offer the allowed values (selects, number
 inputs with min/max as hints), but the only rules are in `parse_lab_params`, which `clean()`
@@ -15,8 +15,8 @@ from django import forms
 from django.conf import settings
 
 from labs.backends import is_simulated
-from labs.catalog import CPU_KIND
-from labs.params import (
+from labs.parameters.catalog import CPU_KIND
+from labs.parameters.params import (
     FIELDS_BY_NAME,
     FOLLOWS,
     PARAM_FIELDS,
@@ -27,7 +27,7 @@ from labs.params import (
     follow_unshown,
     parse_lab_params,
 )
-from labs.presets import Lab
+from labs.parameters.presets import Lab
 
 BACKEND_LABELS = {"sim": "Simulator (CPU)", "vllm": "vLLM (GPU)"}
 # The page's <form id>; the run panel's controls sit outside it and name it (form="...").
@@ -151,7 +151,7 @@ class LabParamsForm(forms.Form):
 
     def param_data(self) -> dict[str, object]:
         """The parameters given (cleaned text; empty ones mean the default), with one batch
-        for prediction and run (`labs.params.align_run_batch`)."""
+        for prediction and run (`labs.parameters.params.align_run_batch`)."""
         data = self.cleaned_data if hasattr(self, "cleaned_data") else {}
         given = {k: v for k, v in data.items() if k in FIELDS_BY_NAME and v not in ("", None)}
         if given.get("gpu") == CPU_KIND:
@@ -188,7 +188,7 @@ class LabParamsForm(forms.Form):
 
     def settings_data(self) -> dict[str, object]:
         """What the prediction and the run use: `param_data` with the settings this lab does not
-        show following the ones it does (`labs.params.follow_unshown`)."""
+        show following the ones it does (`labs.parameters.params.follow_unshown`)."""
         return follow_unshown(self.param_data(), self.shown_names())
 
     def unshown_errors(self) -> list[str]:

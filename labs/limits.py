@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from labs.params import stored_param
+from labs.parameters.params import stored_param
 
 SEQS, KV, BUDGET, ARRIVALS = "max_num_seqs", "kv_pool", "token_budget", "arrivals"
 UNCLEAR = ""  # requests waited, but no cap stood at its limit in the series

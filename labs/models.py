@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from config.choices import TextChoices
-from labs.device_calibration import DeviceConstants, check_constants
+from labs.parameters.device_calibration import DeviceConstants, check_constants
 
 
 class RunState(TextChoices):
@@ -207,7 +207,9 @@ class DeviceCalibration(models.Model):
     where = models.CharField(
         max_length=200, default="this worker", help_text="who measured the runs, for the label"
     )
-    constants = models.JSONField(help_text="labs.device_calibration.CONSTANT_BOUNDS names")
+    constants = models.JSONField(
+        help_text="labs.parameters.device_calibration.CONSTANT_BOUNDS names"
+    )
     fit_error = models.FloatField(help_text="median |relative error| of the fitted points")
     held_out_error = models.FloatField(help_text="median |relative error| of held-out points")
     points = models.JSONField(

@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Literal
 
-from labs.params import EngineConfig, LabParams, Workload
+from labs.parameters.params import EngineConfig, LabParams, Workload
 from labs.prediction.load import (
     BudgetSteady,
     BudgetTimes,
@@ -82,7 +82,7 @@ from labs.prediction.steps import (
 )
 
 if TYPE_CHECKING:
-    from labs.device_calibration import DeviceConstants
+    from labs.parameters.device_calibration import DeviceConstants
 
 # The formulas' public names: the deck's cards cite them as labs.predict.<name>, the simulator
 # prices its ideal steps with them.

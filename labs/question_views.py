@@ -16,8 +16,8 @@ from django.views.decorators.http import require_GET, require_POST
 from labs import selectors, services
 from labs.backends import is_simulated
 from labs.forms import BACKEND_LABELS
-from labs.params import ParamError
-from labs.presets import rerun_values
+from labs.parameters.params import ParamError
+from labs.parameters.presets import rerun_values
 from labs.questions import selectors as question_selectors
 from labs.questions import services as questions
 from labs.questions.spec import Question, setting_words

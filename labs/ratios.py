@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 from django.urls import reverse
 
 from labs.models import LabRun, RunState
-from labs.presets import LABS, rerun_values
+from labs.parameters.presets import LABS, rerun_values
 
 
 @dataclass(frozen=True)

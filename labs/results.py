@@ -12,7 +12,7 @@ from typing import Any
 
 from labs import explain
 from labs.explain import Evidence, Explanation
-from labs.params import stored_param
+from labs.parameters.params import stored_param
 
 # Within this fraction, measured and predicted "agree"; a rate within this many points.
 AGREE = 0.15
@@ -220,7 +220,7 @@ def derived_predictions(predicted: Mapping[str, Any], params: Mapping[str, Any])
 def _predicted_breakdown(params: Mapping[str, Any]) -> dict[str, Any] | None:
     """The predicted parts of a run stored before they were (by today's formulas; a figure the
     formulas have changed since shows as "not explained")."""
-    from labs.params import ParamError, parse_lab_params
+    from labs.parameters.params import ParamError, parse_lab_params
     from labs.predict import predicted_breakdown
 
     try:

@@ -15,11 +15,11 @@ from django.shortcuts import get_object_or_404
 from labs import hooks, results
 from labs.backends import device_label, is_simulated
 from labs.backends.base import Phase
-from labs.catalog import CPU_KIND
-from labs.device_calibration import DeviceConstants, announced_cpu_key
 from labs.models import DeviceCalibration, LabRun, RunState, Sweep, WorkerHeartbeat
-from labs.params import LabParams
-from labs.presets import LABS, Lab, load_presets
+from labs.parameters.catalog import CPU_KIND
+from labs.parameters.device_calibration import DeviceConstants, announced_cpu_key
+from labs.parameters.params import LabParams
+from labs.parameters.presets import LABS, Lab, load_presets
 from labs.sim.engine_model import short_where_label
 from labs.workers import cpu_worker_hardware, start_command
 

@@ -42,8 +42,14 @@ from labs.backends.base import Phase, ProgressCallback
 from labs.calibration_progress import busy_words
 from labs.metrics import summarize
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
-from labs.params import FIELDS_BY_NAME, LabParams, ParamError, follow_unshown, parse_lab_params
-from labs.presets import load_presets
+from labs.parameters.params import (
+    FIELDS_BY_NAME,
+    LabParams,
+    ParamError,
+    follow_unshown,
+    parse_lab_params,
+)
+from labs.parameters.presets import load_presets
 from labs.selectors import device_key, device_prediction, priced_calibration, pricing
 from labs.sim.lab import run_breakdown
 from labs.sizing import RunTooLarge
@@ -428,7 +434,7 @@ def sweep_request(
     Celery group).
 
     `shown`: the settings the lab shows; the others follow each point's values
-    (`labs.params.follow_unshown`). None: every setting is as given (the `lab` command).
+    (`labs.parameters.params.follow_unshown`). None: every setting is as given (the `lab` command).
 
     Raises:
         ParamError: bad base parameters, field or values; a bad value names itself.

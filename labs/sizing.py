@@ -34,7 +34,7 @@ import resource
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from labs.params import LabParams, ParamError
+from labs.parameters.params import LabParams, ParamError
 from labs.predict import blocks_for_tokens, kv_capacity_tokens
 
 MB = 1024 * 1024

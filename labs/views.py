@@ -22,11 +22,11 @@ from labs import calibration_progress, definitions, results, selectors, services
 from labs import device_calibration_jobs as calibration_jobs
 from labs.accuracy import expected_errors
 from labs.backends import check_can_start, device_lab_settings, is_simulated, requirement
-from labs.catalog import CPU_KIND
 from labs.forms import LabParamsForm, SweepForm
-from labs.params import FIELDS_BY_NAME, LabParams, ParamError, parse_lab_params
+from labs.parameters.catalog import CPU_KIND
+from labs.parameters.params import FIELDS_BY_NAME, LabParams, ParamError, parse_lab_params
+from labs.parameters.presets import LABS, Lab, lab_initial, load_presets, rerun_values
 from labs.predict import budget_notice
-from labs.presets import LABS, Lab, lab_initial, load_presets, rerun_values
 from labs.questions import selectors as question_selectors
 from labs.questions import services as questions
 from labs.waterfall import run_waterfalls

@@ -29,8 +29,8 @@ from django.utils import timezone
 
 from labs.backends import describe_worker, device_state, engine_busy, simulated_backends
 from labs.backends.base import Device, Placement
-from labs.catalog import CPU_KIND, GB, TB, TFLOPS, Hardware, cpu_hardware
-from labs.device_calibration import announced_cpu_key
+from labs.parameters.catalog import CPU_KIND, GB, TB, TFLOPS, Hardware, cpu_hardware
+from labs.parameters.device_calibration import announced_cpu_key
 
 logger = logging.getLogger(__name__)
 
@@ -181,14 +181,15 @@ def cpu_worker_hardware(now: object = None) -> tuple[Hardware, dict[str, Any]] |
 
 
 def cpu_figures(now: object = None) -> dict[str, float]:
-    """gpu cpu's three figures (labs.params) from the online CPU worker; {} without one."""
+    """gpu cpu's three figures (labs.parameters.params) from the online CPU worker; {} without
+    one."""
     found = cpu_worker_hardware(now)
     return {} if found is None else announced_cpu_figures(found[1])
 
 
 def announced_cpu_figures(gpus: dict[str, Any] | None) -> dict[str, float]:
-    """gpu cpu's three figures (labs.params) from one CPU worker's announced inventory (its
-    heartbeat's `gpus`); {} when it measured nothing."""
+    """gpu cpu's three figures (labs.parameters.params) from one CPU worker's announced inventory
+    (its heartbeat's `gpus`); {} when it measured nothing."""
     hardware = cpu_hardware(gpus)
     if hardware is None:
         return {}

@@ -14,7 +14,7 @@ from django.db import connections
 from config import rows
 from labs import ratios, results
 from labs.models import LabRun, RunState
-from labs.presets import LABS
+from labs.parameters.presets import LABS
 
 
 @dataclass(frozen=True)

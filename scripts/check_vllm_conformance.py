@@ -64,7 +64,7 @@ def ensure_venv(venv: Path) -> Path:
 
 
 def random_form_data(rng: random.Random) -> dict[str, object]:
-    from labs.catalog import GPUS, MODELS
+    from labs.parameters.catalog import GPUS, MODELS
 
     data: dict[str, object] = {
         "model": rng.choice(sorted(MODELS)),
@@ -98,9 +98,9 @@ def cases(samples: int, seed: int, drafts: Path) -> tuple[list[dict], int]:
     from labs.backends.vllm.fit import memory_need
     from labs.backends.vllm.server import build_plan, check_supported
     from labs.backends.vllm.start import check_can_start
-    from labs.catalog import GPUS
-    from labs.params import ParamError, align_run_batch, parse_lab_params
-    from labs.presets import LABS, lab_initial, load_presets
+    from labs.parameters.catalog import GPUS
+    from labs.parameters.params import ParamError, align_run_batch, parse_lab_params
+    from labs.parameters.presets import LABS, lab_initial, load_presets
 
     inputs: list[tuple[str, object, int]] = []
     for slug, preset in load_presets().items():

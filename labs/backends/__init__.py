@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict, cast, runtime_checka
 from labs.backends.base import Backend, Device, Placement, ServedInstead
 
 if TYPE_CHECKING:
-    from labs.device_calibration import DeviceConstants
-    from labs.params import LabParams
+    from labs.parameters.device_calibration import DeviceConstants
+    from labs.parameters.params import LabParams
 
 __all__ = [
     "BACKENDS",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 import numpy as np
 
 if TYPE_CHECKING:
-    from labs.params import LabParams
+    from labs.parameters.params import LabParams
 
 
 @dataclass(frozen=True)

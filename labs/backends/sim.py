@@ -10,8 +10,8 @@ from typing import Any
 
 from labs.backends.base import Device, Placement, ProgressCallback, RunRecord
 from labs.definitions import definitions
-from labs.device_calibration import DeviceConstants
-from labs.params import LabParams
+from labs.parameters.device_calibration import DeviceConstants
+from labs.parameters.params import LabParams
 from labs.sim.engine_model import where_label
 from labs.sim.lab import build_simulator
 from labs.sim.simulator import WHERE

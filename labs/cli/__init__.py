@@ -1,4 +1,4 @@
-"""Command-line options for the `lab` command, generated from labs.params.PARAM_FIELDS.
+"""Command-line options for the `lab` command, generated from labs.parameters.params.PARAM_FIELDS.
 
 `add_param_options(parser)` gives every lab parameter an option (`block_size` -> `--block-size`;
 booleans also get `--no-...`), all parsed as plain strings so that `parse_lab_params` stays the
@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
-from labs.device_calibration import DeviceConstants
-from labs.params import (
+from labs.parameters.device_calibration import DeviceConstants
+from labs.parameters.params import (
     FIELDS_BY_NAME,
     PARAM_FIELDS,
     LabParams,

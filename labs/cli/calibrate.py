@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from labs.cli import add_param_options, params_from_args
-from labs.params import PARAM_FIELDS, LabParams, ParamError
+from labs.parameters.params import PARAM_FIELDS, LabParams, ParamError
 
 HELP = "calibrate a device from a short sweep on its vLLM engine and store the constants"
 

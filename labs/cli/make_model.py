@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from labs.backends import make_model
 from labs.backends.base import BackendError
-from labs.catalog import LAB_MODEL_SHAPES
+from labs.parameters.catalog import LAB_MODEL_SHAPES
 
 HELP = "build a small real-engine model of the catalog (random weights, offline tokenizer)"
 

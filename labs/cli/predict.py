@@ -13,7 +13,7 @@ from typing import TextIO
 
 from labs.cli import add_param_options, params_from_args, stored_calibration
 from labs.device_speculation import lab_prediction_on, priced_params
-from labs.params import LabParams, align_run_batch
+from labs.parameters.params import LabParams, align_run_batch
 from labs.predict import Prediction, predict
 from labs.results import load_label
 

@@ -21,7 +21,7 @@ from labs.backends import BACKENDS, get_backend
 from labs.cli import add_param_options, params_from_args, stored_calibration
 from labs.device_speculation import lab_prediction_on
 from labs.metrics import SLO_KEYS, summarize
-from labs.params import LabParams, ParamError, align_run_batch
+from labs.parameters.params import LabParams, ParamError, align_run_batch
 from labs.results import load_label
 from labs.sim.lab import run_breakdown
 

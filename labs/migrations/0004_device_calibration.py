@@ -37,7 +37,9 @@ class Migration(migrations.Migration):
                 ),
                 (
                     "constants",
-                    models.JSONField(help_text="labs.device_calibration.CONSTANT_BOUNDS names"),
+                    models.JSONField(
+                        help_text="labs.parameters.device_calibration.CONSTANT_BOUNDS names"
+                    ),
                 ),
                 (
                     "fit_error",

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from labs.catalog import Hardware, ModelSpec
-from labs.params import EngineConfig, Workload
+from labs.parameters.catalog import Hardware, ModelSpec
+from labs.parameters.params import EngineConfig, Workload
 from labs.prediction.steps import (
     draft_time_s,
     prefill_time_s,
@@ -587,8 +587,8 @@ def predict_load(
 
 def _in_flight(workload: Workload) -> int:
     """Requests the client keeps in flight: `concurrency`, the batch the prediction assumes
-    (labs.params.align_run_batch makes max_concurrency follow it for a run); with a request
-    rate, max_concurrency when set, else every prompt."""
+    (labs.parameters.params.align_run_batch makes max_concurrency follow it for a run); with a
+    request rate, max_concurrency when set, else every prompt."""
     n = workload.num_prompts
     if workload.request_rate is None:
         c = workload.concurrency

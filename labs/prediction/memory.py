@@ -17,8 +17,8 @@ from typing import overload
 
 import numpy as np
 
-from labs.catalog import KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, Hardware, ModelSpec
-from labs.params import EngineConfig
+from labs.parameters.catalog import KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, Hardware, ModelSpec
+from labs.parameters.params import EngineConfig
 
 
 def kv_bytes_per_token(model: ModelSpec, kv_dtype: str) -> int:

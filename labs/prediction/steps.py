@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
-from labs.catalog import Hardware, ModelSpec
-from labs.params import EngineConfig
+from labs.parameters.catalog import Hardware, ModelSpec
+from labs.parameters.params import EngineConfig
 from labs.prediction.memory import kv_bytes_per_token, kv_replication, weight_bytes_read
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db import transaction
 
-from labs.presets import LABS
+from labs.parameters.presets import LABS
 from labs.questions.models import LabQuestion
 from labs.questions.spec import Question, QuestionError, as_data, from_data, load_question
 from labs.questions.spec import render_question as render

@@ -29,7 +29,7 @@ from labs import hooks, services, turns
 from labs.backends import get_backend
 from labs.metrics import summarize
 from labs.models import LabRun, RunState
-from labs.params import ParamError, parse_lab_params
+from labs.parameters.params import ParamError, parse_lab_params
 from labs.questions import bands
 from labs.questions.content import question_of
 from labs.questions.figures import FIGURES, Figure

@@ -1,10 +1,10 @@
 """A lab question as a file (content/labs/questions/<slug>.yaml): parse and check it, resolve the
 settings of each point it asks about, and write it back byte for byte.
 
-Every point a question asks (its own settings, each neighbour, and for a ratio each one's
-baseline) must be a run the lab accepts (labs.params) and small enough to simulate ahead of time
-on the lab worker (labs.sizing.sim_steps): a bad file is refused, naming the file and the field.
-No ORM.
+Every point a question asks (its own settings, each neighbour, and for a ratio each one's baseline)
+must be a run the lab accepts (labs.parameters.params) and small enough to simulate ahead of time
+on the lab worker (labs.sizing.sim_steps): a bad file is refused, naming the file and the field. No
+ORM.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from typing import Any
 
 import yaml
 
-from labs.params import (
+from labs.parameters.params import (
     FIELDS_BY_NAME,
     ParamError,
     align_run_batch,
     follow_unshown,
     parse_lab_params,
 )
-from labs.presets import LABS, Lab, lab_initial, load_presets
+from labs.parameters.presets import LABS, Lab, lab_initial, load_presets
 from labs.questions.figures import FIGURES, Figure
 from labs.sizing import sim_steps
 
@@ -96,7 +96,7 @@ def _resolve(lab: Lab, preset: str, given: Mapping[str, Any]) -> dict[str, Any]:
     given = dict(given)
     if "concurrency" in given:
         # A point that sets the batch sets what the run keeps in flight with it, whatever a
-        # preset it starts from keeps (labs.params.align_run_batch).
+        # preset it starts from keeps (labs.parameters.params.align_run_batch).
         given.setdefault("max_concurrency", given["concurrency"])
     values = align_run_batch(lab_initial(lab, base, given))
     return parse_lab_params(follow_unshown(values, {*lab.fields, "sim_profile"})).as_dict()
@@ -149,7 +149,7 @@ def _settings(value: Any, label: str, key: str) -> dict[str, Any]:
     for name, setting in value.items():
         if name not in FIELDS_BY_NAME:
             raise QuestionError(
-                f"{label}: field '{key}.{name}' is not a lab setting (see labs/params.py)"
+                f"{label}: field '{key}.{name}' is not a lab setting (see labs.parameters.params)"
             )
         if isinstance(setting, dict | list):
             raise QuestionError(f"{label}: field '{key}.{name}' must be a single value")

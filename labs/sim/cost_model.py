@@ -25,9 +25,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import ArrayLike
 
-from labs.catalog import Hardware, ModelSpec
-from labs.device_calibration import DeviceConstants
-from labs.params import EngineConfig
+from labs.parameters.catalog import Hardware, ModelSpec
+from labs.parameters.device_calibration import DeviceConstants
+from labs.parameters.params import EngineConfig
 from labs.sim.engine_model import PARTS, EngineModel, load_calibration, with_device
 from labs.sim.scheduler import SchedulerOutput
 
@@ -89,7 +89,7 @@ def build_cost_model(
     device: DeviceConstants | None = None,
 ) -> EngineModel:
     """The cost model of `engine.sim_profile`; on the realistic profile, priced with `device`'s
-    own fitted constants when the lab's GPU has them (labs/device_calibration.py)."""
+    own fitted constants when the lab's GPU has them (labs/parameters/device_calibration.py)."""
     if engine.sim_profile == "ideal":
         # The engine the predicted column describes: with the device's own knobs where it has a
         # calibration, as labs.predict.predict applies them.

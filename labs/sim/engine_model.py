@@ -58,9 +58,9 @@ import numpy as np
 import yaml
 from numpy.typing import ArrayLike
 
-from labs.catalog import CPU_KIND, WEIGHT_DTYPE_BYTES, Hardware, ModelSpec
-from labs.device_calibration import DeviceConstants
-from labs.params import EngineConfig
+from labs.parameters.catalog import CPU_KIND, WEIGHT_DTYPE_BYTES, Hardware, ModelSpec
+from labs.parameters.device_calibration import DeviceConstants
+from labs.parameters.params import EngineConfig
 from labs.predict import (
     compute_rate,
     kv_bytes_per_token,
@@ -298,7 +298,7 @@ def load_calibration(path: Path = CALIBRATION_PATH) -> Calibration:
 def with_device(cal: Calibration, hardware: Hardware, device: DeviceConstants) -> Calibration:
     """`cal` with the GPU's efficiencies, the step overheads, and where fitted the attention
     efficiency, speculation's step cost and the per-sequence overhead, replaced by the
-    constants fitted on that device itself (labs.device_calibration). Only the run priced
+    constants fitted on that device itself (labs.parameters.device_calibration). Only the run priced
     for that device gets this Calibration; every other run keeps `cal`."""
     own = cal.gpu(hardware)
     gpu = replace(
@@ -351,8 +351,8 @@ def calibration_evidence(hardware: Hardware) -> str:
     calibration = load_calibration()
     fitted, held_out = calibration.gpu_runs.get(hardware.name, (0, 0))
     if hardware.name == CPU_KIND:
-        # A CPU is calibrated only by its own sweep (labs/device_calibration.py), stored under
-        # its model and cores, which the online CPU worker announces.
+        # A CPU is calibrated only by its own sweep (labs/parameters/device_calibration.py), stored
+        # under its model and cores, which the online CPU worker announces.
         return (
             "not calibrated: this CPU has no calibration of its own; a CPU vLLM worker"
             " calibrates itself when it first starts, and runs find it while that worker is"

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from labs.backends.base import ProgressCallback, RunRecord
-from labs.device_calibration import DeviceConstants
-from labs.params import LabParams, ParamError
+from labs.parameters.device_calibration import DeviceConstants
+from labs.parameters.params import LabParams, ParamError
 from labs.predict import kv_capacity_tokens
 from labs.sim.cost_model import build_cost_model
 from labs.sim.engine_model import Calibration, load_calibration

@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from labs.metrics import summarize
-from labs.params import align_run_batch, parse_lab_params
+from labs.parameters.params import align_run_batch, parse_lab_params
 from labs.sim.engine_model import (
     CALIBRATION_PATH,
     DEFAULT_HOST,
@@ -211,7 +211,7 @@ def format_report(rows: list[tuple[Measurement, float]], cal: Calibration | None
     """Every catalog GPU kind with its fitted and held-out runs and their errors, or "not
     calibrated" and the part whose constants it borrows; then the held-out summary and how many
     runs were moved out of fit/held-out after being seen."""
-    from labs.catalog import GPUS
+    from labs.parameters.catalog import GPUS
 
     cal = cal or load_calibration()
     lines = []

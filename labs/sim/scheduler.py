@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from labs.backends.base import EngineCounters
-from labs.params import DRAFT_SHARE_EVERY_STEP, param_default
+from labs.parameters.params import DRAFT_SHARE_EVERY_STEP, param_default
 from labs.sim.block_pool import BlockPool
 from labs.sim.entities import RequestStatus, RequestTable
 from labs.sim.kv_cache import KVCacheManager
@@ -47,7 +47,7 @@ _EMPTY = np.empty(0, dtype=np.int64)
 @dataclass(frozen=True)
 class SchedulerConfig:
     """The engine settings the scheduler obeys, named as in vLLM; defaults are the lab's
-    (labs/params.py declares each once)."""
+    (labs/parameters/params.py declares each once)."""
 
     max_num_seqs: int
     max_num_batched_tokens: int

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from labs.params import Workload
+from labs.parameters.params import Workload
 
 
 @dataclass(frozen=True)

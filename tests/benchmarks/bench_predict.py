@@ -7,7 +7,7 @@ and read the Median column (microseconds).
 
 from __future__ import annotations
 
-from labs.params import parse_lab_params
+from labs.parameters.params import parse_lab_params
 from labs.predict import predict
 
 # A busy lab: a 70B model on 4 GPUs, long prompts chunked, speculation, many sequences.

@@ -29,7 +29,7 @@ import sys
 import time
 
 from labs.backends.sim import SimBackend
-from labs.params import parse_lab_params
+from labs.parameters.params import parse_lab_params
 from labs.sim.lab import build_simulator
 
 PROFILE = os.environ.get("SIM_BENCH_PROFILE", "realistic")

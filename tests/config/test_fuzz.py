@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from labs import services
 from labs.models import WorkerHeartbeat
-from labs.params import FIELDS_BY_NAME
-from labs.presets import LABS, load_presets
+from labs.parameters.params import FIELDS_BY_NAME
+from labs.parameters.presets import LABS, load_presets
 from tests.budget import examples
 from tests.conftest import make_user
 from tests.labs.factories import make_heartbeat, make_run

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from labs import services
 from labs.models import LabRun, RunState
-from labs.presets import load_presets
+from labs.parameters.presets import load_presets
 from tests.e2e.conftest import PHONE, sign_up
 from tests.labs.factories import make_heartbeat, make_run
 from tests.quiz.factories import make_card

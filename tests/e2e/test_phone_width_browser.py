@@ -23,7 +23,7 @@ from django.urls import NoReverseMatch, reverse
 
 from labs import services
 from labs.models import LabRun, RunState
-from labs.presets import LABS, load_presets
+from labs.parameters.presets import LABS, load_presets
 from quiz.models import Card
 from tests.e2e.conftest import LAPTOP, PHONE, sign_up
 from tests.labs.factories import make_heartbeat, make_run

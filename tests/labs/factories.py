@@ -8,7 +8,7 @@ from typing import Any
 from django.utils import timezone
 
 from labs.models import LabRun, RunState, WorkerHeartbeat
-from labs.params import parse_lab_params
+from labs.parameters.params import parse_lab_params
 
 SMALL = {"num_prompts": 8, "prompt_tokens": 64, "output_tokens": 16, "max_tokens": 64}
 

@@ -16,7 +16,7 @@ from labs.accuracy import (
     figure_kind,
     load_errors,
 )
-from labs.catalog import GPUS
+from labs.parameters.catalog import GPUS
 from labs.sim.engine_model import load_calibration
 
 RUNS = (

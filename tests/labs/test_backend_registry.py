@@ -13,7 +13,7 @@ import pytest
 
 from labs import backends
 from labs.backends import BACKENDS, BackendModule
-from labs.params import parse_lab_params
+from labs.parameters.params import parse_lab_params
 
 ROOT = Path(__file__).resolve().parents[2]
 

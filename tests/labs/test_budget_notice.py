@@ -9,9 +9,9 @@ import re
 import pytest
 from django.urls import reverse
 
-from labs.params import align_run_batch, parse_lab_params
+from labs.parameters.params import align_run_batch, parse_lab_params
+from labs.parameters.presets import LABS
 from labs.predict import budget_notice, lab_prediction
-from labs.presets import LABS
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 # The Chunked prefill lab with chunked prefill off and the budget its refusal asks for: the

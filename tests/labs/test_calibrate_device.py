@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from labs.device_calibration import CONSTANT_BOUNDS, DeviceConstants
 from labs.device_calibration_sweep import (
     CHANGES,
     SWEEP,
@@ -42,6 +41,7 @@ from labs.device_calibration_sweep import (
 )
 from labs.metrics import summarize
 from labs.models import DeviceCalibration
+from labs.parameters.device_calibration import CONSTANT_BOUNDS, DeviceConstants
 from labs.selectors import device_calibration
 from labs.sim.lab import build_simulator
 from tests.labs.vllm.conftest import _idle_fakes, fake_server  # noqa: F401 (fixtures)

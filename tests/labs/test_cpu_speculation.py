@@ -11,10 +11,10 @@ from datetime import date
 
 import pytest
 
-from labs.device_calibration import DeviceConstants, check_constants
 from labs.device_calibration_sweep import SWEEP, Measured, ngram_drafting, point_params
 from labs.device_speculation import draft_acceptance_rate, lab_prediction_on, priced_params
-from labs.params import parse_lab_params
+from labs.parameters.device_calibration import DeviceConstants, check_constants
+from labs.parameters.params import parse_lab_params
 from labs.predict import decode_step_time, spec_tokens_per_step
 
 CPU = {"gpu": "cpu", "hbm_gb": 25, "bandwidth_tbs": 0.016, "tflops": 0.16}

@@ -15,8 +15,8 @@ from labs.backends.sim import SimBackend
 from labs.backends.vllm.loadgen import PlannedRequest, request_body
 from labs.metrics import summarize
 from labs.models import RunState
-from labs.params import ParamError, parse_lab_params
-from labs.presets import LABS
+from labs.parameters.params import ParamError, parse_lab_params
+from labs.parameters.presets import LABS
 from tests.labs.factories import make_run
 
 SMALL = {"num_prompts": 6, "prompt_tokens": 64, "output_tokens": 8, "max_tokens": 16}

@@ -11,10 +11,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from labs import services
-from labs.catalog import GPUS, MODELS
-from labs.device_calibration import DeviceConstants, check_constants, cpu_device_key
 from labs.models import DeviceCalibration, RunState
-from labs.params import parse_lab_params
+from labs.parameters.catalog import GPUS, MODELS
+from labs.parameters.device_calibration import DeviceConstants, check_constants, cpu_device_key
+from labs.parameters.params import parse_lab_params
 from labs.predict import lab_prediction, predict
 from labs.selectors import device_calibration
 from labs.sim.engine_model import load_calibration, with_device
@@ -190,7 +190,7 @@ def test_a_devices_gemm_half_tokens_prices_its_runs_and_an_older_row_keeps_the_g
 def test_a_devices_speculation_step_cost_prices_its_drafting_steps_only():
     import numpy as np
 
-    from labs.params import EngineConfig
+    from labs.parameters.params import EngineConfig
     from labs.sim.engine_model import SPECULATION, EngineModel
     from labs.sim.scheduler import SchedulerOutput
 
@@ -228,7 +228,7 @@ def test_a_devices_speculation_step_cost_prices_its_drafting_steps_only():
 
 
 def test_a_devices_attention_efficiency_prices_its_prefill_attention():
-    from labs.params import EngineConfig
+    from labs.parameters.params import EngineConfig
     from labs.sim.engine_model import EngineModel
     from tests.labs.sim.test_engine_model import mixed_out
 
@@ -248,7 +248,7 @@ def test_a_devices_attention_efficiency_prices_its_prefill_attention():
 
 
 def test_a_devices_per_sequence_overhead_prices_each_sequence_of_its_steps():
-    from labs.params import EngineConfig
+    from labs.parameters.params import EngineConfig
     from labs.sim.engine_model import OVERHEAD, EngineModel
     from tests.labs.sim.test_engine_model import decode_out
 

@@ -14,7 +14,6 @@ import os
 import numpy as np
 import pytest
 
-from labs.catalog import GPUS
 from labs.explain import (
     COVER,
     LIMIT,
@@ -28,7 +27,8 @@ from labs.explain import (
 )
 from labs.limits import ARRIVALS, BUDGET, HELD, KV, SEQS
 from labs.metrics import summarize
-from labs.params import ParamError, align_run_batch, parse_lab_params
+from labs.parameters.catalog import GPUS
+from labs.parameters.params import ParamError, align_run_batch, parse_lab_params
 from labs.predict import lab_prediction
 from labs.results import compare, headline
 from labs.sim.lab import build_simulator, run_breakdown

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from labs import services
 from labs.forms import LabParamsForm
 from labs.models import LabRun, Sweep, WorkerHeartbeat
-from labs.params import FIELDS_BY_NAME, PARAM_FIELDS, ParamError, parse_lab_params
-from labs.presets import LABS
+from labs.parameters.params import FIELDS_BY_NAME, PARAM_FIELDS, ParamError, parse_lab_params
+from labs.parameters.presets import LABS
 from tests.budget import examples
 from tests.conftest import make_user
 from tests.labs.factories import make_heartbeat

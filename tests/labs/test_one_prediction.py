@@ -13,9 +13,9 @@ from django.urls import reverse
 
 from labs import services
 from labs.models import DeviceCalibration, LabRun, RunState
-from labs.params import FIELDS_BY_NAME, parse_lab_params
+from labs.parameters.params import FIELDS_BY_NAME, parse_lab_params
+from labs.parameters.presets import LABS, lab_initial
 from labs.predict import lab_prediction
-from labs.presets import LABS, lab_initial
 from labs.results import format_value
 from quiz import personal
 from tests.labs.factories import make_heartbeat

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from labs.catalog import GPUS, MODELS
-from labs.params import FIELDS_BY_NAME, EngineConfig, LabParams, parse_lab_params
+from labs.parameters.catalog import GPUS, MODELS
+from labs.parameters.params import FIELDS_BY_NAME, EngineConfig, LabParams, parse_lab_params
 from labs.predict import (
     blocks_for_tokens,
     closed_loop_wait_s,
@@ -424,7 +424,7 @@ def test_a_decode_step_never_gets_faster_with_more_sequences_or_longer_contexts(
 
 def test_predict_params_and_catalog_import_no_django_and_nothing_but_numpy():
     code = (
-        "import sys, labs.predict, labs.params, labs.catalog\n"
+        "import sys, labs.predict, labs.parameters.params, labs.parameters.catalog\n"
         "print('\\n'.join(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     loaded = subprocess.run(
@@ -469,8 +469,8 @@ def test_prediction_as_dict_has_every_key_the_issue_names():
 
 
 def _batching_lab(**overrides: object) -> LabParams:
-    from labs.params import align_run_batch
-    from labs.presets import LABS
+    from labs.parameters.params import align_run_batch
+    from labs.parameters.presets import LABS
 
     values = {**LABS["batching"].defaults, **overrides}
     return parse_lab_params(align_run_batch(values))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from labs.params import align_run_batch, parse_lab_params
+from labs.parameters.params import align_run_batch, parse_lab_params
 from labs.predict import predict, prefill_time_s, spec_tokens_per_step
 from labs.prediction.load import Pricer, cycle, first_wave, request_shape
 

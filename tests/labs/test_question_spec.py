@@ -9,8 +9,8 @@ import pytest
 import yaml
 from django.conf import settings
 
-from labs.params import parse_lab_params
-from labs.presets import LABS
+from labs.parameters.params import parse_lab_params
+from labs.parameters.presets import LABS
 from labs.questions.content import questions_dir, questions_read
 from labs.questions.spec import (
     QuestionError,

@@ -13,8 +13,8 @@ from labs import ratios
 from labs.backends import get_backend
 from labs.metrics import summarize
 from labs.models import LabRun, RunState
-from labs.params import parse_lab_params
-from labs.presets import LABS, load_presets
+from labs.parameters.params import parse_lab_params
+from labs.parameters.presets import LABS, load_presets
 from quiz.content import read_tree
 from tests.labs.factories import make_run
 

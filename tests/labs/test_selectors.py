@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from labs.presets import LABS
+from labs.parameters.presets import LABS
 from labs.selectors import distinguishing_settings
 
 

@@ -20,9 +20,9 @@ from django.utils.http import urlencode
 from labs import calibration_progress, worker_signals
 from labs import device_calibration_jobs as calibration_jobs
 from labs.backends import device_lab_settings
-from labs.catalog import CPU_KIND
 from labs.models import CalibrationJob, DeviceCalibration, RunState, WorkerHeartbeat
-from labs.params import parse_lab_params
+from labs.parameters.catalog import CPU_KIND
+from labs.parameters.params import parse_lab_params
 from labs.tasks import calibrate_device_task
 from labs.workers import announced_cpu_figures
 from tests.conftest import make_user

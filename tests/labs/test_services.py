@@ -12,8 +12,8 @@ from django.utils import timezone
 from labs import services
 from labs.backends.base import Phase
 from labs.models import LabRun, RunState, Sweep
-from labs.params import ParamError, parse_lab_params
-from labs.presets import LABS, load_presets
+from labs.parameters.params import ParamError, parse_lab_params
+from labs.parameters.presets import LABS, load_presets
 from labs.services import RunRefused, RunStopped
 from tests.labs.factories import SMALL, make_heartbeat, make_run
 

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from labs import services, workers
 from labs.models import LabRun, RunState, WorkerHeartbeat
-from labs.params import parse_lab_params
+from labs.parameters.params import parse_lab_params
 from tests.labs.factories import make_heartbeat, make_run
 from tests.labs.test_tasks import state_of, wait_for
 from tests.worker import purge, start_worker

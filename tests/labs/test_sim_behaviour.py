@@ -11,7 +11,7 @@ import pytest
 from labs.backends.base import RunRecord
 from labs.backends.sim import SimBackend
 from labs.metrics import summarize
-from labs.params import LabParams, parse_lab_params
+from labs.parameters.params import LabParams, parse_lab_params
 from labs.predict import predict, spec_speedup
 
 PROFILES = pytest.mark.parametrize("profile", ["realistic", "ideal"])

@@ -13,7 +13,7 @@ from labs import services
 from labs.backends.sim import SimBackend
 from labs.metrics import summarize
 from labs.models import LabRun, RunState
-from labs.params import ParamError, parse_lab_params
+from labs.parameters.params import ParamError, parse_lab_params
 from labs.sizing import (
     BASE_BYTES,
     MB,

@@ -16,7 +16,7 @@ from django.urls import reverse
 
 from labs import services
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
-from labs.params import parse_lab_params
+from labs.parameters.params import parse_lab_params
 from labs.tasks import run_execute_task, run_next_task
 from tests.labs.factories import make_run
 from tests.worker import WorkerProcess, start_worker

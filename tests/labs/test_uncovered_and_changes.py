@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from labs import results, selectors, services
 from labs.models import RunState
-from labs.params import align_run_batch, parse_lab_params
+from labs.parameters.params import align_run_batch, parse_lab_params
 from labs.predict import lab_prediction
 from tests.labs.factories import make_run
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from labs import services
 from labs.models import LabRun, RunState, Sweep
-from labs.presets import LABS, load_presets
+from labs.parameters.presets import LABS, load_presets
 from labs.sim.breakdown import PART_LABELS
 from tests.conftest import make_user
 from tests.labs.factories import SMALL, make_heartbeat, make_run
@@ -230,7 +230,7 @@ def test_the_run_page_says_vllm_is_starting_then_ready_and_nothing_for_a_sim_run
 ):
     from labs.backends.base import Phase
     from labs.backends.sim import SimBackend
-    from labs.params import parse_lab_params
+    from labs.parameters.params import parse_lab_params
 
     run = make_run(alice, backend="vllm", state=RunState.RUNNING, heartbeat_at=timezone.now())
     on_progress = services._progress_reporter(run.pk, services._RunHeartbeat(run.pk, 60))
@@ -791,7 +791,7 @@ def test_a_real_run_on_a_device_without_a_calibration_says_so_and_sizes_no_part(
     """Issue 50: a CPU vLLM run before its own calibration named parts 5-12x the gap they
     explained, and nothing said the device was not calibrated."""
     from labs.metrics import summarize
-    from labs.params import parse_lab_params
+    from labs.parameters.params import parse_lab_params
     from labs.predict import lab_prediction
     from labs.results import UNCALIBRATED_NOTE
     from labs.sim.lab import run_breakdown

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from labs.explain import Cause, Explanation
-from labs.params import align_run_batch, parse_lab_params
-from labs.presets import LABS, lab_initial, load_presets
+from labs.parameters.params import align_run_batch, parse_lab_params
+from labs.parameters.presets import LABS, lab_initial, load_presets
 from labs.results import format_value
 from labs.waterfall import BAR_LABELS, REST_LABEL, build, run_waterfalls
 

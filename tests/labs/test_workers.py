@@ -183,7 +183,7 @@ def test_a_tp8_run_goes_only_to_the_8_gpu_worker_and_is_refused_without_one(
 
     from labs import services
     from labs.models import LabRun, RunState
-    from labs.params import ParamError
+    from labs.parameters.params import ParamError
     from tests.labs.factories import SMALL
     from tests.labs.vllm.conftest import STANDIN
     from tests.worker import purge, start_worker

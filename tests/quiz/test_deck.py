@@ -16,8 +16,8 @@ import yaml
 from django.conf import settings
 from django.core.management import call_command
 
-from labs.params import parse_lab_params
-from labs.presets import LABS, load_presets
+from labs.parameters.params import parse_lab_params
+from labs.parameters.presets import LABS, load_presets
 from quiz.models import Card, CardRelation
 
 CONTENT = Path(settings.BASE_DIR) / "content"

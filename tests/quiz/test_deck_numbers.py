@@ -15,7 +15,7 @@ import pytest
 from django.conf import settings
 
 import labs.predict
-from labs.params import parse_lab_params
+from labs.parameters.params import parse_lab_params
 from labs.predict import predict
 from quiz.content import CardSpec, read_tree
 

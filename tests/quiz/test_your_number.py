@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 
 from labs.models import LabRun
-from labs.presets import load_presets
+from labs.parameters.presets import load_presets
 from quiz import personal
 from quiz.content import read_tree
 from tests.quiz.factories import make_card

@@ -18,9 +18,9 @@ from labs.backends.vllm.served import served_instead
 from labs.backends.vllm.server import DEFAULT_PORT, build_plan, engine_busy
 from labs.backends.vllm.start import check_can_start as _check_can_start
 from labs.backends.vllm.start import requirement
-from labs.catalog import CPU_KIND
-from labs.device_calibration import DeviceConstants, cpu_device_key
-from labs.params import LabParams
+from labs.parameters.catalog import CPU_KIND
+from labs.parameters.device_calibration import DeviceConstants, cpu_device_key
+from labs.parameters.params import LabParams
 
 __all__ = [
     "BACKEND",

@@ -66,9 +66,9 @@ from labs.backends.vllm.server import (
     group_members,
 )
 from labs.backends.vllm.start import check_can_start
-from labs.catalog import CPU_KIND
 from labs.definitions import definitions
-from labs.params import LabParams, ParamError
+from labs.parameters.catalog import CPU_KIND
+from labs.parameters.params import LabParams, ParamError
 
 logger = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from labs.backends.vllm.gpus import GpuInventory
-from labs.catalog import CPU_KIND
-from labs.params import LabParams
+from labs.parameters.catalog import CPU_KIND
+from labs.parameters.params import LabParams
 
 logger = logging.getLogger(__name__)
 
@@ -382,8 +382,8 @@ def make_model(slug: str, *, force: bool = False) -> dict[str, Any]:
     import shutil
     import tempfile
 
-    from labs.catalog import LAB_MODEL_SHAPES
-    from labs.params import ParamError
+    from labs.parameters.catalog import LAB_MODEL_SHAPES
+    from labs.parameters.params import ParamError
 
     shape = LAB_MODEL_SHAPES.get(slug)
     if shape is None:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from labs.backends.base import Device
 from labs.backends.vllm.server import MODELS_DIR, _max_model_len
-from labs.catalog import GB, KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, ModelSpec
-from labs.params import LabParams
+from labs.parameters.catalog import GB, KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, ModelSpec
+from labs.parameters.params import LabParams
 from labs.predict import blocks_for_tokens
 
 MAX_TP = 8  # the largest single-node worker the checks suggest
@@ -149,8 +149,8 @@ def memory_need(
 
 
 def _tp_allowed(model: ModelSpec, tp: int) -> bool:
-    # vLLM's rule (labs.params checks it too): tp divides the heads, and the KV heads are split
-    # (divisible by tp) or copied (tp divisible by them).
+    # vLLM's rule (labs.parameters.params checks it too): tp divides the heads, and the KV heads
+    # are split (divisible by tp) or copied (tp divisible by them).
     return not model.heads % tp and (not model.kv_heads % tp or not tp % model.kv_heads)
 
 

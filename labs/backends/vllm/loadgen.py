@@ -54,7 +54,7 @@ import numpy as np
 
 from labs.backends.base import Chunks, RequestRecord
 from labs.backends.vllm.netstream import timed_client
-from labs.params import Workload
+from labs.parameters.params import Workload
 from labs.sim.workload import lab_workload
 
 # Token ids are drawn from this range (capped by the model's vocabulary): clear of the low ids

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 
 from labs.backends.vllm.identity import facts, identify
-from labs.catalog import MODELS
-from labs.params import LabParams, ParamError, parse_lab_params
+from labs.parameters.catalog import MODELS
+from labs.parameters.params import LabParams, ParamError, parse_lab_params
 
 NOT_IN_CATALOG = "no prediction: the served model is not in the catalog"
 

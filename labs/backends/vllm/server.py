@@ -56,8 +56,8 @@ import httpx
 from labs.backends.base import BackendError
 from labs.backends.vllm.cpu import cpu_args, cpu_refusals, made_model
 from labs.backends.vllm.identity import MODELS_DIR, differences
-from labs.catalog import CPU_KIND, KV_DTYPE_BYTES, ModelSpec
-from labs.params import LabParams, ParamError
+from labs.parameters.catalog import CPU_KIND, KV_DTYPE_BYTES, ModelSpec
+from labs.parameters.params import LabParams, ParamError
 from labs.predict import spec_tokens_per_step
 
 logger = logging.getLogger(__name__)

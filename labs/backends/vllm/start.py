@@ -51,8 +51,8 @@ from labs.backends.vllm.server import (
     env_key,
     supported_refusals,
 )
-from labs.catalog import CPU_KIND, GPUS
-from labs.params import LabParams, ParamError
+from labs.parameters.catalog import CPU_KIND, GPUS
+from labs.parameters.params import LabParams, ParamError
 
 DeviceRules = Callable[[LabParams, Device], dict[str, str]]
 

@@ -19,7 +19,7 @@ from labs.cli import make_model as make_model_cli
 from labs.cli import predict as predict_cli
 from labs.cli import run as run_cli
 from labs.cli import serve_args as serve_args_cli
-from labs.params import ParamError
+from labs.parameters.params import ParamError
 
 SUBCOMMANDS: dict[str, ModuleType] = {
     "calibrate": calibrate_cli,

@@ -18,9 +18,9 @@ from typing import TypeVar
 
 import numpy as np
 
-from labs.device_calibration import DeviceConstants
 from labs.form_draws import DRAW_RUN_MB, draw_values
-from labs.params import LabParams, ParamError, align_run_batch, parse_lab_params
+from labs.parameters.device_calibration import DeviceConstants
+from labs.parameters.params import LabParams, ParamError, align_run_batch, parse_lab_params
 from labs.sim.lab import build_simulator
 from labs.sizing import sim_precheck, sim_steps
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from labs.catalog import GPUS
+from labs.parameters.catalog import GPUS
 from labs.sim.engine_model import CALIBRATION_PATH, load_calibration, parse_calibration
 from labs.sim.published_calibration import (
     ACCURACY_PATH,

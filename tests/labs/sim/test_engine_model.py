@@ -10,9 +10,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labs.catalog import GPUS, MODELS, Hardware
 from labs.metrics import summarize
-from labs.params import EngineConfig, parse_lab_params
+from labs.parameters.catalog import GPUS, MODELS, Hardware
+from labs.parameters.params import EngineConfig, parse_lab_params
 from labs.predict import step_time_s
 from labs.sim.cost_model import RooflineCostModel, build_cost_model
 from labs.sim.engine_model import (

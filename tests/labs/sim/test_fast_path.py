@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from labs.backends.base import RunRecord
-from labs.params import parse_lab_params
+from labs.parameters.params import parse_lab_params
 from labs.predict import blocks_for_tokens
 from labs.sim.cost_model import build_cost_model
 from labs.sim.scheduler import SchedulerConfig

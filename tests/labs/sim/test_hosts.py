@@ -10,8 +10,8 @@ from datetime import date
 
 import pytest
 
-from labs.device_calibration import DeviceConstants
-from labs.params import parse_lab_params
+from labs.parameters.device_calibration import DeviceConstants
+from labs.parameters.params import parse_lab_params
 from labs.sim.engine_model import load_calibration
 from labs.sim.lab import build_simulator, frontend_s
 

@@ -25,7 +25,7 @@ PURE_MODULES = [
     "labs.sim.workload",
     "labs.sim.simulator",
     "labs.metrics",
-    "labs.device_calibration",
+    "labs.parameters.device_calibration",
     "labs.device_calibration_sweep",
     "labs.backends.base",
     "labs.backends.sim",

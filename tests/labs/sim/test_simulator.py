@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from labs.params import parse_lab_params
+from labs.parameters.params import parse_lab_params
 from labs.sim.breakdown import BREAKDOWN_PARTS
 from labs.sim.scheduler import SchedulerConfig
 from labs.sim.simulator import Simulator

@@ -16,9 +16,9 @@ from labs.backends.base import Device
 from labs.backends.vllm import cpu
 from labs.backends.vllm.server import build_plan, check_supported, vllm_error_line
 from labs.backends.vllm.start import check_can_start
-from labs.catalog import LAB_MODEL_SHAPES, MODELS, cpu_hardware
 from labs.models import LabRun, WorkerHeartbeat
-from labs.params import ParamError, parse_lab_params
+from labs.parameters.catalog import LAB_MODEL_SHAPES, MODELS, cpu_hardware
+from labs.parameters.params import ParamError, parse_lab_params
 from labs.workers import cpu_figures, gpu_offer
 from tests.labs.factories import make_heartbeat
 
@@ -360,8 +360,8 @@ def test_a_cpu_run_is_queued_for_the_cpu_worker(alice_client, cpu_worker_online)
 
 
 def test_a_cpu_run_is_priced_by_the_calibration_of_the_cpu_worker_online(cpu_worker_online):
-    from labs.device_calibration import cpu_device_key
     from labs.models import DeviceCalibration
+    from labs.parameters.device_calibration import cpu_device_key
     from labs.predict import lab_prediction
     from labs.selectors import device_key, device_prediction
     from tests.labs.test_device_calibration import SLOW

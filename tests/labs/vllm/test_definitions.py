@@ -15,7 +15,7 @@ from labs import definitions
 from labs.backends.base import RunRecord
 from labs.backends.vllm.backend import VLLMBackend
 from labs.metrics import summarize
-from labs.params import parse_lab_params
+from labs.parameters.params import parse_lab_params
 
 SMALL = {"num_prompts": 6, "prompt_tokens": 64, "output_tokens": 8, "max_tokens": 16}
 NGRAM = {"spec_method": "ngram", "spec_tokens": 3}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from labs.backends.vllm.gpus import GpuInventory, kind_for, parse_smi
-from labs.catalog import GPUS
+from labs.parameters.catalog import GPUS
 from labs.workers import gpu_queue, queue_suffix
 
 GIB = 1024**3

@@ -29,7 +29,7 @@ from labs.backends.vllm.loadgen import (
     run_load,
 )
 from labs.metrics import summarize
-from labs.params import parse_lab_params
+from labs.parameters.params import parse_lab_params
 from labs.sim.workload import lab_workload
 from tests.labs.vllm.timing import (
     CHUNKS,

@@ -33,8 +33,8 @@ from django.urls import reverse
 
 from labs.backends.vllm import cpu
 from labs.backends.vllm.prom import Snapshot, counters_between
-from labs.catalog import MODELS
 from labs.models import LabRun, RunState, WorkerHeartbeat
+from labs.parameters.catalog import MODELS
 from tests.conftest import make_user
 from tests.worker import WorkerProcess, start_worker
 
@@ -651,7 +651,7 @@ def test_a_staff_member_calibrates_the_cpu_worker_from_the_devices_page(cpu_work
     from labs.device_calibration_jobs import calibration_targets
     from labs.device_calibration_sweep import SWEEP
     from labs.models import CalibrationJob, DeviceCalibration
-    from labs.params import parse_lab_params
+    from labs.parameters.params import parse_lab_params
     from labs.selectors import lab_calibration
 
     staff = make_user("staff")

@@ -15,8 +15,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from labs.backends.vllm.server import MODELS_DIR
-from labs.params import align_run_batch
-from labs.presets import LABS, lab_initial, load_presets
+from labs.parameters.params import align_run_batch
+from labs.parameters.presets import LABS, lab_initial, load_presets
 
 # Every flag the backend may pass, with where vLLM 0.33 defines it. "notes §1" is vLLM 0.33's
 # `vllm serve` reference (its engine-arguments table and example server command); the file in

@@ -17,8 +17,8 @@ from labs.backends.vllm import backend as vllm_backend
 from labs.backends.vllm.backend import VLLMBackend, where_label
 from labs.backends.vllm.served import NOT_IN_CATALOG, catalog_match, read_served_model
 from labs.backends.vllm.server import MODELS_DIR
-from labs.catalog import LAB_MODEL_SHAPES
-from labs.params import parse_lab_params
+from labs.parameters.catalog import LAB_MODEL_SHAPES
+from labs.parameters.params import parse_lab_params
 from labs.predict import lab_prediction, predict
 
 SMALL = ("--num-prompts", "4", "--prompt-tokens", "64", "--output-tokens", "8")

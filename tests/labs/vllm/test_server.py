@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from labs.backends.vllm import server as srv
 from labs.backends.vllm.loadgen import plan_requests
-from labs.params import ParamError, parse_lab_params
+from labs.parameters.params import ParamError, parse_lab_params
 from labs.predict import spec_tokens_per_step
 from tests.labs.vllm.conftest import STANDIN, StandIn, alive, wait_gone
 

@@ -15,9 +15,9 @@ from labs.backends.vllm.start import (
     register_device_rules,
     requirement,
 )
-from labs.catalog import GB, GPUS, MODELS
-from labs.params import ParamError, align_run_batch, parse_lab_params
-from labs.presets import LABS, lab_initial, load_presets
+from labs.parameters.catalog import GB, GPUS, MODELS
+from labs.parameters.params import ParamError, align_run_batch, parse_lab_params
+from labs.parameters.presets import LABS, lab_initial, load_presets
 
 SMALL = {"model": "llama-3-8b", "num_prompts": 8, "prompt_tokens": 64, "output_tokens": 16}
 H100 = GPUS["h100-sxm"].hbm_bytes

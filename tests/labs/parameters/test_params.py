@@ -1,4 +1,5 @@
-"""labs.params: one validation place for every lab parameter, from a form, the CLI or code."""
+"""labs.parameters.params: one validation place for every lab parameter, from a form, the CLI or
+code."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labs.params import (
+from labs.parameters.params import (
     FIELDS_BY_NAME,
     PARAM_FIELDS,
     ParamError,
@@ -459,7 +460,7 @@ def test_bad_values_are_left_for_the_parser_to_name():
 
 
 def test_a_stored_run_lacking_a_parameter_reads_its_declared_default():
-    from labs.params import param_default, stored_param
+    from labs.parameters.params import param_default, stored_param
 
     stored = parse_lab_params({"block_size": 32}).as_dict()
     assert stored_param(stored, "block_size") == 32
@@ -471,7 +472,7 @@ def test_a_stored_run_lacking_a_parameter_reads_its_declared_default():
 def test_the_simulator_defaults_are_the_labs():
     from dataclasses import MISSING, fields
 
-    from labs.params import EngineConfig
+    from labs.parameters.params import EngineConfig
     from labs.sim.scheduler import SchedulerConfig
 
     config = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=1, num_gpu_blocks=1)

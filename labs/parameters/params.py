@@ -21,6 +21,10 @@ Defaults that deserve a note:
   part of the prompt, not added to it.
 
 Pure Python: no Django imports, so the simulator and the predictor can use it anywhere.
+
+Why one module: every lab setting is described here once (its field, default, bounds, and the rules
+that tie settings together), so that a new setting is taught in one place; split by topic, a rule
+between two settings would have to live in one of two files.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from labs.catalog import (
+from labs.parameters.catalog import (
     CPU_KIND,
     GB,
     GPUS,
@@ -533,7 +537,8 @@ class EngineConfig:
     draft_cost: float = 0.0
     step_overhead_s: float = 0.0
     # Not a lab parameter: CPU time each sequence in a step adds to it, 0 unless a device
-    # calibration measured it (labs/device_calibration.py); a CPU worker's is a large share.
+    # calibration measured it (labs/parameters/device_calibration.py); a CPU worker's is a large
+    # share.
     seq_overhead_s: float = 0.0
     activation_reserve_bytes: int = 0
     compute_efficiency: float = param_default("compute_efficiency")

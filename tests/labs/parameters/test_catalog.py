@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from labs.catalog import GPUS, MODELS
+from labs.parameters.catalog import GPUS, MODELS
 
 REQUIRED_GPUS = ("a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "l4", "l40s", "b200")
 REQUIRED_MODELS = (

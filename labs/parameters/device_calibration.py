@@ -28,7 +28,7 @@ from datetime import date
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from labs.params import EngineConfig
+    from labs.parameters.params import EngineConfig
 
 # The constants a device calibration holds, with the range a fit may give each (fractions of the
 # data-sheet peaks; overheads in seconds).

@@ -1,9 +1,9 @@
 """The labs (which settings each shows, what it explains) and the deck's presets.
 
-A lab is a page over the same parameters (labs/params.py): it shows the settings that matter for
-its lesson and starts from numbers that make the lesson visible on the simulator in a second or
-two. Presets (content/labs/presets.yaml, written by the deck's author) open a lab with a card's
-numbers. No Django models: a lab's definition is code, a preset is content.
+A lab is a page over the same parameters (labs/parameters/params.py): it shows the settings that
+matter for its lesson and starts from numbers that make the lesson visible on the simulator in a
+second or two. Presets (content/labs/presets.yaml, written by the deck's author) open a lab with a
+card's numbers. No Django models: a lab's definition is code, a preset is content.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from labs.params import (
+from labs.parameters.params import (
     CUSTOM,
     CUSTOM_GPU_FIELDS,
     CUSTOM_MODEL_FIELDS,
@@ -30,7 +30,7 @@ from labs.params import (
 
 logger = logging.getLogger(__name__)
 
-PRESETS_PATH = Path(__file__).resolve().parent.parent / "content" / "labs" / "presets.yaml"
+PRESETS_PATH = Path(__file__).resolve().parent.parent.parent / "content" / "labs" / "presets.yaml"
 
 
 @dataclass(frozen=True)
