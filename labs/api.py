@@ -24,12 +24,12 @@ from labs.metrics import summarize
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.parameters.params import ParamError, parse_lab_params
 from labs.parameters.presets import LABS, Lab
+from labs.prediction.sizing import sim_precheck, sim_steps
 from labs.questions import content as question_content
 from labs.questions import services as questions
 from labs.questions.figures import FIGURES
 from labs.results import Metric, dig
 from labs.sim.engine_model import short_where_label
-from labs.sizing import sim_precheck, sim_steps
 from labs.your_number import YourNumber, your_number
 
 __all__ = [
@@ -129,7 +129,7 @@ def simulation_fits(values: Mapping[str, Any]) -> None:
 
 def simulation_steps(values: Mapping[str, Any]) -> int:
     """An upper bound (O(1)) on the simulated steps one simulation of these settings takes: its
-    cost in the lab worker's time (labs.sizing.sim_steps).
+    cost in the lab worker's time (labs.prediction.sizing.sim_steps).
 
     Raises:
         ParamError: settings that cannot be simulated.

@@ -2,7 +2,7 @@
 
 Both sides of a run's table have the same parts: the measured breakdown (labs/sim/breakdown.py,
 step by step on the simulator, or the engine model's expected parts plus "unexplained" for a
-vLLM run) and the predicted one (labs.predict.predicted_breakdown, under the formulas'
+vLLM run) and the predicted one (labs.prediction.predict.predicted_breakdown, under the formulas'
 assumptions). A metric's difference is split over those parts; the explanation names them largest
 first, whichever way they push, until they cover the difference, so that no part left out is
 larger than one named, and says what the rest adds up to. Where a queueing or occupancy part is

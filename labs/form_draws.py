@@ -1,11 +1,11 @@
 """Random settings across the whole lab form, and how the formulas agree with the ideal engine.
 
-The formulas (`labs.predict.lab_prediction`, what `lab predict` prints) are meant to be the closed
-form of the engine the simulator's `ideal` profile runs (`lab run --backend sim --sim-profile
-ideal`). This module checks that where a learner may click, not on presets: it draws settings from
-every field of the form (labs.parameters.params.PARAM_FIELDS: its choices, and its numeric ranges
-log-uniformly), validates them as the form does (`align_run_batch`, then `parse_lab_params`), runs
-the ideal simulation and compares, per draw:
+The formulas (`labs.prediction.predict.lab_prediction`, what `lab predict` prints) are meant to be
+the closed form of the engine the simulator's `ideal` profile runs (`lab run --backend sim
+--sim-profile ideal`). This module checks that where a learner may click, not on presets: it draws
+settings from every field of the form (labs.parameters.params.PARAM_FIELDS: its choices, and its
+numeric ranges log-uniformly), validates them as the form does (`align_run_batch`, then
+`parse_lab_params`), runs the ideal simulation and compares, per draw:
 
 - TTFT mean and median (predicted under the load: `loaded_ttft_s`, `loaded_ttft_p50_s`),
 - TPOT (mean), output tokens/s, and running sequences (the most that ran at once).
@@ -17,8 +17,9 @@ from the run's own engine series (labs.limits.binding_limit): the token budget, 
 the KV pool, the client's concurrency, or a request rate below or above what the engine serves.
 
 Draws are bounded only as the form bounds a run: a simulated run must pass the form's size check
-(labs.sizing.sim_precheck) at DRAW_RUN_MB, and its cost bound (labs.sizing.sim_steps) stay under
-DRAW_STEPS, so a draw costs the CPU a fraction of a second.
+(labs.prediction.sizing.sim_precheck) at DRAW_RUN_MB, and its cost bound
+(labs.prediction.sizing.sim_steps) stay under DRAW_STEPS, so a draw costs the CPU a fraction of a
+second.
 
     python -m labs.form_draws --draws 450 --seed 0       # a table by binding limit
     python -m labs.form_draws --draws 40 --show-misses   # and each miss's settings
@@ -49,9 +50,9 @@ from labs.parameters.params import (
     align_run_batch,
     parse_lab_params,
 )
-from labs.predict import lab_prediction
+from labs.prediction.predict import lab_prediction
+from labs.prediction.sizing import sim_precheck, sim_steps
 from labs.sim.lab import build_simulator
-from labs.sizing import sim_precheck, sim_steps
 
 TOLERANCE = 0.25
 # The form's own size check, at a run budget that keeps one draw cheap.

@@ -193,8 +193,8 @@ METRICS: tuple[Metric, ...] = (
 
 
 def derived_predictions(predicted: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """Predicted values the table compares that the predictor does not name directly (runs
-    stored since labs.predict.lab_prediction have them; older rows get them here). Nothing when
+    """Predicted values the table compares that the predictor does not name directly (runs stored
+    since labs.prediction.predict.lab_prediction have them; older rows get them here). Nothing when
     the run stored why it has no prediction (a server that served a model outside the catalog)."""
     if "no_prediction" in predicted:
         return {}
@@ -221,7 +221,7 @@ def _predicted_breakdown(params: Mapping[str, Any]) -> dict[str, Any] | None:
     """The predicted parts of a run stored before they were (by today's formulas; a figure the
     formulas have changed since shows as "not explained")."""
     from labs.parameters.params import ParamError, parse_lab_params
-    from labs.predict import predicted_breakdown
+    from labs.prediction.predict import predicted_breakdown
 
     try:
         return predicted_breakdown(parse_lab_params(params, ignore_unknown=True))
@@ -473,9 +473,10 @@ def breakdown_bars(
     breakdown: Mapping[str, Any] | None, predicted: Mapping[str, Any] | None = None
 ) -> list[dict[str, Any]]:
     """The stacked bars of a run page: for mean E2E, TTFT and TPOT, each non-zero part with its
-    seconds and share of the total (a negative "unexplained" is listed, not drawn), and beside
-    it the formulas' value of the same part (`predicted`: labs.predict.predicted_breakdown), so
-    that "why they differ" can be checked against both."""
+    seconds and share of the total (a negative "unexplained" is listed, not drawn), and beside it
+    the formulas' value of the same part (`predicted`:
+    labs.prediction.predict.predicted_breakdown), so that "why they differ" can be checked against
+    both."""
     from labs.sim.breakdown import PART_LABELS
 
     bars = []

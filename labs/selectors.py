@@ -218,10 +218,10 @@ def pricing_line(run: LabRun) -> str:
 
 
 def device_prediction(params: LabParams) -> dict[str, object]:
-    """The one prediction (labs.predict.lab_prediction) for these settings, priced by the lab
-    device's own calibration when it has one: the lab page, runs, `lab predict` and personal
-    cards all call this, so they show the same figures."""
-    from labs.device_speculation import lab_prediction_on
+    """The one prediction (labs.prediction.predict.lab_prediction) for these settings, priced by
+    the lab device's own calibration when it has one: the lab page, runs, `lab predict` and
+    personal cards all call this, so they show the same figures."""
+    from labs.prediction.device_speculation import lab_prediction_on
 
     return lab_prediction_on(params, lab_calibration(params))
 

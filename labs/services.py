@@ -50,9 +50,9 @@ from labs.parameters.params import (
     parse_lab_params,
 )
 from labs.parameters.presets import load_presets
+from labs.prediction.sizing import RunTooLarge
 from labs.selectors import device_key, device_prediction, priced_calibration, pricing
 from labs.sim.lab import run_breakdown
-from labs.sizing import RunTooLarge
 from labs.workers import (
     busy_devices,
     devices_online,

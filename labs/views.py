@@ -26,7 +26,7 @@ from labs.forms import LabParamsForm, SweepForm
 from labs.parameters.catalog import CPU_KIND
 from labs.parameters.params import FIELDS_BY_NAME, LabParams, ParamError, parse_lab_params
 from labs.parameters.presets import LABS, Lab, lab_initial, load_presets, rerun_values
-from labs.predict import budget_notice
+from labs.prediction.predict import budget_notice
 from labs.questions import selectors as question_selectors
 from labs.questions import services as questions
 from labs.waterfall import run_waterfalls

@@ -247,7 +247,8 @@ def parse_card(data: Any, label: str, *, expected_slug: str) -> CardSpec:
 
 def parse_check(data: Any, label: str) -> dict[str, Any]:
     """A card's predictor check: either a key of the prediction for some lab params, or a named
-    formula of labs.predict applied to given numbers (for inputs no lab parameter sets)."""
+    formula of labs.prediction.predict applied to given numbers (for inputs no lab parameter
+    sets)."""
     check = _mapping(data, label, "check", ("key", "params", "formula", "args"))
     by_key = isinstance(check.get("key"), str) and isinstance(check.get("params", {}), dict)
     by_formula = isinstance(check.get("formula"), str) and isinstance(check.get("args"), dict)

@@ -47,11 +47,11 @@ NOISE_SEEDS = 2  # extra seeds the neighbour is simulated with, to measure the m
 # The worker's time limits for making one card; the soft limit lets the request record why it
 # stopped.
 CARD_SOFT_TIME_LIMIT_S = 120
-# The lab worker simulates the neighbour once per seed: bound that work by its cost, the
-# simulated steps (labs.sizing.sim_steps, O(1)), so a card that could not be made within the time
+# The lab worker simulates the neighbour once per seed: bound that work by its cost, the simulated
+# steps (labs.prediction.sizing.sim_steps, O(1)), so a card that could not be made within the time
 # limit is refused in the request instead of holding the worker until it fails. A simulated step
-# takes under 10 microseconds on one core (measured on the lab presets and on sandbox runs); a
-# card may use a quarter of its limit, leaving room for a slower or busier worker.
+# takes under 10 microseconds on one core (measured on the lab presets and on sandbox runs); a card
+# may use a quarter of its limit, leaving room for a slower or busier worker.
 SIM_SECONDS_PER_STEP = 10e-6
 MAX_SIM_STEPS = int(CARD_SOFT_TIME_LIMIT_S / 4 / (NOISE_SEEDS + 1) / SIM_SECONDS_PER_STEP)
 MIN_RELATIVE_TOLERANCE = 0.05
@@ -181,8 +181,9 @@ def _neighbour_from_lab(lab: Lab, field: str, params: Mapping[str, Any]) -> Any:
 def _simulate(
     params: Mapping[str, Any], key: str, seeds: list[int], until: float | None = None
 ) -> list[float]:
-    # The lab worker's memory bound: refused by the O(1) estimate before anything is built, and
-    # the address space capped while it runs (labs/sizing.py). `until`: the card's time limit.
+    # The lab worker's memory bound: refused by the O(1) estimate before anything is built, and the
+    # address space capped while it runs (labs/prediction/sizing.py). `until`: the card's time
+    # limit.
     values = []
     for seed in seeds:
         try:
@@ -237,8 +238,8 @@ def _to_simulate(run: LabRun) -> dict[str, Any] | None:
 
 
 def _check_fits_worker(params: Mapping[str, Any]) -> None:
-    """The lab submit's O(1) memory estimate (labs/sizing.py), in the web before anything is
-    queued; the worker checks the neighbouring setting itself again."""
+    """The lab submit's O(1) memory estimate (labs/prediction/sizing.py), in the web before
+    anything is queued; the worker checks the neighbouring setting itself again."""
     try:
         labs_api.simulation_fits(params)
     except ParamError as exc:

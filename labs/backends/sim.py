@@ -12,10 +12,10 @@ from labs.backends.base import Device, Placement, ProgressCallback, RunRecord
 from labs.definitions import definitions
 from labs.parameters.device_calibration import DeviceConstants
 from labs.parameters.params import LabParams
+from labs.prediction.sizing import MB, address_space_limit, sim_precheck
 from labs.sim.engine_model import where_label
 from labs.sim.lab import build_simulator
 from labs.sim.simulator import WHERE
-from labs.sizing import MB, address_space_limit, sim_precheck
 
 # Address space beyond the run's budget: thread stacks and malloc arenas reserve far more than
 # they touch, and numpy's temporaries come and go.

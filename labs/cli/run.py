@@ -2,12 +2,12 @@
 
     python manage.py lab run --backend sim --num-prompts 200 --request-rate 8 --seed 0 --json
 
-With --json, one object: {"backend", "where", "measured": labs.metrics.summarize(...) without
-the chart series, "predicted": labs.predict.lab_prediction(...), "breakdown": where the mean
+With --json, one object: {"backend", "where", "measured": labs.metrics.summarize(...) without the
+chart series, "predicted": labs.prediction.predict.lab_prediction(...), "breakdown": where the mean
 E2E, TTFT and TPOT went (labs/sim/breakdown.py)}. Without it, a table, the breakdown and why
-measured and predicted differ (labs/explain.py, as the run page words it).
-Every lab parameter is an option (labs.cli.add_param_options), validated by parse_lab_params;
-`--sim-profile realistic|ideal` picks the simulator's engine model.
+measured and predicted differ (labs/explain.py, as the run page words it). Every lab parameter is
+an option (labs.cli.add_param_options), validated by parse_lab_params; `--sim-profile
+realistic|ideal` picks the simulator's engine model.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any, Protocol, TextIO, runtime_checkable
 
 from labs.backends import BACKENDS, get_backend
 from labs.cli import add_param_options, params_from_args, stored_calibration
-from labs.device_speculation import lab_prediction_on
 from labs.metrics import SLO_KEYS, summarize
 from labs.parameters.params import LabParams, ParamError, align_run_batch
+from labs.prediction.device_speculation import lab_prediction_on
 from labs.results import load_label
 from labs.sim.lab import run_breakdown
 
@@ -194,7 +194,7 @@ def format_table(
     else:
         pricing = f" for {predicted_for(params)}" if params is not None else ""
         lines = [
-            f"measured: {where}; predicted{pricing}: closed-form formulas (labs/predict.py),"
+            f"measured: {where}; predicted{pricing}: closed-form formulas (labs/prediction/),"
             " TTFT and E2E under this load (queueing included)"
         ]
     column = "predicted" if has_prediction else ""

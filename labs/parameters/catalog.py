@@ -45,7 +45,8 @@ class ModelSpec:
     `params` counts every weight; for a mixture-of-experts model `active_params` counts those one
     token passes through (shared layers plus `experts_per_token` experts), which sets its FLOPs.
     Both include the vocabulary tables (input embedding and LM head, vocab x hidden each, one
-    shared table when `tied_embeddings`), which the formulas price apart (labs/predict.py).
+    shared table when `tied_embeddings`), which the formulas price apart
+    (labs/prediction/predict.py).
     """
 
     name: str

@@ -9,7 +9,7 @@ The published calibration every other device keeps is labs/sim/published_calibra
 
 A worker that calibrates itself (a sweep on its own vLLM engine, fitted with the code of
 labs/sim/published_calibration.py) stores a `labs.models.DeviceCalibration` row;
-`DeviceConstants` is that row as plain data, so the predictor (labs/predict.py) and the
+`DeviceConstants` is that row as plain data, so the predictor (labs/prediction/predict.py) and the
 simulator's engine model (labs/sim/engine_model.py) can take it as an argument without importing
 Django.
 

@@ -25,6 +25,10 @@ request waiting for the step in progress when it arrives; near capacity a queue 
 formula for R servers), and above capacity the queue grows for the whole run.
 
 Standard library and numpy only.
+
+Why one module: what a run under load does is one chain of closed forms (admission, batch, step
+time, latency percentiles) whose parts call each other in both directions; docs/prediction.md
+follows it in this order.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ settings of each point it asks about, and write it back byte for byte.
 
 Every point a question asks (its own settings, each neighbour, and for a ratio each one's baseline)
 must be a run the lab accepts (labs.parameters.params) and small enough to simulate ahead of time
-on the lab worker (labs.sizing.sim_steps): a bad file is refused, naming the file and the field. No
-ORM.
+on the lab worker (labs.prediction.sizing.sim_steps): a bad file is refused, naming the file and
+the field. No ORM.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from labs.parameters.params import (
     parse_lab_params,
 )
 from labs.parameters.presets import LABS, Lab, lab_initial, load_presets
+from labs.prediction.sizing import sim_steps
 from labs.questions.figures import FIGURES, Figure
-from labs.sizing import sim_steps
 
 SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 KEYS = (
@@ -43,7 +43,7 @@ KEYS = (
     "neighbours",
 )
 # One simulation of a point must stay well inside a lab worker's turn: at under 10 microseconds
-# a simulated step (labs.sizing.sim_steps), this is about 5 s of one core.
+# a simulated step (labs.prediction.sizing.sim_steps), this is about 5 s of one core.
 MAX_SIM_STEPS = 500_000
 MAX_NEIGHBOURS = 6
 

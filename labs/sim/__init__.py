@@ -9,7 +9,7 @@ Pure Python and numpy; never imports Django (tests/labs/sim/test_purity.py check
     rules.py       the scheduling rules, stated once: budget, blocks, admission, sampling
     scheduler.py   applies them a step at a time: running first, FCFS admission, preemption
     engine_model.py  step time and its parts on the realistic or ideal profile (calibration.yaml)
-    cost_model.py  the cost-model interface; the ideal profile is labs.predict.step_time_s
+    cost_model.py  the cost-model interface; the ideal one is labs.prediction.predict.step_time_s
     breakdown.py   where each request's time went, charged step by step
     calibration.py the published vLLM runs of calibration.yaml, replayed (and the fit)
     simulator.py   the event loop; returns a RunRecord (labs/backends/base.py)

@@ -33,7 +33,7 @@ import numpy as np
 from labs.backends.base import RequestRecord
 
 # The breakdown's parts, in the order a stacked bar shows them (the predictor's parts too).
-from labs.predict import BREAKDOWN_PARTS
+from labs.prediction.predict import BREAKDOWN_PARTS
 from labs.sim.engine_model import PARTS
 from labs.sim.entities import RequestTable
 from labs.sim.scheduler import SchedulerOutput

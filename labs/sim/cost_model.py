@@ -6,8 +6,8 @@ A cost model prices a step from its SchedulerOutput. Two exist:
   and per-sequence costs, attention, tensor-parallel all-reduces, calibrated to published vLLM
   runs (labs/sim/calibration.yaml). The simulator's default.
 - `RooflineCostModel` (= EngineModel on the `ideal` profile): the predictor's own
-  `labs.predict.step_time_s`, so the simulator then differs from the formulas only through
-  queueing, batching and chunking:
+  `labs.prediction.predict.step_time_s`, so the simulator then differs from the formulas only
+  through queueing, batching and chunking:
 
       step = max(2 x active params x (prefill + verified tokens) / FLOP/s,
                  (weights read once + each sequence's KV read) / bandwidth)
@@ -92,7 +92,7 @@ def build_cost_model(
     own fitted constants when the lab's GPU has them (labs/parameters/device_calibration.py)."""
     if engine.sim_profile == "ideal":
         # The engine the predicted column describes: with the device's own knobs where it has a
-        # calibration, as labs.predict.predict applies them.
+        # calibration, as labs.prediction.predict.predict applies them.
         if device is not None:
             engine = device.predictor_engine(engine)
         return RooflineCostModel(hardware, model, engine)

@@ -1,11 +1,11 @@
 """The engine model: how long a vLLM step takes on the GPU the lab names, and what it is made of.
 
-The predictor (labs/predict.py) prices a step at the roofline: max(compute, memory) at peak
-FLOP/s and bandwidth. Real kernels fall short of that, a step has CPU and launch costs, and a
+The predictor (labs/prediction/predict.py) prices a step at the roofline: max(compute, memory) at
+peak FLOP/s and bandwidth. Real kernels fall short of that, a step has CPU and launch costs, and a
 tensor-parallel replica talks between GPUs. This module adds those terms, each a named function
 with its constants in labs/sim/calibration.yaml (every constant cites the public vLLM runs it was
-fitted to; docs/engine-model.md explains them, and
-`python -m labs.sim.published_calibration --report` prints each run's error):
+fitted to; docs/engine-model.md explains them, and `python -m labs.sim.published_calibration
+--report` prints each run's error):
 
     step = linear layers      max(2 x (layer params x tokens / gemm_efficiency(tokens)
                                        + LM head x sampled / gemm_efficiency(sampled)) / FLOP/s,
@@ -61,7 +61,7 @@ from numpy.typing import ArrayLike
 from labs.parameters.catalog import CPU_KIND, WEIGHT_DTYPE_BYTES, Hardware, ModelSpec
 from labs.parameters.device_calibration import DeviceConstants
 from labs.parameters.params import EngineConfig
-from labs.predict import (
+from labs.prediction.predict import (
     compute_rate,
     kv_bytes_per_token,
     kv_replication,
@@ -425,8 +425,8 @@ def layer_params(model: ModelSpec) -> float:
 
 
 def vocab_weight_bytes_read(model: ModelSpec, weight_dtype: str, num_tokens: int) -> float:
-    """labs.predict.weight_bytes_read with the embedding table read as a lookup: the rows of
-    the step's tokens instead of the whole table."""
+    """labs.prediction.predict.weight_bytes_read with the embedding table read as a lookup: the
+    rows of the step's tokens instead of the whole table."""
     table = embedding_table_params(model)
     rows = min(max(num_tokens, 1), model.vocab_size or 0) * model.hidden_size if table else 0
     unread = (table - rows) * WEIGHT_DTYPE_BYTES[weight_dtype]
@@ -664,7 +664,7 @@ class EngineModel:
     def _roofline_s(
         self, knobs: bool, num_tokens: int, num_logits: int, kv: Any, overhead: bool = True
     ) -> Any:
-        """labs.predict.step_time_s, vectorised over the steps' KV reads: at peak with no
+        """labs.prediction.predict.step_time_s, vectorised over the steps' KV reads: at peak with no
         overhead (`knobs` False, the "ideal" part) or with the lab's efficiencies."""
         terms = self._terms(num_tokens, num_logits)
         compute = terms.knob_compute_s if knobs else terms.peak_compute_s
@@ -674,7 +674,7 @@ class EngineModel:
 
     def _seq_s(self, num_seqs: int) -> float:
         """The ideal profile's per-sequence cost: the lab's `seq_overhead_s` (0 unless a device
-        calibration set it), as labs.predict.step_time_s charges it."""
+        calibration set it), as labs.prediction.predict.step_time_s charges it."""
         return self.engine.seq_overhead_s * num_seqs
 
     def _kernels_s(self, num_tokens: int, num_logits: int, kv: Any, pairs: Any) -> Any:

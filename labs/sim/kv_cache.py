@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from labs.predict import blocks_for_tokens
+from labs.prediction.predict import blocks_for_tokens
 from labs.sim.block_pool import BlockKey, BlockPool
 from labs.sim.entities import RequestTable
 

@@ -19,7 +19,7 @@ import numpy as np
 from labs.backends.base import ProgressCallback, RunRecord
 from labs.parameters.device_calibration import DeviceConstants
 from labs.parameters.params import LabParams, ParamError
-from labs.predict import kv_capacity_tokens
+from labs.prediction.predict import kv_capacity_tokens
 from labs.sim.cost_model import build_cost_model
 from labs.sim.engine_model import Calibration, load_calibration
 from labs.sim.scheduler import SchedulerConfig

@@ -697,9 +697,10 @@ def format_hosts(cal: Calibration) -> str:
     return "\n".join(lines)
 
 
-# What the formulas (labs/predict.py) give for each kind of published figure: the predictor key
-# beside a metric of the summary. The formulas price the ideal engine on purpose; their gap to a
-# published run is what the labs teach, and the page quotes it beside the formula's figures.
+# What the formulas (labs/prediction/predict.py) give for each kind of published figure: the
+# predictor key beside a metric of the summary. The formulas price the ideal engine on purpose;
+# their gap to a published run is what the labs teach, and the page quotes it beside the formula's
+# figures.
 FORMULA_KEYS = {
     "ttft_s.p50": "loaded_ttft_p50_s",
     "ttft_s.mean": "loaded_ttft_s",
@@ -711,7 +712,7 @@ FORMULA_KEYS = {
 
 
 def _formula_run(settings: Mapping[str, Any], metric: str) -> float | None:
-    from labs.predict import predict
+    from labs.prediction.predict import predict
 
     key = FORMULA_KEYS.get(metric)
     if key is None:

@@ -29,7 +29,7 @@ from typing import TypeVar, overload
 
 import numpy as np
 
-from labs.predict import blocks_for_tokens
+from labs.prediction.predict import blocks_for_tokens
 
 Tokens = TypeVar("Tokens", int, np.ndarray)
 

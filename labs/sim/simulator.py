@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from labs.backends.base import RequestRecord, RunRecord
-from labs.predict import blocks_for_tokens
+from labs.prediction.predict import blocks_for_tokens
 from labs.sim.breakdown import BreakdownAccumulator
 from labs.sim.cost_model import CostModel, step_parts_s
 from labs.sim.decode_run import advance_decode_run

@@ -36,7 +36,7 @@ def main() -> None:
         run_summary,
         settings_params,
     )
-    from labs.predict import lab_prediction
+    from labs.prediction.predict import lab_prediction
     from labs.workers import announced_cpu_figures
 
     base = {**CPU_BASE, **announced_cpu_figures(cpu.inventory_dict())}

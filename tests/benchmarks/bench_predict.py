@@ -8,7 +8,7 @@ and read the Median column (microseconds).
 from __future__ import annotations
 
 from labs.parameters.params import parse_lab_params
-from labs.predict import predict
+from labs.prediction.predict import predict
 
 # A busy lab: a 70B model on 4 GPUs, long prompts chunked, speculation, many sequences.
 SLIDERS = {

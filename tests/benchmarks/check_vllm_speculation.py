@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from labs.backends.vllm.server import synthetic_acceptance_rates
-from labs.predict import spec_tokens_per_step
+from labs.prediction.predict import spec_tokens_per_step
 
 STEPS = 1_000_000
 

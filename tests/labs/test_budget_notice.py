@@ -1,5 +1,6 @@
 """The lab page says, before the learner presses Run, when the step's token budget
-(max_num_batched_tokens) serialises the engine or caps its batch (labs.predict.budget_notice)."""
+(max_num_batched_tokens) serialises the engine or caps its batch
+(labs.prediction.predict.budget_notice)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from django.urls import reverse
 
 from labs.parameters.params import align_run_batch, parse_lab_params
 from labs.parameters.presets import LABS
-from labs.predict import budget_notice, lab_prediction
+from labs.prediction.predict import budget_notice, lab_prediction
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 # The Chunked prefill lab with chunked prefill off and the budget its refusal asks for: the

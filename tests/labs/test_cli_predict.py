@@ -14,7 +14,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from labs.predict import Prediction
+from labs.prediction.predict import Prediction
 from tests.cli import Completed, manage
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,8 +41,9 @@ def test_it_prints_one_json_object_with_the_issues_keys():
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.strip().splitlines()) == 1
     result = json.loads(done.stdout)
-    # Every key of the prediction (test_predict checks that these include the issue's), and
-    # what the run page compares beside them: the one prediction (labs.predict.lab_prediction).
+    # Every key of the prediction (test_predict checks that these include the issue's), and what
+    # the run page compares beside them: the one prediction
+    # (labs.prediction.predict.lab_prediction).
     assert set(result) == PREDICTION_KEYS | {"prefix_hit_rate", "breakdown"}
     assert result["breakdown"]["ttft_s"]["total"] == result["loaded_ttft_s"]
     # The seed numbers come through the command unchanged.

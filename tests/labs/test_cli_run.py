@@ -10,7 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from labs.predict import Prediction
+from labs.prediction.predict import Prediction
 from tests.cli import Completed, manage
 from tests.labs.vllm.conftest import _idle_fakes, fake_server  # noqa: F401 (fixtures)
 
@@ -59,8 +59,8 @@ def test_it_prints_one_json_object_with_the_issues_keys():
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
         assert set(result["measured"][key]) == STATS
     assert result["measured"]["completed"] == 20
-    # The one prediction every page shows (labs.predict.lab_prediction): every Prediction field,
-    # the rates the table compares and the predicted breakdown.
+    # The one prediction every page shows (labs.prediction.predict.lab_prediction): every
+    # Prediction field, the rates the table compares and the predicted breakdown.
     assert set(result["predicted"]) >= {f.name for f in Prediction.__dataclass_fields__.values()}
     assert result["predicted"]["breakdown"]["e2e_s"]["total"] == result["predicted"]["loaded_e2e_s"]
 

@@ -15,7 +15,7 @@ from labs.models import DeviceCalibration, RunState
 from labs.parameters.catalog import GPUS, MODELS
 from labs.parameters.device_calibration import DeviceConstants, check_constants, cpu_device_key
 from labs.parameters.params import parse_lab_params
-from labs.predict import lab_prediction, predict
+from labs.prediction.predict import lab_prediction, predict
 from labs.selectors import device_calibration
 from labs.sim.engine_model import load_calibration, with_device
 from tests.labs.factories import SMALL, make_run

@@ -29,7 +29,7 @@ from labs.limits import ARRIVALS, BUDGET, HELD, KV, SEQS
 from labs.metrics import summarize
 from labs.parameters.catalog import GPUS
 from labs.parameters.params import ParamError, align_run_batch, parse_lab_params
-from labs.predict import lab_prediction
+from labs.prediction.predict import lab_prediction
 from labs.results import compare, headline
 from labs.sim.lab import build_simulator, run_breakdown
 from tests.budget import examples

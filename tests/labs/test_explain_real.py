@@ -13,7 +13,7 @@ import pytest
 from labs.explain import ENGINE_TIME, OCCUPANCY, running_mean
 from labs.metrics import summarize
 from labs.parameters.params import ParamError, align_run_batch, parse_lab_params
-from labs.predict import lab_prediction
+from labs.prediction.predict import lab_prediction
 from labs.results import compare
 from labs.sim.lab import run_breakdown
 from tests.budget import examples

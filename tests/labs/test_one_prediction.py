@@ -1,5 +1,5 @@
 """One prediction everywhere: the lab page, the run page, `lab predict` and a personal card show
-the same predicted figures for the same settings (labs.predict.lab_prediction)."""
+the same predicted figures for the same settings (labs.prediction.predict.lab_prediction)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from labs import services
 from labs.models import DeviceCalibration, LabRun, RunState
 from labs.parameters.params import FIELDS_BY_NAME, parse_lab_params
 from labs.parameters.presets import LABS, lab_initial
-from labs.predict import lab_prediction
+from labs.prediction.predict import lab_prediction
 from labs.results import format_value
 from quiz import personal
 from tests.labs.factories import make_heartbeat

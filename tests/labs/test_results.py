@@ -154,7 +154,7 @@ def test_every_part_of_where_the_time_went_has_a_colour_on_the_run_page():
     """A part without its .part-<name> rule draws as an empty segment of the stacked bar."""
     from pathlib import Path
 
-    from labs.predict import BREAKDOWN_PARTS
+    from labs.prediction.predict import BREAKDOWN_PARTS
 
     css = (Path(__file__).resolve().parents[2] / "static" / "css" / "labs.css").read_text()
     missing = [p for p in (*BREAKDOWN_PARTS, "unexplained") if f".part-{p} {{" not in css]

@@ -12,7 +12,7 @@ from labs.backends.base import RunRecord
 from labs.backends.sim import SimBackend
 from labs.metrics import summarize
 from labs.parameters.params import LabParams, parse_lab_params
-from labs.predict import predict, spec_speedup
+from labs.prediction.predict import predict, spec_speedup
 
 PROFILES = pytest.mark.parametrize("profile", ["realistic", "ideal"])
 

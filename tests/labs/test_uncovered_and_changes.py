@@ -9,7 +9,7 @@ from django.urls import reverse
 from labs import results, selectors, services
 from labs.models import RunState
 from labs.parameters.params import align_run_batch, parse_lab_params
-from labs.predict import lab_prediction
+from labs.prediction.predict import lab_prediction
 from tests.labs.factories import make_run
 
 # A paged pool that holds 8 sequences at full length and admits 64 on their prompts.

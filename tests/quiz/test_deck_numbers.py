@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-import labs.predict
+import labs.prediction.predict
 from labs.parameters.params import parse_lab_params
-from labs.predict import predict
+from labs.prediction.predict import predict
 from quiz.content import CardSpec, read_tree
 
 CONTENT = Path(settings.BASE_DIR) / "content"
@@ -57,7 +57,7 @@ def predicted_base(check: dict, where: str) -> float:
     if "formula" in check:
         # A public formula of the predictor applied to numbers the question gives.
         name = check["formula"]
-        formula = getattr(labs.predict, name, None)
+        formula = getattr(labs.prediction.predict, name, None)
         assert callable(formula) and not name.startswith("_"), f"{where}: no formula {name!r}"
         key, value = name, formula(**check["args"])
     else:

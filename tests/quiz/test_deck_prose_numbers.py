@@ -9,8 +9,9 @@ time, E2E, batch speedup, speculative tokens per pass and speedup.
 Each row names a card, a snippet exactly as the card's file spells it (so editing the prose breaks
 the row, and someone has to look again), the predictor quantity behind it, and the value the
 snippet states in a unit, with a tolerance that accepts the snippet's rounding. A quantity is a
-predictor key for lab parameters (`Key`), a public formula of `labs.predict` (`Formula`), or simple
-arithmetic of those with the counts the card states (`Key(...) * 32`, `Key(a) / Key(b)`).
+predictor key for lab parameters (`Key`), a public formula of `labs.prediction.predict`
+(`Formula`), or simple arithmetic of those with the counts the card states (`Key(...) * 32`,
+`Key(a) / Key(b)`).
 
 Left out on purpose, because the predictor does not compute them: published measurements and paper
 figures (PagedAttention's 20.4-38.2 % and < 4 %, vLLM's ~1.5x spec gain), measured load-test inputs
@@ -74,7 +75,7 @@ class Key(Quantity):
 
 @dataclass(frozen=True, eq=False)
 class Formula(Quantity):
-    """A public formula of `labs.predict`, as a card's `check: {formula, args}`."""
+    """A public formula of `labs.prediction.predict`, as a card's `check: {formula, args}`."""
 
     name: str
     args: Mapping[str, Any]

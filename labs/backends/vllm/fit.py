@@ -25,7 +25,7 @@ from labs.backends.base import Device
 from labs.backends.vllm.server import MODELS_DIR, _max_model_len
 from labs.parameters.catalog import GB, KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, ModelSpec
 from labs.parameters.params import LabParams
-from labs.predict import blocks_for_tokens
+from labs.prediction.predict import blocks_for_tokens
 
 MAX_TP = 8  # the largest single-node worker the checks suggest
 # What a GPU holds before vLLM measures its free memory: the CUDA context, cuBLAS/NCCL

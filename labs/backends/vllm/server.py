@@ -58,7 +58,7 @@ from labs.backends.vllm.cpu import cpu_args, cpu_refusals, made_model
 from labs.backends.vllm.identity import MODELS_DIR, differences
 from labs.parameters.catalog import CPU_KIND, KV_DTYPE_BYTES, ModelSpec
 from labs.parameters.params import LabParams, ParamError
-from labs.predict import spec_tokens_per_step
+from labs.prediction.predict import spec_tokens_per_step
 
 logger = logging.getLogger(__name__)
 

@@ -21,12 +21,12 @@ import numpy as np
 from labs.form_draws import DRAW_RUN_MB, draw_values
 from labs.parameters.device_calibration import DeviceConstants
 from labs.parameters.params import LabParams, ParamError, align_run_batch, parse_lab_params
+from labs.prediction.sizing import sim_precheck, sim_steps
 from labs.sim.lab import build_simulator
-from labs.sizing import sim_precheck, sim_steps
 
 T = TypeVar("T")
-# The most simulated work (labs.sizing.sim_steps) a draw may take: step by step, a fraction of
-# a second.
+# The most simulated work (labs.prediction.sizing.sim_steps) a draw may take: step by step, a
+# fraction of a second.
 MAX_STEPS = 4000
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from labs.backends.sim import SimBackend
 from labs.metrics import summarize
 from labs.parameters.params import parse_lab_params
-from labs.predict import predict
+from labs.prediction.predict import predict
 from labs.sim.breakdown import BREAKDOWN_PARTS
 from labs.sim.lab import build_simulator
 from tests.budget import examples

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from labs.metrics import summarize
 from labs.parameters.catalog import GPUS, MODELS, Hardware
 from labs.parameters.params import EngineConfig, parse_lab_params
-from labs.predict import step_time_s
+from labs.prediction.predict import step_time_s
 from labs.sim.cost_model import RooflineCostModel, build_cost_model
 from labs.sim.engine_model import (
     CALIBRATION_PATH,

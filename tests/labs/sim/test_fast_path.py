@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from labs.backends.base import RunRecord
 from labs.parameters.params import parse_lab_params
-from labs.predict import blocks_for_tokens
+from labs.prediction.predict import blocks_for_tokens
 from labs.sim.cost_model import build_cost_model
 from labs.sim.scheduler import SchedulerConfig
 from labs.sim.simulator import Simulator

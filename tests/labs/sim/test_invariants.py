@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from labs.predict import blocks_for_tokens
+from labs.prediction.predict import blocks_for_tokens
 from labs.sim.entities import RequestStatus
 from labs.sim.simulator import StepInfo
 from tests.budget import examples

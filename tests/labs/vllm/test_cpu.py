@@ -362,7 +362,7 @@ def test_a_cpu_run_is_queued_for_the_cpu_worker(alice_client, cpu_worker_online)
 def test_a_cpu_run_is_priced_by_the_calibration_of_the_cpu_worker_online(cpu_worker_online):
     from labs.models import DeviceCalibration
     from labs.parameters.device_calibration import cpu_device_key
-    from labs.predict import lab_prediction
+    from labs.prediction.predict import lab_prediction
     from labs.selectors import device_key, device_prediction
     from tests.labs.test_device_calibration import SLOW
 

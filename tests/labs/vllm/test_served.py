@@ -19,7 +19,7 @@ from labs.backends.vllm.served import NOT_IN_CATALOG, catalog_match, read_served
 from labs.backends.vllm.server import MODELS_DIR
 from labs.parameters.catalog import LAB_MODEL_SHAPES
 from labs.parameters.params import parse_lab_params
-from labs.predict import lab_prediction, predict
+from labs.prediction.predict import lab_prediction, predict
 
 SMALL = ("--num-prompts", "4", "--prompt-tokens", "64", "--output-tokens", "8")
 SMALL += ("--max-tokens", "16", "--seed", "5")

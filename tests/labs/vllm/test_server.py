@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from labs.backends.vllm import server as srv
 from labs.backends.vllm.loadgen import plan_requests
 from labs.parameters.params import ParamError, parse_lab_params
-from labs.predict import spec_tokens_per_step
+from labs.prediction.predict import spec_tokens_per_step
 from tests.labs.vllm.conftest import STANDIN, StandIn, alive, wait_gone
 
 SMALL = {"model": "qwen2.5-0.5b", "prompt_tokens": 100, "output_tokens": 20, "max_tokens": 40}

@@ -1,5 +1,5 @@
-"""docs/prediction.md's worked examples, each number recomputed by labs/predict.py: the page
-derives the formulas, and a learner who follows its arithmetic gets what the lab predicts."""
+"""docs/prediction.md's worked examples, each number recomputed by labs/prediction/predict.py: the
+page derives the formulas, and a learner who follows its arithmetic gets what the lab predicts."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from labs.parameters.params import align_run_batch, parse_lab_params
-from labs.predict import predict, prefill_time_s, spec_tokens_per_step
 from labs.prediction.load import Pricer, cycle, first_wave, request_shape
+from labs.prediction.predict import predict, prefill_time_s, spec_tokens_per_step
 
-DOC = (Path(__file__).resolve().parents[2] / "docs" / "prediction.md").read_text()
+DOC = (Path(__file__).resolve().parents[3] / "docs" / "prediction.md").read_text()
 H100_8B = {"model": "llama-3-8b", "gpu": "h100-sxm"}
 
 

@@ -1,4 +1,4 @@
-"""labs.predict against the seeds' worked answers, hand arithmetic and invariants.
+"""labs.prediction.predict against the seeds' worked answers, hand arithmetic and invariants.
 
 Expected values come from the seed files tests/quiz/fixtures/000_36de575bee6c4e63.txt and
 003_069e362ba7a89ee1.txt (quoted beside each test) or from arithmetic written out in the test,
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from labs.parameters.catalog import GPUS, MODELS
 from labs.parameters.params import FIELDS_BY_NAME, EngineConfig, LabParams, parse_lab_params
-from labs.predict import (
+from labs.prediction.predict import (
     blocks_for_tokens,
     closed_loop_wait_s,
     decode_step_time,
@@ -424,7 +424,7 @@ def test_a_decode_step_never_gets_faster_with_more_sequences_or_longer_contexts(
 
 def test_predict_params_and_catalog_import_no_django_and_nothing_but_numpy():
     code = (
-        "import sys, labs.predict, labs.parameters.params, labs.parameters.catalog\n"
+        "import sys, labs.prediction.predict, labs.parameters.params, labs.parameters.catalog\n"
         "print('\\n'.join(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     loaded = subprocess.run(
@@ -713,7 +713,7 @@ def test_the_predicted_parts_add_up_to_the_figures_the_pages_show(
     compute_efficiency,
     rate,
 ):
-    from labs.predict import lab_prediction
+    from labs.prediction.predict import lab_prediction
 
     data = {
         "max_num_seqs": max_num_seqs,

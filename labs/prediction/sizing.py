@@ -5,7 +5,7 @@ proportion to the learner's numbers (a 10^10-token KV pool, a million prompts): 
 here does a handful of integer operations, whatever the parameters.
 
 What a run holds at its peak (measured with tracemalloc on the simulator, see
-tests/labs/test_sizing.py for the check that these stay upper bounds):
+tests/labs/prediction/test_sizing.py for the check that these stay upper bounds):
 
 - the KV pool: about 140 bytes per block (free queue entry, reference count, cache key);
 - every streamed chunk until the run ends: about 95 bytes (measured on the simulator as of
@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from labs.parameters.params import LabParams, ParamError
-from labs.predict import blocks_for_tokens, kv_capacity_tokens
+from labs.prediction.predict import blocks_for_tokens, kv_capacity_tokens
 
 MB = 1024 * 1024
 BASE_BYTES = 16 * MB

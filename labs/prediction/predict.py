@@ -84,8 +84,8 @@ from labs.prediction.steps import (
 if TYPE_CHECKING:
     from labs.parameters.device_calibration import DeviceConstants
 
-# The formulas' public names: the deck's cards cite them as labs.predict.<name>, the simulator
-# prices its ideal steps with them.
+# The formulas' public names: the deck's cards cite them as labs.prediction.predict.<name>, the
+# simulator prices its ideal steps with them.
 __all__ = [
     "BREAKDOWN_PARTS",
     "BudgetSteady",

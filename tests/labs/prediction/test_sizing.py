@@ -14,7 +14,7 @@ from labs.backends.sim import SimBackend
 from labs.metrics import summarize
 from labs.models import LabRun, RunState
 from labs.parameters.params import ParamError, parse_lab_params
-from labs.sizing import (
+from labs.prediction.sizing import (
     BASE_BYTES,
     MB,
     RunTooLarge,

@@ -1,4 +1,4 @@
-"""Speculation as a CPU worker's engine runs it (labs/device_speculation.py,
+"""Speculation as a CPU worker's engine runs it (labs/prediction/device_speculation.py,
 labs/device_calibration_sweep.py ngram_drafting): its calibration measures how its ngram
 proposer drafts (acceptance where it drafted, share of steps that did) and the CPU time drafting
 adds to every step; an ngram run on that device is predicted from those, not from the lab's
@@ -12,10 +12,14 @@ from datetime import date
 import pytest
 
 from labs.device_calibration_sweep import SWEEP, Measured, ngram_drafting, point_params
-from labs.device_speculation import draft_acceptance_rate, lab_prediction_on, priced_params
 from labs.parameters.device_calibration import DeviceConstants, check_constants
 from labs.parameters.params import parse_lab_params
-from labs.predict import decode_step_time, spec_tokens_per_step
+from labs.prediction.device_speculation import (
+    draft_acceptance_rate,
+    lab_prediction_on,
+    priced_params,
+)
+from labs.prediction.predict import decode_step_time, spec_tokens_per_step
 
 CPU = {"gpu": "cpu", "hbm_gb": 25, "bandwidth_tbs": 0.016, "tflops": 0.16}
 RUN = {

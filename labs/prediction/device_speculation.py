@@ -24,7 +24,7 @@ from dataclasses import replace
 from labs.parameters.catalog import CPU_KIND
 from labs.parameters.device_calibration import DeviceConstants, every_step_acceptance
 from labs.parameters.params import LabParams
-from labs.predict import decode_step_time, lab_prediction, spec_tokens_per_step
+from labs.prediction.predict import decode_step_time, lab_prediction, spec_tokens_per_step
 
 
 def _drafts_as_measured(params: LabParams, device: DeviceConstants | None) -> bool:
@@ -75,8 +75,8 @@ def draft_acceptance_rate(params: LabParams, device: DeviceConstants | None) -> 
 
 
 def lab_prediction_on(params: LabParams, device: DeviceConstants | None) -> dict[str, object]:
-    """labs.predict.lab_prediction on the lab's device: priced by its calibration, and an ngram
-    run on a calibrated CPU worker as its engine drafts."""
+    """labs.prediction.predict.lab_prediction on the lab's device: priced by its calibration, and
+    an ngram run on a calibrated CPU worker as its engine drafts."""
     values = lab_prediction(priced_params(params, device), device)
     rate = draft_acceptance_rate(params, device)
     if rate is not None:
