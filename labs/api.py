@@ -20,7 +20,7 @@ from django.urls import reverse
 
 from labs import hooks, results, selectors, services, turns
 from labs.backends import get_backend
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.parameters.params import ParamError, parse_lab_params
 from labs.parameters.presets import LABS, Lab
@@ -138,10 +138,10 @@ def simulation_steps(values: Mapping[str, Any]) -> int:
 
 
 def simulate(values: Mapping[str, Any], *, until: float | None = None) -> dict[str, Any]:
-    """Simulate lab settings as a lab worker does (within its memory allowance): the run's
-    summary (labs.metrics.summarize). `until`, a time.monotonic() deadline: past it the simulation
-    stops with SoftTimeLimitExceeded, as a worker's soft time limit would stop it (for work that
-    holds itself to a shorter limit than the turn it runs in, see `send_turn`).
+    """Simulate lab settings as a lab worker does (within its memory allowance): the run's summary
+    (labs.measurement.metrics.summarize). `until`, a time.monotonic() deadline: past it the
+    simulation stops with SoftTimeLimitExceeded, as a worker's soft time limit would stop it (for
+    work that holds itself to a shorter limit than the turn it runs in, see `send_turn`).
 
     Raises:
         ParamError: settings that cannot run or are too large (RunTooLarge among them).

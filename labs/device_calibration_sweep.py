@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.parameters.catalog import CPU_KIND
 from labs.parameters.device_calibration import (
     CONSTANT_BOUNDS,
@@ -44,7 +44,7 @@ class SweepPoint:
     role: str  # "fit" | "held_out", fixed before any measurement
     what: str
     changes: Mapping[str, Any]  # lab parameters over the base settings
-    metric: str  # a dotted key of labs.metrics.summarize
+    metric: str  # a dotted key of labs.measurement.metrics.summarize
 
 
 # Small on purpose: the CPU vLLM worker must finish it in minutes. Prompt and output lengths are
@@ -154,7 +154,7 @@ def point_params(base: Mapping[str, Any], point: SweepPoint) -> LabParams:
 
 
 def run_summary(record: RunRecord) -> dict[str, Any]:
-    """labs.metrics.summarize, plus what the simulator is told of a speculative run: the
+    """labs.measurement.metrics.summarize, plus what the simulator is told of a speculative run: the
     decode tokens made (every output token after each request's first) and the drafts the
     engine accepted (its counter; None where it reported none), and how many times it drafted
     (its drafts counter, for `drafted_share`)."""

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from labs.limits import BUDGET, KV, SEQS, UNCLEAR, Caps, binding_limit
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.parameters.catalog import GPUS, MODELS
 from labs.parameters.params import (
     FIELDS_BY_NAME,
@@ -59,7 +59,7 @@ TOLERANCE = 0.25
 DRAW_RUN_MB = 48
 DRAW_STEPS = 60_000
 
-# metric -> (measured path in labs.metrics.summarize, predicted key in lab_prediction)
+# metric -> (measured path in labs.measurement.metrics.summarize, predicted key in lab_prediction)
 METRICS: dict[str, tuple[tuple[str, ...], str]] = {
     "ttft_mean": (("ttft_s", "mean"), "loaded_ttft_s"),
     "ttft_p50": (("ttft_s", "p50"), "loaded_ttft_p50_s"),

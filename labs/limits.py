@@ -3,9 +3,9 @@
 A request waits before its first step for one of four things: a free slot (max_num_seqs), room in
 the KV pool for its prompt, room in the step's token budget (max_num_batched_tokens, whole prompts
 only when chunked prefill is off), or nothing at all: the arrivals (concurrency, rate) never sent
-more than the engine took. The engine series (labs.metrics: running, waiting, KV usage and, from
-the simulator, tokens per step) shows which: while requests waited, which cap stood at its limit,
-and for how long. `ramp` reads the same series for ramp-up and drain.
+more than the engine took. The engine series (labs.measurement.metrics: running, waiting, KV usage
+and, from the simulator, tokens per step) shows which: while requests waited, which cap stood at
+its limit, and for how long. `ramp` reads the same series for ramp-up and drain.
 
 Pure functions over the stored summary and parameters; no Django.
 """

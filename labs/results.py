@@ -379,7 +379,7 @@ def _explain(
     return explain.explain_counter(m.measured, measured, predicted, summary, unit_fmt, evidence)
 
 
-# Peaks read from the server's polled gauges (labs.metrics: gauges_unobserved).
+# Peaks read from the server's polled gauges (labs.measurement.metrics: gauges_unobserved).
 GAUGE_PEAKS = ("max_running_seqs", "kv_usage_peak")
 
 

@@ -40,7 +40,7 @@ from labs.backends import (
 )
 from labs.backends.base import Phase, ProgressCallback
 from labs.calibration_progress import busy_words
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.parameters.params import (
     FIELDS_BY_NAME,

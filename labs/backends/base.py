@@ -229,7 +229,8 @@ class EngineCounters:
 
 @dataclass
 class RunRecord:
-    """Everything one backend run produced; `labs.metrics.summarize` turns it into numbers."""
+    """Everything one backend run produced; `labs.measurement.metrics.summarize` turns it into
+    numbers."""
 
     backend: str  # "sim" | "vllm"
     where: str  # "simulated on CPU" | "vLLM 0.33.0 on NVIDIA H100 80GB HBM3"

@@ -2,11 +2,11 @@
 
     python manage.py lab run --backend sim --num-prompts 200 --request-rate 8 --seed 0 --json
 
-With --json, one object: {"backend", "where", "measured": labs.metrics.summarize(...) without the
-chart series, "predicted": labs.prediction.predict.lab_prediction(...), "breakdown": where the mean
-E2E, TTFT and TPOT went (labs/sim/breakdown.py)}. Without it, a table, the breakdown and why
-measured and predicted differ (labs/explain.py, as the run page words it). Every lab parameter is
-an option (labs.cli.add_param_options), validated by parse_lab_params; `--sim-profile
+With --json, one object: {"backend", "where", "measured": labs.measurement.metrics.summarize(...)
+without the chart series, "predicted": labs.prediction.predict.lab_prediction(...), "breakdown":
+where the mean E2E, TTFT and TPOT went (labs/sim/breakdown.py)}. Without it, a table, the breakdown
+and why measured and predicted differ (labs/explain.py, as the run page words it). Every lab
+parameter is an option (labs.cli.add_param_options), validated by parse_lab_params; `--sim-profile
 realistic|ideal` picks the simulator's engine model.
 """
 
@@ -19,7 +19,7 @@ from typing import Any, Protocol, TextIO, runtime_checkable
 
 from labs.backends import BACKENDS, get_backend
 from labs.cli import add_param_options, params_from_args, stored_calibration
-from labs.metrics import SLO_KEYS, summarize
+from labs.measurement.metrics import SLO_KEYS, summarize
 from labs.parameters.params import LabParams, ParamError, align_run_batch
 from labs.prediction.device_speculation import lab_prediction_on
 from labs.results import load_label

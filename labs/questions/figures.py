@@ -17,7 +17,7 @@ class Figure:
     key: str  # the name a question file uses
     label: str  # "TTFT, median"
     phrase: str  # inside a sentence: "the median TTFT"
-    measured: str  # the run summary's key (labs.metrics)
+    measured: str  # the run summary's key (labs.measurement.metrics)
     predicted: str | None  # the predictor's key; None: the formulas have no such figure
     unit: str  # what the learner types: "tok/s", "ms", "×", "sequences"
     scale: float  # summary value × scale = value in `unit`

@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from labs import hooks, services, turns
 from labs.backends import get_backend
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.models import LabRun, RunState
 from labs.parameters.params import ParamError, parse_lab_params
 from labs.questions import bands

@@ -17,7 +17,7 @@ from its issue to its last token, and every moment of it falls in one place:
 
 The last kind is found by difference (the request's time in the engine minus the steps that
 scheduled it), so the parts add up to each request's E2E exactly. TPOT's parts are the parts after
-the first token divided by (output tokens - 1), as labs.metrics defines TPOT.
+the first token divided by (output tokens - 1), as labs.measurement.metrics defines TPOT.
 
 `add_step` is called once per step by the simulator; a fast path that advances many decode-only
 steps at once calls `add_steps` with the parts of each step.

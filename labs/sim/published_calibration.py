@@ -10,8 +10,8 @@
     python -m labs.sim.published_calibration --report --quick  # the same, folds not refitted
     python -m labs.sim.published_calibration --report --write  # and save labs/sim/accuracy.json
 
-Each measurement's `settings` are lab parameters; the simulator runs them on the realistic
-profile and reads `metric` from labs.metrics.summarize (for a ratio, the same with `baseline`
+Each measurement's `settings` are lab parameters; the simulator runs them on the realistic profile
+and reads `metric` from labs.measurement.metrics.summarize (for a ratio, the same with `baseline`
 applied is the denominator). Virtual time only: the result is the same on any machine.
 
 Leave-one-source-out: every run comes from a source (`source_id`: one sweep, table, post or
@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.parameters.params import align_run_batch, parse_lab_params
 from labs.sim.engine_model import (
     CALIBRATION_PATH,

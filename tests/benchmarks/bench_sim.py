@@ -82,7 +82,7 @@ def long_run() -> dict[str, float]:
     sim = build_simulator(params)
     record = sim.run()
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    from labs.metrics import summarize
+    from labs.measurement.metrics import summarize
 
     summary = summarize(record)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -39,7 +39,7 @@ from labs.device_calibration_sweep import (
     step_acceptance,
     sweep_settings,
 )
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.models import DeviceCalibration
 from labs.parameters.device_calibration import CONSTANT_BOUNDS, DeviceConstants
 from labs.selectors import device_calibration

@@ -13,7 +13,7 @@ from labs import definitions
 from labs.backends.base import RunRecord
 from labs.backends.sim import SimBackend
 from labs.backends.vllm.loadgen import PlannedRequest, request_body
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.models import RunState
 from labs.parameters.params import ParamError, parse_lab_params
 from labs.parameters.presets import LABS

@@ -160,7 +160,7 @@ def test_a_cpu_device_is_keyed_by_its_model_and_core_count():
 
 def test_a_real_runs_expected_parts_are_priced_with_its_devices_calibration():
     from labs.backends.sim import SimBackend
-    from labs.metrics import summarize
+    from labs.measurement.metrics import summarize
     from labs.sim.lab import run_breakdown
 
     params = _params("h100-sxm")
@@ -298,7 +298,7 @@ def test_a_devices_per_sequence_cost_shrinks_the_predicted_batching_gain_as_its_
     """The predicted column charges each sequence the device's fitted CPU time, so batching 8
     gains less than the roofline alone says; the ideal simulator, the engine the prediction is
     the closed form of, runs with the same knobs and agrees."""
-    from labs.metrics import summarize
+    from labs.measurement.metrics import summarize
     from labs.sim.lab import build_simulator
 
     costly = _constants(per_seq_overhead_s=0.004)

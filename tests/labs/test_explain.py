@@ -26,7 +26,7 @@ from labs.explain import (
     explain_time,
 )
 from labs.limits import ARRIVALS, BUDGET, HELD, KV, SEQS
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.parameters.catalog import GPUS
 from labs.parameters.params import ParamError, align_run_batch, parse_lab_params
 from labs.prediction.predict import lab_prediction

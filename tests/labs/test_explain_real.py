@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from labs.explain import ENGINE_TIME, OCCUPANCY, running_mean
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.parameters.params import ParamError, align_run_batch, parse_lab_params
 from labs.prediction.predict import lab_prediction
 from labs.results import compare

@@ -11,7 +11,7 @@ from django.conf import settings
 
 from labs import ratios
 from labs.backends import get_backend
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.models import LabRun, RunState
 from labs.parameters.params import parse_lab_params
 from labs.parameters.presets import LABS, load_presets

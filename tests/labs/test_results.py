@@ -136,7 +136,7 @@ def test_hits_the_formula_never_has_come_from_recomputing_preempted_sequences():
 
 
 def test_a_real_runs_expected_parts_say_whether_constants_fitted_to_its_device_priced_them():
-    from labs.metrics import summarize
+    from labs.measurement.metrics import summarize
     from labs.parameters.params import parse_lab_params
     from labs.sim.lab import run_breakdown
     from tests.labs.factories import gpu_record_slower_than_the_model

@@ -10,7 +10,7 @@ import pytest
 
 from labs.backends.base import RunRecord
 from labs.backends.sim import SimBackend
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.parameters.params import LabParams, parse_lab_params
 from labs.prediction.predict import predict, spec_speedup
 

@@ -60,7 +60,7 @@ def test_no_waterfall_without_a_named_part():
 
 def test_a_simulated_run_gets_waterfalls_for_ttft_and_throughput():
     from labs.backends import get_backend
-    from labs.metrics import summarize
+    from labs.measurement.metrics import summarize
     from labs.prediction.predict import lab_prediction
     from labs.sim.lab import run_breakdown
 

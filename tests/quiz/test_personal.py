@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from labs.backends import get_backend
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.parameters.params import parse_lab_params
 from labs.parameters.presets import LABS, lab_initial

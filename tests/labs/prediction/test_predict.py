@@ -478,7 +478,7 @@ def _batching_lab(**overrides: object) -> LabParams:
 
 def test_concurrency_above_the_batch_predicts_waves_of_queueing_close_to_the_simulator():
     from labs.backends.sim import SimBackend
-    from labs.metrics import summarize
+    from labs.measurement.metrics import summarize
 
     params = _batching_lab(max_num_seqs=8, concurrency=64, sim_profile="ideal")
     predicted = predict(params)
@@ -613,7 +613,7 @@ def test_a_poisson_rate_below_capacity_predicts_requests_one_at_a_time(overrides
     """Arrivals at a low rate are prefilled alone and decode beside the few others in flight,
     not as one wave of every prompt (which put TTFT 20x too high)."""
     from labs.backends.sim import SimBackend
-    from labs.metrics import summarize
+    from labs.measurement.metrics import summarize
 
     params = _batching_lab(
         max_num_seqs=64, request_rate=0.5, num_prompts=40, sim_profile="ideal", **overrides

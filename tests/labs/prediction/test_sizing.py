@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from labs import services
 from labs.backends.sim import SimBackend
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.models import LabRun, RunState
 from labs.parameters.params import ParamError, parse_lab_params
 from labs.prediction.sizing import (

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from labs.backends.sim import SimBackend
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.parameters.params import parse_lab_params
 from labs.prediction.predict import predict
 from labs.sim.breakdown import BREAKDOWN_PARTS

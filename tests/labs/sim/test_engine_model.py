@@ -10,7 +10,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.parameters.catalog import GPUS, MODELS, Hardware
 from labs.parameters.params import EngineConfig, parse_lab_params
 from labs.prediction.predict import step_time_s

@@ -24,7 +24,7 @@ PURE_MODULES = [
     "labs.sim.recording",
     "labs.sim.workload",
     "labs.sim.simulator",
-    "labs.metrics",
+    "labs.measurement.metrics",
     "labs.parameters.device_calibration",
     "labs.device_calibration_sweep",
     "labs.backends.base",

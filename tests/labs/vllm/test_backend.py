@@ -16,7 +16,7 @@ from labs.backends.base import BackendError, Phase, RunRecord
 from labs.backends.vllm import backend as vllm_backend
 from labs.backends.vllm.backend import VLLMBackend, where_label
 from labs.backends.vllm.server import MODELS_DIR, ServerError
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.parameters.catalog import MODELS
 from labs.parameters.params import ParamError, parse_lab_params
 from tests.labs.vllm.conftest import StandIn, wait_gone

@@ -14,7 +14,7 @@ from django.core.management import call_command
 from labs import definitions
 from labs.backends.base import RunRecord
 from labs.backends.vllm.backend import VLLMBackend
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.parameters.params import parse_lab_params
 
 SMALL = {"num_prompts": 6, "prompt_tokens": 64, "output_tokens": 8, "max_tokens": 16}

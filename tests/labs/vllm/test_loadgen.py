@@ -28,7 +28,7 @@ from labs.backends.vllm.loadgen import (
     plan_requests,
     run_load,
 )
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 from labs.parameters.params import parse_lab_params
 from labs.sim.workload import lab_workload
 from tests.labs.vllm.timing import (

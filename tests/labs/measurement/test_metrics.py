@@ -1,4 +1,4 @@
-"""labs.metrics.summarize on hand-made records: every number worked out by hand."""
+"""labs.measurement.metrics.summarize on hand-made records: every number worked out by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from labs.backends.base import EngineCounters, EngineSample, RequestRecord, RunRecord
-from labs.metrics import summarize
+from labs.measurement.metrics import summarize
 
 # A: issued 0, chunks at 1, 2, 4 (the last with 2 tokens): TTFT 1, E2E 4, 4 tokens,
 #    TPOT (4 - 1) / 3 = 1, gaps 1, 2.
@@ -150,7 +150,7 @@ def test_series_hold_every_token_and_sample():
 def test_a_long_engine_series_is_thinned_keeping_each_groups_peaks_and_tokens_per_step():
     """A cap reached in one sample stays reached in the series the explanations read
     (labs/limits.py); tokens per step appear only where every sample reports them."""
-    from labs.metrics import MAX_SERIES_POINTS
+    from labs.measurement.metrics import MAX_SERIES_POINTS
 
     n = 3 * MAX_SERIES_POINTS
     samples = [
