@@ -17,4 +17,10 @@ Pure Python and numpy; never imports Django (tests/labs/sim/test_purity.py check
     decode_run.py  runs of plain decode steps at once, where the rules prove them plain
     steady.py      busy steps taken with a few scalars instead of arrays over the batch
     lab.py         a Simulator built from lab parameters, and a finished run's time breakdown
+
+Owns: the discrete-event simulator of one vLLM-style engine, the scheduling rules (`rules`), the
+realistic and ideal engine profiles and the published calibration.
+
+May import: `labs.parameters`, `labs.prediction`, `labs.measurement`, `labs.backends.base` (and its
+own modules; tests/test_imports.py enforces it).
 """

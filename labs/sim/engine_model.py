@@ -43,6 +43,9 @@ speculation. Every price is vectorised over steps (`steps_parts_s`): the simulat
 prices a run of decode-only steps with a constant batch in one call.
 
 Pure Python + numpy + PyYAML; never Django.
+
+Why one module: the realistic and the ideal profile share every part of a step's time; kept
+together so a new part is added to both or to neither.
 """
 
 from __future__ import annotations

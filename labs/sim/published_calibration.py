@@ -21,6 +21,9 @@ own constant from the `custom` entry's, its decode-step overhead from the global
 source's own host is dropped, so its runs meet the median of the other hosts). The
 simulator models vLLM's V1 engine: runs of older engines (role `v0`) never set a constant and
 are predicted with the file's constants, which they did not shape.
+
+Why one module: replaying the published runs and fitting to them read the same table of runs and
+the same residuals; split, each half would restate the other's.
 """
 
 from __future__ import annotations

@@ -32,6 +32,10 @@ would break it):
 Anything else (speculation, a shared prefix, preemption, a budget smaller than the batch) goes
 through the scheduler one step at a time. `Simulator(step_by_step=True)` never comes here, and
 tests/labs/sim/test_equivalence.py and test_fast_path.py check both give the same record.
+
+Why one module: the steady steps are one derivation from the scheduler's rules (labs/sim/rules.py)
+kept beside each other so a reader checks them against the rules in one place; the equivalence test
+covers them as a whole.
 """
 
 from __future__ import annotations
