@@ -18,8 +18,11 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.urls import reverse
 
-from labs import hooks, results, selectors, services, turns
+from labs import hooks, selectors, services, turns
 from labs.backends import get_backend
+from labs.explanation import results
+from labs.explanation.results import Metric, dig
+from labs.explanation.your_number import YourNumber, your_number
 from labs.measurement.metrics import summarize
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.parameters.params import ParamError, parse_lab_params
@@ -28,9 +31,7 @@ from labs.prediction.sizing import sim_precheck, sim_steps
 from labs.questions import content as question_content
 from labs.questions import services as questions
 from labs.questions.figures import FIGURES
-from labs.results import Metric, dig
 from labs.sim.engine_model import short_where_label
-from labs.your_number import YourNumber, your_number
 
 __all__ = [
     "Lab",

@@ -12,9 +12,10 @@ from django.conf import settings
 from django.db.models import Count, Max, Min
 from django.shortcuts import get_object_or_404
 
-from labs import hooks, results
+from labs import hooks
 from labs.backends import device_label, is_simulated
 from labs.backends.base import Phase
+from labs.explanation import results
 from labs.models import DeviceCalibration, LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.parameters.catalog import CPU_KIND
 from labs.parameters.device_calibration import DeviceConstants, announced_cpu_key

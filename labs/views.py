@@ -18,10 +18,12 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
-from labs import calibration_progress, definitions, results, selectors, services
+from labs import calibration_progress, selectors, services
 from labs import device_calibration_jobs as calibration_jobs
-from labs.accuracy import expected_errors
 from labs.backends import check_can_start, device_lab_settings, is_simulated, requirement
+from labs.explanation import definitions, results
+from labs.explanation.accuracy import expected_errors
+from labs.explanation.waterfall import run_waterfalls
 from labs.forms import LabParamsForm, SweepForm
 from labs.parameters.catalog import CPU_KIND
 from labs.parameters.params import FIELDS_BY_NAME, LabParams, ParamError, parse_lab_params
@@ -29,7 +31,6 @@ from labs.parameters.presets import LABS, Lab, lab_initial, load_presets, rerun_
 from labs.prediction.predict import budget_notice
 from labs.questions import selectors as question_selectors
 from labs.questions import services as questions
-from labs.waterfall import run_waterfalls
 from labs.workers import (
     cpu_worker_hardware,
     devices_online,
@@ -58,7 +59,7 @@ def _lab_or_404(slug: str) -> Lab:
 
 def _prediction(lab: Lab, form: LabParamsForm) -> dict[str, Any]:
     """The live panel: the lab's predicted figures, what the token budget does to them, and the
-    error to expect on this GPU (labs.accuracy)."""
+    error to expect on this GPU (labs.explanation.accuracy)."""
     if form.params is None:
         return {"prediction": [], "budget_notice": ""}
     values = selectors.device_prediction(form.params)
@@ -339,7 +340,7 @@ def _run_context(run: Any) -> dict[str, Any]:
 
 
 def _run_errors(run: Any) -> dict[str, Any]:
-    """The error lines beside a finished run's columns (labs.accuracy): the simulation's
+    """The error lines beside a finished run's columns (labs.explanation.accuracy): the simulation's
     expected error beside a run simulated with the published constants, the formulas' own gap
     beside the predicted column."""
     if not run.result:

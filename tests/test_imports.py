@@ -70,8 +70,8 @@ def _imports(module: str, path: Path) -> set[str]:
                 base = f"{package}.{node.module}" if node.module else package
             else:
                 base = node.module or ""
-            # `from labs import ratios` imports the module labs.ratios; `from labs.x import y`
-            # the module labs.x.
+            # `from labs import ratios` imports the module labs.explanation.ratios; `from labs.x
+            # import y` the module labs.x.
             targets = [
                 f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base
                 for alias in node.names

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from labs.backends.base import Device, Placement, ProgressCallback, RunRecord
-from labs.definitions import definitions
+from labs.explanation.definitions import definitions
 from labs.parameters.device_calibration import DeviceConstants
 from labs.parameters.params import LabParams
 from labs.prediction.sizing import MB, address_space_limit, sim_precheck

@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping
 from typing import TextIO
 
 from labs.cli import add_param_options, params_from_args, stored_calibration
+from labs.explanation.results import load_label
 from labs.parameters.params import LabParams, align_run_batch
 from labs.prediction.device_speculation import lab_prediction_on, priced_params
 from labs.prediction.predict import Prediction, predict
-from labs.results import load_label
 
 HELP = "print the closed-form predictions (KV memory, capacity, TTFT, TPOT, ...) for the options"
 

@@ -5,9 +5,9 @@
 With --json, one object: {"backend", "where", "measured": labs.measurement.metrics.summarize(...)
 without the chart series, "predicted": labs.prediction.predict.lab_prediction(...), "breakdown":
 where the mean E2E, TTFT and TPOT went (labs/sim/breakdown.py)}. Without it, a table, the breakdown
-and why measured and predicted differ (labs/explain.py, as the run page words it). Every lab
-parameter is an option (labs.cli.add_param_options), validated by parse_lab_params; `--sim-profile
-realistic|ideal` picks the simulator's engine model.
+and why measured and predicted differ (labs/explanation/explain.py, as the run page words it).
+Every lab parameter is an option (labs.cli.add_param_options), validated by parse_lab_params;
+`--sim-profile realistic|ideal` picks the simulator's engine model.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any, Protocol, TextIO, runtime_checkable
 
 from labs.backends import BACKENDS, get_backend
 from labs.cli import add_param_options, params_from_args, stored_calibration
+from labs.explanation.results import load_label
 from labs.measurement.metrics import SLO_KEYS, summarize
 from labs.parameters.params import LabParams, ParamError, align_run_batch
 from labs.prediction.device_speculation import lab_prediction_on
-from labs.results import load_label
 from labs.sim.lab import run_breakdown
 
 HELP = "run a workload on a backend (sim: simulated on CPU) and print measured vs predicted"
@@ -253,7 +253,7 @@ def format_definitions(said: Mapping[str, Any] | None) -> str:
 
 def format_breakdown(breakdown: Mapping[str, Any] | None) -> str:
     """Where the mean E2E and TPOT went, one line per part, and the sentence naming the largest."""
-    from labs.results import breakdown_sentence
+    from labs.explanation.results import breakdown_sentence
     from labs.sim.breakdown import PART_LABELS
 
     if not breakdown:
@@ -275,7 +275,7 @@ def format_why(
     summary: Mapping[str, Any], predicted: Mapping[str, Any], params: Mapping[str, Any]
 ) -> str:
     """The run page's "why they differ" for each compared metric, and its reading."""
-    from labs.results import compare, headline
+    from labs.explanation.results import compare, headline
 
     rows = compare(summary, predicted, params)
     lines = ["why they differ (measured vs predicted):"]

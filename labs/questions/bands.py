@@ -1,9 +1,10 @@
 """How close a prediction must be: the band a measured figure is graded within, and the grade.
 
 One function, `expected_band`, answers "how far may a measurement of this figure be from the
-truth": for the simulator, its error against published vLLM runs of this GPU (labs.accuracy);
-for a real engine, its run-to-run spread on this device, from repeated runs of the same
-settings. A prediction within that band is Good, within a factor of 2 Hard, else Again.
+truth": for the simulator, its error against published vLLM runs of this GPU
+(labs.explanation.accuracy); for a real engine, its run-to-run spread on this device, from repeated
+runs of the same settings. A prediction within that band is Good, within a factor of 2 Hard, else
+Again.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from labs import accuracy
 from labs.backends import is_simulated
+from labs.explanation import accuracy
 from labs.questions.figures import Figure
 
 GOOD, HARD, AGAIN = 3, 2, 1
@@ -41,7 +42,8 @@ def _pct(value: float) -> str:
 
 
 def _published(gpu: str, kind: str) -> tuple[float, str] | None:
-    """labs.accuracy's estimate for this GPU and kind: (median |error|, where it comes from)."""
+    """labs.explanation.accuracy's estimate for this GPU and kind: (median |error|, where it comes
+    from)."""
     estimate = accuracy.expected_error(gpu, kind, accuracy.load_errors())
     if estimate is None:
         return None
@@ -51,7 +53,7 @@ def _published(gpu: str, kind: str) -> tuple[float, str] | None:
 
 
 def simulated_band(figure: Figure, params: Mapping[str, Any]) -> Band:
-    """The simulator's expected error for `figure` on the run's GPU (labs.accuracy)."""
+    """The simulator's expected error for `figure` on the run's GPU (labs.explanation.accuracy)."""
     if figure.kind is None:
         if figure.unit == "sequences":
             return Band(COUNT_BAND, _count_words(), "count")

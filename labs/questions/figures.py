@@ -1,6 +1,6 @@
 """The figures a lab question may ask for: what a run measures, what the formulas say, and how a
-learner types it. A ratio figure divides the run by its baseline run (labs.ratios), so its
-question runs as a pair."""
+learner types it. A ratio figure divides the run by its baseline run (labs.explanation.ratios), so
+its question runs as a pair."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from labs.ratios import RATIO_CHECKS, RatioCheck
-from labs.results import dig
+from labs.explanation.ratios import RATIO_CHECKS, RatioCheck
+from labs.explanation.results import dig
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,9 @@ class Figure:
     predicted: str | None  # the predictor's key; None: the formulas have no such figure
     unit: str  # what the learner types: "tok/s", "ms", "×", "sequences"
     scale: float  # summary value × scale = value in `unit`
-    kind: str | None  # labs.accuracy's kind of figure (its expected error); None: a count
+    kind: (
+        str | None
+    )  # labs.explanation.accuracy's kind of figure (its expected error); None: a count
     ratio: RatioCheck | None = None
 
     def of(self, summary: Mapping[str, Any] | None, key: str | None = None) -> float | None:

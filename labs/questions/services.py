@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from labs import hooks, services, turns
 from labs.backends import get_backend
+from labs.explanation.results import derived_predictions, format_value
 from labs.measurement.metrics import summarize
 from labs.models import LabRun, RunState
 from labs.parameters.params import ParamError, parse_lab_params
@@ -35,7 +36,6 @@ from labs.questions.content import question_of
 from labs.questions.figures import FIGURES, Figure
 from labs.questions.models import LabQuestion, Prediction, QuestionSimulation
 from labs.questions.spec import Question, QuestionError, baseline_params, setting_words
-from labs.results import derived_predictions, format_value
 from labs.selectors import device_prediction, lab_calibration
 
 logger = logging.getLogger(__name__)

@@ -59,7 +59,8 @@ TOLERANCE = {"fit": 0.10, "held_out": 0.20}
 # A held-out TTFT carries its host's front end (the API server's time), which a host's two fit
 # runs (one request, and one with others in flight) pin down only approximately.
 HELD_OUT_TTFT_TOLERANCE = 0.40
-# The folds' errors, which the lab page reads (labs/accuracy.py); `--report --write` rewrites it.
+# The folds' errors, which the lab page reads (labs/explanation/accuracy.py); `--report --write`
+# rewrites it.
 ACCURACY_PATH = Path(__file__).with_name("accuracy.json")
 # Roles whose runs the leave-one-source-out table predicts; `v0` runs are never fitted.
 SCORED = (*TOLERANCE, "v0")
@@ -756,8 +757,8 @@ def format_formula_gaps(runs: list[Measurement]) -> str:
 
 
 def accuracy_records(folds: list[Fold]) -> list[dict[str, Any]]:
-    """One record per scored run for labs/accuracy.py: what it is, its fold's error, and what
-    the formulas give for it (`formula`, None where they give no such figure)."""
+    """One record per scored run for labs/explanation/accuracy.py: what it is, its fold's error,
+    and what the formulas give for it (`formula`, None where they give no such figure)."""
     records = []
     for fold in folds:
         for m, sim in fold.rows:
@@ -781,7 +782,7 @@ def accuracy_records(folds: list[Fold]) -> list[dict[str, Any]]:
 
 
 def write_accuracy(folds: list[Fold], path: Path = ACCURACY_PATH) -> None:
-    """The folds' errors, one run a line (labs/accuracy.py reads them)."""
+    """The folds' errors, one run a line (labs/explanation/accuracy.py reads them)."""
     runs = ",\n".join(f"  {json.dumps(r)}" for r in accuracy_records(folds))
     made_by = json.dumps("python -m labs.sim.published_calibration --report --write")
     path.write_text(f'{{"made_by": {made_by},\n "runs": [\n{runs}\n]}}\n')

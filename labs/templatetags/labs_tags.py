@@ -10,7 +10,7 @@ from django.utils import timezone
 from django.utils.timesince import timesince
 
 from labs.backends import is_simulated
-from labs.results import format_value
+from labs.explanation.results import format_value
 from labs.sim.engine_model import short_where_label
 
 register = template.Library()

@@ -12,11 +12,11 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from labs import services
+from labs.explanation.results import format_value
 from labs.models import DeviceCalibration, LabRun, RunState
 from labs.parameters.params import FIELDS_BY_NAME, parse_lab_params
 from labs.parameters.presets import LABS, lab_initial
 from labs.prediction.predict import lab_prediction
-from labs.results import format_value
 from quiz import personal
 from tests.labs.factories import make_heartbeat
 from tests.labs.test_device_calibration import SLOW

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from labs import accuracy
+from labs.explanation import accuracy
 from labs.questions import bands
 from labs.questions.figures import FIGURES
 

@@ -340,7 +340,7 @@ def test_a_run_sent_while_the_cpu_calibrates_itself_says_it_used_the_probe(alice
     and the page said neither. Now they share the probe's basis and the page says so; a run
     sent after the calibration says which calibration priced it, when and how well."""
     from labs import services
-    from labs.results import PROBE_NOTE
+    from labs.explanation.results import PROBE_NOTE
 
     cpu_worker()
     _cpu_self_job(state=RunState.RUNNING, started_at=timezone.now())

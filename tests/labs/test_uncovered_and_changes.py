@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from labs import results, selectors, services
+from labs import selectors, services
+from labs.explanation import results
 from labs.models import RunState
 from labs.parameters.params import align_run_batch, parse_lab_params
 from labs.prediction.predict import lab_prediction

@@ -790,10 +790,10 @@ def test_a_real_run_on_a_device_without_a_calibration_says_so_and_sizes_no_part(
 ):
     """Issue 50: a CPU vLLM run before its own calibration named parts 5-12x the gap they
     explained, and nothing said the device was not calibrated."""
+    from labs.explanation.results import UNCALIBRATED_NOTE
     from labs.measurement.metrics import summarize
     from labs.parameters.params import parse_lab_params
     from labs.prediction.predict import lab_prediction
-    from labs.results import UNCALIBRATED_NOTE
     from labs.sim.lab import run_breakdown
     from tests.labs.factories import gpu_record_slower_than_the_model
 

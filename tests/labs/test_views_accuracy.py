@@ -1,6 +1,6 @@
-"""The error lines on the lab page and the run page (labs/accuracy.py), each beside the figures
-it describes: the simulation's beside the run panel and the measured column of a simulated run,
-the formulas' gap beside the predicted figures; a calibrated GPU names its own evidence, an
+"""The error lines on the lab page and the run page (labs/explanation/accuracy.py), each beside the
+figures it describes: the simulation's beside the run panel and the measured column of a simulated
+run, the formulas' gap beside the predicted figures; a calibrated GPU names its own evidence, an
 uncalibrated one the GPU it borrows from."""
 
 from __future__ import annotations

@@ -16,11 +16,11 @@ from django.urls import reverse
 from django.utils import timezone
 
 from labs.backends import get_backend
+from labs.explanation.your_number import latest_done_run
 from labs.measurement.metrics import summarize
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.parameters.params import parse_lab_params
 from labs.parameters.presets import LABS, lab_initial
-from labs.your_number import latest_done_run
 from quiz import personal, selectors
 from quiz.models import Card, PersonalCardRequest
 from quiz.selectors import content_snapshot

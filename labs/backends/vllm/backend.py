@@ -66,7 +66,7 @@ from labs.backends.vllm.server import (
     group_members,
 )
 from labs.backends.vllm.start import check_can_start
-from labs.definitions import definitions
+from labs.explanation.definitions import definitions
 from labs.parameters.catalog import CPU_KIND
 from labs.parameters.params import LabParams, ParamError
 

@@ -30,7 +30,7 @@ said below (TTFT is stamped at the socket; bench's TTFT is kept beside it):
 - Before the run, one unmeasured request (the first planned, under its own cache salt), as
   bench sends its initial test prompt: a fresh server's first request pays one-time costs.
 
-labs/definitions.py (stored in every run's meta) says so to the learner.
+labs/explanation/definitions.py (stored in every run's meta) says so to the learner.
 
 The workload is drawn exactly as the simulator draws it (labs.sim.workload, same seed streams),
 so a lab compares the two backends on the same requests.

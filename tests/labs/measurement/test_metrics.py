@@ -149,7 +149,7 @@ def test_series_hold_every_token_and_sample():
 
 def test_a_long_engine_series_is_thinned_keeping_each_groups_peaks_and_tokens_per_step():
     """A cap reached in one sample stays reached in the series the explanations read
-    (labs/limits.py); tokens per step appear only where every sample reports them."""
+    (labs/explanation/limits.py); tokens per step appear only where every sample reports them."""
     from labs.measurement.metrics import MAX_SERIES_POINTS
 
     n = 3 * MAX_SERIES_POINTS

@@ -1,6 +1,7 @@
-"""Random lab forms for the simulator's equivalence test: the settings labs/form_draws.py draws
-across the whole lab form (every field, validated as the form validates them), on either sim
-profile, sized so the simulator takes a run step by step in a fraction of a second.
+"""Random lab forms for the simulator's equivalence test: the settings
+labs/explanation/form_draws.py draws across the whole lab form (every field, validated as the form
+validates them), on either sim profile, sized so the simulator takes a run step by step in a
+fraction of a second.
 
 Beyond those, more often a KV pool of one to a few of the longest requests (so admission waits
 on blocks and running requests preempt one another) and, beyond the form, sometimes a calibrated
@@ -18,7 +19,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from labs.form_draws import DRAW_RUN_MB, draw_values
+from labs.explanation.form_draws import DRAW_RUN_MB, draw_values
 from labs.parameters.device_calibration import DeviceConstants
 from labs.parameters.params import LabParams, ParamError, align_run_batch, parse_lab_params
 from labs.prediction.sizing import sim_precheck, sim_steps
@@ -42,8 +43,8 @@ def _pick(rng: np.random.Generator, options: Sequence[T]) -> T:
 
 
 def draw_form(rng: np.random.Generator) -> dict[str, object]:
-    """One lab form: labs/form_draws.py's, on a sim profile drawn, half the time with a KV pool
-    of one to two and a half of its longest requests."""
+    """One lab form: labs/explanation/form_draws.py's, on a sim profile drawn, half the time with a
+    KV pool of one to two and a half of its longest requests."""
     form = draw_values(rng)
     form["sim_profile"] = _pick(rng, ["realistic", "ideal"])
     if rng.random() < 0.5:

@@ -140,7 +140,7 @@ def test_counters_the_server_does_not_report_are_not_reported(fake_server: Any) 
     assert summary["completed"] == 2
     stored = RunRecord.from_dict(json.loads(json.dumps(record.to_dict())))
     assert stored.counters.preemptions is None
-    from labs import results
+    from labs.explanation import results
     from labs.prediction.predict import predict
 
     params = parse_lab_params({**PARAMS, "num_prompts": 2})

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from labs import definitions
 from labs.backends.base import RunRecord
 from labs.backends.vllm.backend import VLLMBackend
+from labs.explanation import definitions
 from labs.measurement.metrics import summarize
 from labs.parameters.params import parse_lab_params
 

@@ -1,11 +1,12 @@
-"""Which cap held admission, and whether the running series ramps (labs/limits.py), decided on
-small engine series written by hand: each case is what the run page of issue 50 got wrong."""
+"""Which cap held admission, and whether the running series ramps (labs/explanation/limits.py),
+decided on small engine series written by hand: each case is what the run page of issue 50 got
+wrong."""
 
 from __future__ import annotations
 
 import pytest
 
-from labs.limits import (
+from labs.explanation.limits import (
     ARRIVALS,
     BUDGET,
     KV,

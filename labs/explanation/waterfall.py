@@ -1,7 +1,7 @@
 """A metric's "why they differ" as a waterfall: from the formulas' figure to the measured one, one
-bar per part the explanation names (labs/explain.py), then the smaller parts it did not name and
-what the engine model does not explain, last. The bars add up exactly to the measured figure:
-they are the explanation's own sizes, so the picture and the sentence cannot disagree.
+bar per part the explanation names (labs/explanation/explain.py), then the smaller parts it did not
+name and what the engine model does not explain, last. The bars add up exactly to the measured
+figure: they are the explanation's own sizes, so the picture and the sentence cannot disagree.
 
 Geometry is computed here (percentages of the axis), so the page draws it as SVG with no
 script and no inline style. Pure functions over stored JSON; no Django.
@@ -13,8 +13,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from labs import results
-from labs.explain import LIMIT, OCCUPANCY, OUTPUT_LENGTH, PART_LABELS, RAMP, SHOWN_REST, Explanation
+from labs.explanation import results
+from labs.explanation.explain import (
+    LIMIT,
+    OCCUPANCY,
+    OUTPUT_LENGTH,
+    PART_LABELS,
+    RAMP,
+    SHOWN_REST,
+    Explanation,
+)
 
 # Short names for the bars (the full words are in the text one click away).
 BAR_LABELS = {

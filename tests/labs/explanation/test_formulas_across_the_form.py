@@ -1,7 +1,7 @@
 """The formulas against their own engine wherever a learner may click: settings drawn at random
-across the whole lab form (labs/form_draws.py), each predicted (`lab predict`) and simulated on
-the ideal profile (`lab run --backend sim --sim-profile ideal`), compared on TTFT (mean and
-median), TPOT, output tokens/s and running sequences within 25%.
+across the whole lab form (labs/explanation/form_draws.py), each predicted (`lab predict`) and
+simulated on the ideal profile (`lab run --backend sim --sim-profile ideal`), compared on TTFT
+(mean and median), TPOT, output tokens/s and running sequences within 25%.
 
 `make test` draws a tenth of the full count (tests/budget.py), `make test-deep` all of it; the
 draws are seeded, so a failure reproduces. The issue's aim is 90% of draws within 25% on every
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from labs.form_draws import Tally, run_draws
+from labs.explanation.form_draws import Tally, run_draws
 from tests.budget import DEEP, examples
 
 # One process computes the draws for every test here (they share the module's fixture). A

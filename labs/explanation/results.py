@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from labs import explain
-from labs.explain import Evidence, Explanation
+from labs.explanation import explain
+from labs.explanation.explain import Evidence, Explanation
 from labs.parameters.params import stored_param
 
 # Within this fraction, measured and predicted "agree"; a rate within this many points.
@@ -167,7 +167,7 @@ class Metric:
     measured: str
     predicted: str | None
     unit: str
-    # How "why they differ" is derived (labs/explain.py): "time" (a mean split over the
+    # How "why they differ" is derived (labs/explanation/explain.py): "time" (a mean split over the
     # breakdowns' parts), "throughput", "counter" (no parts), or None (nothing predicted).
     derive: str | None = None
 

@@ -1,10 +1,10 @@
-"""How the lab pages write numbers (labs.results.format_value)."""
+"""How the lab pages write numbers (labs.explanation.results.format_value)."""
 
 from __future__ import annotations
 
 import pytest
 
-from labs.results import format_value
+from labs.explanation.results import format_value
 
 
 @pytest.mark.parametrize(
@@ -26,7 +26,7 @@ def test_it_writes_one_of_a_count_in_the_singular(value, unit, text):
 def test_differs_most_is_the_row_with_the_largest_percentage_shown():
     """Issue 23: "differs most (−36%)" sat above rows at +52% and +43% (largest as a ratio,
     |log 0.64| > |log 1.52|, but the page shows percentages)."""
-    from labs.results import Row, headline
+    from labs.explanation.results import Row, headline
 
     def row(label: str, ratio: float) -> Row:
         pct = (ratio - 1) * 100
@@ -40,7 +40,7 @@ def test_differs_most_is_the_row_with_the_largest_percentage_shown():
 def test_the_reasons_for_hardware_parts_fit_a_cpu_run_too():
     # A vLLM run on the CPU worker has efficiency and unexplained parts too; its Reading must
     # not blame "this GPU".
-    from labs.results import PART_WHY
+    from labs.explanation.results import PART_WHY
 
     for part in ("efficiency", "unexplained"):
         assert "GPU" not in PART_WHY[part], part
@@ -49,7 +49,7 @@ def test_the_reasons_for_hardware_parts_fit_a_cpu_run_too():
 def test_a_peak_no_poll_saw_is_a_not_observed_row_that_no_reading_picks():
     """A 0.9 s vLLM run on the CPU worker showed "Running sequences, peak 0, −100%" and the
     Reading called it the largest difference: every /metrics poll had read an idle engine."""
-    from labs.results import compare, headline
+    from labs.explanation.results import compare, headline
 
     summary = {
         "ttft_s": {"mean": 0.2},
@@ -75,7 +75,7 @@ def test_when_the_model_expected_more_than_measured_no_share_passes_100_percent(
     the largest part took "492%" of the mean E2E."""
     import re
 
-    from labs.results import breakdown_sentence
+    from labs.explanation.results import breakdown_sentence
 
     parts = {"ideal": 0.599, "efficiency": 1.64, "overhead": 0.0308, "unexplained": -1.94}
     breakdown = {"source": "expected", "e2e_s": {"total": 0.334, "parts": parts}}
@@ -91,7 +91,7 @@ def test_when_the_model_expected_more_than_measured_no_share_passes_100_percent(
 
 
 def test_the_bars_of_an_over_expected_run_give_shares_of_what_the_model_expected():
-    from labs.results import breakdown_bars
+    from labs.explanation.results import breakdown_bars
 
     parts = {"ideal": 0.599, "efficiency": 1.64, "overhead": 0.0308, "unexplained": -1.94}
     (bar,) = breakdown_bars({"source": "expected", "e2e_s": {"total": 0.334, "parts": parts}})
@@ -109,7 +109,7 @@ def test_a_rates_diff_and_its_sentence_are_in_points_and_a_cold_first_request_ex
     """Issue 50: "−5%" in the Diff column beside "−2.7%" in the sentence; and a 73.4% hit rate
     against the formula's 75% was "not explained by the model", where the first of 48
     requests finds a cold cache (75% x 47 / 48 = 73.4%)."""
-    from labs.results import compare
+    from labs.explanation.results import compare
 
     summary = {"prefix_cache_hit_rate": 0.734375, "preemptions": 0, "completed": 48}
     params = {"num_prompts": 48, "input_range_ratio": 0.0}
@@ -127,7 +127,7 @@ def test_a_rates_diff_and_its_sentence_are_in_points_and_a_cold_first_request_ex
 def test_hits_the_formula_never_has_come_from_recomputing_preempted_sequences():
     """Issue 50: a 5.82% hit rate after 20 preemptions, on a run with no shared prefix, was
     "not explained by the model"; the formula's rate is 0%, so the Diff column had nothing."""
-    from labs.results import compare
+    from labs.explanation.results import compare
 
     summary = {"prefix_cache_hit_rate": 0.0582, "preemptions": 20}
     (row,) = [r for r in compare(summary, {"prefix_hit_rate": 0.0}, {}) if r.diff]
@@ -156,6 +156,6 @@ def test_every_part_of_where_the_time_went_has_a_colour_on_the_run_page():
 
     from labs.prediction.predict import BREAKDOWN_PARTS
 
-    css = (Path(__file__).resolve().parents[2] / "static" / "css" / "labs.css").read_text()
+    css = (Path(__file__).resolve().parents[3] / "static" / "css" / "labs.css").read_text()
     missing = [p for p in (*BREAKDOWN_PARTS, "unexplained") if f".part-{p} {{" not in css]
     assert not missing, missing

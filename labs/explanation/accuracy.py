@@ -30,7 +30,7 @@ from pathlib import Path
 from labs.parameters.catalog import CPU_KIND, GPUS, Hardware
 from labs.sim.engine_model import calibration_evidence, gpu_display_name, load_calibration
 
-ACCURACY_PATH = Path(__file__).parent / "sim" / "accuracy.json"
+ACCURACY_PATH = Path(__file__).parent.parent / "sim" / "accuracy.json"
 KINDS = ("TTFT", "TPOT", "throughput", "E2E")
 
 
@@ -204,7 +204,8 @@ def _older_runs(hardware: Hardware, runs: tuple[RunError, ...]) -> str:
     )
 
 
-# The kinds of figure a run's results table shows (labs/results.py METRICS), each simulated.
+# The kinds of figure a run's results table shows (labs/explanation/results.py METRICS), each
+# simulated.
 RUN_FIGURES = ("ttft_s", "tpot_s", "e2e_s", "output_tokens_per_s")
 
 

@@ -1,20 +1,20 @@
-"""'Why they differ' on a real engine (labs/explain.py): the breakdown is the engine model's
-expected parts plus what the run had beyond them. Over random runs faster and slower than the
-model expects: no part larger than the difference unless the row shows why (the engine model's
-expectation against the formula, then the run against the engine model, each with its figures);
-the named parts and the rest add up to the difference; and the throughput row's occupancy is
-the run's own gauge, never more sequences than ran."""
+"""'Why they differ' on a real engine (labs/explanation/explain.py): the breakdown is the engine
+model's expected parts plus what the run had beyond them. Over random runs faster and slower than
+the model expects: no part larger than the difference unless the row shows why (the engine model's
+expectation against the formula, then the run against the engine model, each with its figures); the
+named parts and the rest add up to the difference; and the throughput row's occupancy is the run's
+own gauge, never more sequences than ran."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from labs.explain import ENGINE_TIME, OCCUPANCY, running_mean
+from labs.explanation.explain import ENGINE_TIME, OCCUPANCY, running_mean
+from labs.explanation.results import compare
 from labs.measurement.metrics import summarize
 from labs.parameters.params import ParamError, align_run_batch, parse_lab_params
 from labs.prediction.predict import lab_prediction
-from labs.results import compare
 from labs.sim.lab import run_breakdown
 from tests.budget import examples
 from tests.labs.factories import gpu_record_slower_than_the_model

@@ -9,8 +9,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from django.conf import settings
 
-from labs import ratios
 from labs.backends import get_backend
+from labs.explanation import ratios
 from labs.measurement.metrics import summarize
 from labs.models import LabRun, RunState
 from labs.parameters.params import parse_lab_params

@@ -1,5 +1,5 @@
-"""The errors a learner reads beside each column (labs/accuracy.py): the simulation's expected
-error beside simulated figures, the formulas' own gap beside theirs, from the saved
+"""The errors a learner reads beside each column (labs/explanation/accuracy.py): the simulation's
+expected error beside simulated figures, the formulas' own gap beside theirs, from the saved
 leave-one-source-out errors, each a median and a worst with its runs and sources counted."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from labs.accuracy import (
+from labs.explanation.accuracy import (
     ACCURACY_PATH,
     RunError,
     expected_error,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from labs.explain import Cause, Explanation
+from labs.explanation.explain import Cause, Explanation
+from labs.explanation.results import format_value
+from labs.explanation.waterfall import BAR_LABELS, REST_LABEL, build, run_waterfalls
 from labs.parameters.params import align_run_batch, parse_lab_params
 from labs.parameters.presets import LABS, lab_initial, load_presets
-from labs.results import format_value
-from labs.waterfall import BAR_LABELS, REST_LABEL, build, run_waterfalls
 
 
 def _ms(value: float) -> str:

@@ -11,9 +11,9 @@ numeric ranges log-uniformly), validates them as the form does (`align_run_batch
 - TPOT (mean), output tokens/s, and running sequences (the most that ran at once).
 
 A metric agrees when the prediction is within TOLERANCE of the simulation, as the run page and
-tests compare them; a metric the formulas do not cover (`Prediction.uncovered` names why) is
-left unpredicted, never counted as agreeing. Each draw is classed by what bound its run, read
-from the run's own engine series (labs.limits.binding_limit): the token budget, max_num_seqs,
+tests compare them; a metric the formulas do not cover (`Prediction.uncovered` names why) is left
+unpredicted, never counted as agreeing. Each draw is classed by what bound its run, read from the
+run's own engine series (labs.explanation.limits.binding_limit): the token budget, max_num_seqs,
 the KV pool, the client's concurrency, or a request rate below or above what the engine serves.
 
 Draws are bounded only as the form bounds a run: a simulated run must pass the form's size check
@@ -21,8 +21,8 @@ Draws are bounded only as the form bounds a run: a simulated run must pass the f
 (labs.prediction.sizing.sim_steps) stay under DRAW_STEPS, so a draw costs the CPU a fraction of a
 second.
 
-    python -m labs.form_draws --draws 450 --seed 0       # a table by binding limit
-    python -m labs.form_draws --draws 40 --show-misses   # and each miss's settings
+    python -m labs.explanation.form_draws --draws 450 --seed 0       # a table by binding limit
+    python -m labs.explanation.form_draws --draws 40 --show-misses   # and each miss's settings
 
 Standard library, numpy and labs only; no Django.
 """
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from labs.limits import BUDGET, KV, SEQS, UNCLEAR, Caps, binding_limit
+from labs.explanation.limits import BUDGET, KV, SEQS, UNCLEAR, Caps, binding_limit
 from labs.measurement.metrics import summarize
 from labs.parameters.catalog import GPUS, MODELS
 from labs.parameters.params import (

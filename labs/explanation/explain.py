@@ -1,12 +1,12 @@
 """Why measured and predicted differ, derived from the run's own evidence.
 
 Both sides of a run's table have the same parts: the measured breakdown (labs/sim/breakdown.py,
-step by step on the simulator, or the engine model's expected parts plus "unexplained" for a
-vLLM run) and the predicted one (labs.prediction.predict.predicted_breakdown, under the formulas'
+step by step on the simulator, or the engine model's expected parts plus "unexplained" for a vLLM
+run) and the predicted one (labs.prediction.predict.predicted_breakdown, under the formulas'
 assumptions). A metric's difference is split over those parts; the explanation names them largest
-first, whichever way they push, until they cover the difference, so that no part left out is
-larger than one named, and says what the rest adds up to. Where a queueing or occupancy part is
-named, the cap that held admission (labs/limits.py, from the run's engine series) is said with its
+first, whichever way they push, until they cover the difference, so that no part left out is larger
+than one named, and says what the rest adds up to. Where a queueing or occupancy part is named, the
+cap that held admission (labs/explanation/limits.py, from the run's engine series) is said with its
 figures; ramp-up and drain are a part of their own only where the running series shows them.
 Counters are explained where the run holds their cause (preemptions, a cold first request) and
 cited beside the parts when they are non-zero and push the way the difference went. On a real
@@ -21,6 +21,9 @@ held-out error). Throughput's occupancy is the run's own (its running gauge over
 its time per request in the engine follows from it by Little's law, not from the model's parts.
 
 Pure functions over the stored JSON (`LabRun.result`, `LabRun.predicted`); no Django.
+
+Why one module: each reason reads the same evidence of one run (its engine series and parameters)
+and the reasons are ranked against each other; split, the ranking would import every reason back.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from labs.limits import Caps, Limit, Ramp, binding_limit, formula_batch_reason, ramp
+from labs.explanation.limits import Caps, Limit, Ramp, binding_limit, formula_batch_reason, ramp
 from labs.parameters.params import stored_param
 from labs.sim.breakdown import PART_LABELS as BREAKDOWN_LABELS
 
@@ -74,10 +77,10 @@ PROBE = (
 
 @dataclass(frozen=True)
 class Evidence:
-    """What a run's explanations read besides the two breakdowns: the caps its admission
-    obeyed and the one that held (labs.limits), its ramp, what sets the formulas' batch, the
-    workload's shape, and whether the engine model is calibrated on the device (False only
-    for a real engine on a device without a calibration)."""
+    """What a run's explanations read besides the two breakdowns: the caps its admission obeyed and
+    the one that held (labs.explanation.limits), its ramp, what sets the formulas' batch, the
+    workload's shape, and whether the engine model is calibrated on the device (False only for a
+    real engine on a device without a calibration)."""
 
     caps: Caps | None = None
     limit: Limit | None = None

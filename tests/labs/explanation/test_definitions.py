@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
-from labs import definitions
 from labs.backends.base import RunRecord
 from labs.backends.sim import SimBackend
 from labs.backends.vllm.loadgen import PlannedRequest, request_body
+from labs.explanation import definitions
 from labs.measurement.metrics import summarize
 from labs.models import RunState
 from labs.parameters.params import ParamError, parse_lab_params

@@ -1,10 +1,10 @@
 """'Why they differ' is derived from the two breakdowns and the run's engine series
-(labs/explain.py, labs/limits.py), checked over random simulated runs: every row's named parts
-and the rest it states add up to its difference, no part left out is larger than one named; the
-cap a sentence says held admission stood at its limit in the run's own series, and one it says
-never bound never did; ramp-up and drain are said only where the running series ramps; a rate's
-sentence is in the Diff column's unit; and the reading names the row with the largest shown
-difference."""
+(labs/explanation/explain.py, labs/explanation/limits.py), checked over random simulated runs:
+every row's named parts and the rest it states add up to its difference, no part left out is larger
+than one named; the cap a sentence says held admission stood at its limit in the run's own series,
+and one it says never bound never did; ramp-up and drain are said only where the running series
+ramps; a rate's sentence is in the Diff column's unit; and the reading names the row with the
+largest shown difference."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from labs.explain import (
+from labs.explanation.explain import (
     COVER,
     LIMIT,
     MAX_CAUSES,
@@ -25,12 +25,12 @@ from labs.explain import (
     SHOWN_REST,
     explain_time,
 )
-from labs.limits import ARRIVALS, BUDGET, HELD, KV, SEQS
+from labs.explanation.limits import ARRIVALS, BUDGET, HELD, KV, SEQS
+from labs.explanation.results import compare, headline
 from labs.measurement.metrics import summarize
 from labs.parameters.catalog import GPUS
 from labs.parameters.params import ParamError, align_run_batch, parse_lab_params
 from labs.prediction.predict import lab_prediction
-from labs.results import compare, headline
 from labs.sim.lab import build_simulator, run_breakdown
 from tests.budget import examples
 

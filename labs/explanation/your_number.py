@@ -12,7 +12,7 @@ from functools import cache
 from django.db import connections
 
 from config import rows
-from labs import ratios, results
+from labs.explanation import ratios, results
 from labs.models import LabRun, RunState
 from labs.parameters.presets import LABS
 
