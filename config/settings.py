@@ -358,11 +358,11 @@ QUIZ_FIT_STALE_S = env_int("QUIZ_FIT_STALE_S", 45)
 QUIZ_FIT_MEMORY_LIMIT_MB = env_int("QUIZ_FIT_MEMORY_LIMIT_MB", 2048)
 
 # --- Labs -------------------------------------------------------------------------------------
-# Each lab backend has its own queue; a worker serves a backend by consuming its queue
-# (`celery -A config worker -Q labs.sim`, a GPU worker `-Q labs.gpu`). A GPU worker also consumes
-# `labs.gpu.<kind>.x<n>` for each count n of its GPUs it can serve (labs.workers), and a vLLM run
-# is sent to the queue of its GPU kind and tp (labs.services._precheck); Celery creates such
-# queues on first use.
+# Each lab backend has its own queue; a worker serves a backend by consuming its queue (`celery -A
+# config worker -Q labs.sim`, a GPU worker `-Q labs.gpu`). A GPU worker also consumes
+# `labs.gpu.<kind>.x<n>` for each count n of its GPUs it can serve (labs.runs.workers), and a vLLM
+# run is sent to the queue of its GPU kind and tp (labs.runs.submission._precheck); Celery creates
+# such queues on first use.
 LABS_BACKEND_QUEUES = {"sim": "labs.sim", "vllm": "labs.gpu"}
 # Workers write a heartbeat row this often and count as online for LABS_WORKER_ONLINE_S after it.
 LABS_WORKER_HEARTBEAT_S = env_int("LABS_WORKER_HEARTBEAT_S", 10)

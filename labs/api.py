@@ -18,7 +18,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.urls import reverse
 
-from labs import hooks, selectors, services, turns
+from labs import hooks
 from labs.backends import get_backend
 from labs.explanation import results
 from labs.explanation.results import Metric, dig
@@ -31,6 +31,7 @@ from labs.prediction.sizing import sim_precheck, sim_steps
 from labs.questions import content as question_content
 from labs.questions import services as questions
 from labs.questions.figures import FIGURES
+from labs.runs import execution, queueing, selectors, submission, turns
 from labs.sim.engine_model import short_where_label
 
 __all__ = [
@@ -76,8 +77,8 @@ __all__ = [
 
 answer_for_labs = hooks.answer
 run_get_for_owner = selectors.run_get_for_owner
-RunRefused = services.RunRefused
-sim_work_check = services.sim_work_check
+RunRefused = submission.RunRefused
+sim_work_check = submission.sim_work_check
 sweep_get_for_owner = selectors.sweep_get_for_owner
 Waiting = turns.Waiting
 WorkKind = turns.WorkKind
@@ -161,25 +162,25 @@ def simulate(values: Mapping[str, Any], *, until: float | None = None) -> dict[s
 
 def sim_queue() -> str:
     """The lab worker's queue, where work that simulates is sent."""
-    return services.backend_queue("sim")
+    return queueing.backend_queue("sim")
 
 
 def send_turn(queue: str, *, for_what: str) -> None:
     """Send a turn to a lab queue for one piece of work just queued there, once the transaction
-    that saved it has committed. Whoever's turn it is when a worker takes it goes (labs.turns):
+    that saved it has committed. Whoever's turn it is when a worker takes it goes (labs.runs.turns):
     register the work's kind (`answer_for_labs(queued_work=...)`) for it to be taken. The turn
     has the queue's lab run time limits; work with a shorter limit holds itself to it.
 
     Raises:
-        services.QueueUnavailable: the broker did not take it.
+        queueing.QueueUnavailable: the broker did not take it.
     """
-    services.send_turns([queue], for_what=for_what)
+    queueing.send_turns([queue], for_what=for_what)
 
 
 def take_turn(*, queue: str, hostname: str) -> str:
     """Be the worker receiving a turn on `queue`: take the work whose turn it is and do it
-    (labs.services.run_next). Returns a line for the worker's log."""
-    return services.run_next(queue=queue, hostname=hostname)
+    (labs.runs.execution.run_next). Returns a line for the worker's log."""
+    return execution.run_next(queue=queue, hostname=hostname)
 
 
 def sim_worker_online() -> bool:

@@ -6,8 +6,8 @@ class LabsConfig(AppConfig):
     verbose_name = "Labs"
 
     def ready(self) -> None:
-        from labs import events, turns
         from labs.questions import services as questions
+        from labs.runs import events, turns
 
         # A prediction waits for its runs: the worker that finishes one grades it.
         events.run_finished.connect(questions.on_run_finished, dispatch_uid="labs-questions")

@@ -8,8 +8,8 @@ task `labs.calibrate_device` calls it on the vLLM worker that has the device
 (`calibration_execute`). A vLLM worker whose device has no calibration queues a shorter one to
 itself when it starts (`calibration_self_request`, from labs.worker_signals).
 
-A job's state changes are conditional UPDATEs, as a lab run's are (labs.services): a duplicate
-message does not calibrate twice, and a dead worker's job is failed, not left running.
+A job's state changes are conditional UPDATEs, as a lab run's are (labs.runs.submission): a
+duplicate message does not calibrate twice, and a dead worker's job is failed, not left running.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from django.utils import timezone
 from labs.backends import check_can_start, device_label, get_backend
 from labs.backends import this_device as backend_device
 from labs.backends.base import Device, Placement
-from labs.calibration_progress import progress_note, time_limit
 from labs.device_calibration_sweep import (
     SWEEP,
     Runs,
@@ -48,8 +47,9 @@ from labs.models import CalibrationJob, DeviceCalibration, RunState, WorkerHeart
 from labs.parameters.catalog import CPU_KIND, GPUS, LAB_MODEL_SHAPES, MODELS
 from labs.parameters.device_calibration import CONSTANT_BOUNDS, DeviceConstants, announced_cpu_key
 from labs.parameters.params import LabParams, ParamError, parse_lab_params
-from labs.services import QueueUnavailable
-from labs.workers import announced_cpu_figures, placement_queue, served_queues, start_command
+from labs.runs.busy import progress_note, time_limit
+from labs.runs.queueing import QueueUnavailable
+from labs.runs.workers import announced_cpu_figures, placement_queue, served_queues, start_command
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ def calibrate_and_store(
 def this_device(params: LabParams) -> str:
     """The device these settings calibrate on this machine: the GPU kind; for gpu cpu this
     machine's CPU as its CPU worker announces itself (model and cores), the key its runs look
-    their calibration up by (labs.selectors.device_key)."""
+    their calibration up by (labs.runs.selectors.device_key)."""
     return backend_device("vllm", params)
 
 

@@ -156,7 +156,7 @@ class LabParamsForm(forms.Form):
         given = {k: v for k, v in data.items() if k in FIELDS_BY_NAME and v not in ("", None)}
         if given.get("gpu") == CPU_KIND:
             # The CPU's figures are what the online CPU worker measured, not the learner's.
-            from labs.workers import cpu_figures
+            from labs.runs.workers import cpu_figures
 
             given.update(cpu_figures())
         return align_run_batch(given)

@@ -2,15 +2,15 @@
 its functions from its AppConfig.ready (through labs.api.answer_for_labs).
 
 - `reviews_at_least(user_id, count)`: whether a learner has answered at least `count` quiz cards
-  (new accounts get a smaller allowance of lab runs until then; labs.services);
+  (new accounts get a smaller allowance of lab runs until then; labs.runs.submission);
 - `cards_using(presets)`: the active cards that open one of these lab presets, for a lab's page
-  ("cards that use this lab"; labs.selectors.cards_for_lab);
+  ("cards that use this lab"; labs.runs.selectors.cards_for_lab);
 - `work_in_flight(user_id)`: the quiz's work a learner (None: all learners) has queued or
   running, as (on the lab worker's queue, elsewhere): card requests simulate on the lab worker,
   optimizer fits run on their own queue. Both count against the learner's quota of work in
   flight; the first also against the simulator queue's cap and the learner's share of it;
 - `queued_work`: the kinds of the quiz's work that wait on a lab queue (card requests, on the
-  simulator's), taken in turn with lab runs (labs.turns): a learner's card waits for the
+  simulator's), taken in turn with lab runs (labs.runs.turns): a learner's card waits for the
   learners before it in turn, not for every run queued before it;
 - `prediction_graded(data)`: a prediction a learner committed before a run was graded
   (labs.questions): the quiz records it as a review of that lab question. `data` is plain:
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from labs.turns import WorkKind
+from labs.runs.turns import WorkKind
 
 ReviewsAtLeast = Callable[[int, int], bool]
 CardsUsing = Callable[[Sequence[str]], list[dict[str, Any]]]

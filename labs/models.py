@@ -1,9 +1,9 @@
 """Lab runs, sweeps and the workers that announce themselves.
 
 The `LabRun` row is the single truth about a run: Celery only carries a turn on its queue (the
-worker picks whose run goes, labs.turns). State changes are conditional UPDATEs in `labs.services`
-(claim, progress, finish, cancel, reap), so a duplicate message, a cancel and a reaper can race
-without one overwriting the other.
+worker picks whose run goes, labs.runs.turns). State changes are conditional UPDATEs in
+`labs.runs.submission` (claim, progress, finish, cancel, reap), so a duplicate message, a cancel
+and a reaper can race without one overwriting the other.
 """
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ class LabRun(models.Model):
 
 class QueueTurn(models.Model):
     """When a learner's work was last taken from a lab queue: the queue serves next the learner
-    whose turn is oldest (labs.turns). One row per learner and queue, written as work is taken."""
+    whose turn is oldest (labs.runs.turns). One row per learner and queue, written as work is
+    taken."""
 
     queue = models.CharField(max_length=60)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
@@ -197,7 +198,7 @@ class WorkerHeartbeat(models.Model):
 class DeviceCalibration(models.Model):
     """Constants fitted to runs measured on one device (`manage.py lab calibrate`), with their
     errors. The newest row of a device prices that device's predictions and simulations
-    (labs.selectors.device_calibration); no other device's runs read it."""
+    (labs.runs.selectors.device_calibration); no other device's runs read it."""
 
     device = models.CharField(
         max_length=200,

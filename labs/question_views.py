@@ -13,7 +13,6 @@ from django.urls import reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
-from labs import selectors, services
 from labs.backends import is_simulated
 from labs.forms import BACKEND_LABELS
 from labs.parameters.params import ParamError
@@ -21,6 +20,7 @@ from labs.parameters.presets import rerun_values
 from labs.questions import selectors as question_selectors
 from labs.questions import services as questions
 from labs.questions.spec import Question, setting_words
+from labs.runs import selectors, submission
 from labs.views import REFUSAL_STATUS
 
 
@@ -120,7 +120,7 @@ def question_run(request: HttpRequest, lab: str, slug: str) -> HttpResponse:
     except ParamError as exc:
         error = f"This point cannot run on {backend}: {exc}"
         return _page(request, question, at, status=400, error=error, value=raw, backend=backend)
-    except services.RunRefused as exc:
+    except submission.RunRefused as exc:
         hint = exc.operator_hint if request.user.is_staff else ""
         return _page(
             request, question, at, status=REFUSAL_STATUS[exc.kind], value=raw, backend=backend,

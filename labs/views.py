@@ -18,7 +18,6 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
-from labs import calibration_progress, selectors, services
 from labs import device_calibration_jobs as calibration_jobs
 from labs.backends import check_can_start, device_lab_settings, is_simulated, requirement
 from labs.explanation import definitions, results
@@ -31,7 +30,9 @@ from labs.parameters.presets import LABS, Lab, lab_initial, load_presets, rerun_
 from labs.prediction.predict import budget_notice
 from labs.questions import selectors as question_selectors
 from labs.questions import services as questions
-from labs.workers import (
+from labs.runs import busy as calibration_progress
+from labs.runs import reaping, selectors, submission
+from labs.runs.workers import (
     cpu_worker_hardware,
     devices_online,
     engines_busy,
@@ -172,7 +173,7 @@ def _preset_gpu_note(preset: Any, form: SweepForm, vllm_online: bool) -> str:
     if vllm_online:
         try:
             check_can_start(
-                "vllm", params, devices_online("vllm"), **services.start_options("vllm")
+                "vllm", params, devices_online("vllm"), **submission.start_options("vllm")
             )
             return ""
         except ParamError:
@@ -265,7 +266,7 @@ def _submit(
     except ParamError as exc:
         form.add_param_errors(exc.errors)
         return _lab_page(request, lab, form, status=400)
-    except services.RunRefused as exc:
+    except submission.RunRefused as exc:
         # The command that starts a worker is for staff; a learner cannot act on it.
         hint = exc.operator_hint if request.user.is_staff else ""
         refusal = f"{exc.reason} {hint}".strip()
@@ -279,7 +280,7 @@ def run_create(request: HttpRequest, lab: str) -> HttpResponse:
     return _submit(
         request,
         lab,
-        lambda the_lab, form: services.run_request(
+        lambda the_lab, form: submission.run_request(
             owner=request.user,
             lab=the_lab.slug,
             backend=form.cleaned_data["backend"] or "sim",
@@ -295,7 +296,7 @@ def sweep_create(request: HttpRequest, lab: str) -> HttpResponse:
     return _submit(
         request,
         lab,
-        lambda the_lab, form: services.sweep_request(
+        lambda the_lab, form: submission.sweep_request(
             owner=request.user,
             lab=the_lab.slug,
             backend=form.cleaned_data["backend"] or "sim",
@@ -391,7 +392,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
     run = selectors.run_get_for_owner(user=request.user, pk=pk)
     # A page watching a run must see a dead worker's run fail even if no worker is left to
     # reap it; the check is a conditional update on this one run.
-    if not run.is_terminal and services.run_reap_stale(run_ids=[run.pk]):
+    if not run.is_terminal and reaping.run_reap_stale(run_ids=[run.pk]):
         run.refresh_from_db()
     context = _run_context(run)
     if request.htmx:
@@ -405,7 +406,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 def run_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     run = selectors.run_get_for_owner(user=request.user, pk=pk)
-    services.run_cancel(run=run)
+    submission.run_cancel(run=run)
     run.refresh_from_db()
     if request.htmx:
         return _status_response(
@@ -451,7 +452,7 @@ def sweep_detail(request: HttpRequest, pk: int) -> HttpResponse:
     detail = selectors.sweep_detail(sweep)
     if not detail["terminal"]:
         active = [r.pk for r in detail["runs"] if not r.is_terminal]
-        if services.run_reap_stale(run_ids=active):
+        if reaping.run_reap_stale(run_ids=active):
             detail = selectors.sweep_detail(sweep)
     context = {"sweep": sweep, **detail}
     if request.htmx:
@@ -465,7 +466,7 @@ def sweep_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 def sweep_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     sweep = selectors.sweep_get_for_owner(user=request.user, pk=pk)
-    services.sweep_cancel(sweep=sweep)
+    submission.sweep_cancel(sweep=sweep)
     return redirect(sweep)
 
 

@@ -2,12 +2,12 @@
 this module, so every worker that runs lab tasks has them):
 
 - after setup, a worker on `labs.gpu` with a device consumes `labs.gpu.<its GPU kind>.x<n>`
-  for each count n it can serve instead (labs.workers names the queues); `labs.gpu` itself is
+  for each count n it can serve instead (labs.runs.workers names the queues); `labs.gpu` itself is
   left to workers without one (measuring a server elsewhere);
-- when ready, it announces itself (labs.workers.announce), a vLLM worker whose device has no
+- when ready, it announces itself (labs.runs.workers.announce), a vLLM worker whose device has no
   calibration queues a short one to itself (LABS_SELF_CALIBRATE), and it starts a daemon
   thread that announces it again every LABS_WORKER_HEARTBEAT_S and runs the stale-run reaper
-  (labs.services.run_reap_stale), so any live worker fails the runs a killed one left behind;
+  (labs.runs.reaping.run_reap_stale), so any live worker fails the runs a killed one left behind;
 - at shutdown, it stops the thread and removes its heartbeat rows.
 """
 
@@ -25,8 +25,8 @@ from django.db import connections
 from labs.backends import device_label, worker_inventory
 from labs.device_calibration_jobs import calibration_self_request
 from labs.models import WorkerHeartbeat
-from labs.services import run_reap_stale
-from labs.workers import (
+from labs.runs.reaping import run_reap_stale
+from labs.runs.workers import (
     GPU_QUEUE,
     announce,
     backends_for_queues,
@@ -43,8 +43,8 @@ _process: dict[str, Any] = {}
 
 @celeryd_after_setup.connect
 def _add_gpu_kind_queue(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    """A worker on `labs.gpu` also consumes `labs.gpu.<its GPU kind>.x<n>` for each count n it
-    can serve, where runs that need n GPUs of that kind are sent (labs.services routes them)."""
+    """A worker on `labs.gpu` also consumes `labs.gpu.<its GPU kind>.x<n>` for each count n it can
+    serve, where runs that need n GPUs of that kind are sent (labs.runs.submission routes them)."""
     if instance is None:
         return
     queues = instance.app.amqp.queues

@@ -12,7 +12,7 @@ same workload and seed) is shown beside it, and the tolerance holds it when it i
 
 Making a card simulates, so it runs on the lab worker (`card_request` queues it, one per learner
 at a time; `card_request_execute` is the worker's side); the web request does O(1) checks only.
-It waits on the simulator's queue with the lab runs and takes its turn among them (labs.turns,
+It waits on the simulator's queue with the lab runs and takes its turn among them (labs.runs.turns,
 through `CARD_REQUESTS`): a learner's card waits for the learners before it in turn, not for
 every run queued before it.
 
@@ -501,7 +501,7 @@ def card_from_run(*, user: AbstractBaseUser, run: LabRun, until: float | None = 
 # holds the learner's lock.
 CARD_REQUEST_STALE = dt.timedelta(seconds=CARD_SOFT_TIME_LIMIT_S + 180)
 # A request still queued this long after it was made lost its message: it waits its turn behind
-# other learners' work (one turn each, labs/turns.py), which takes minutes, not hours.
+# other learners' work (one turn each, labs/runs/turns.py), which takes minutes, not hours.
 CARD_QUEUED_STALE = dt.timedelta(hours=6)
 
 
@@ -523,8 +523,8 @@ def _check_makeable(user: AbstractBaseUser, run: LabRun) -> None:
 
 
 def _enqueue(request_id: int) -> None:
-    # A turn on the lab worker's queue, which takes whoever's work is next in turn (labs.turns):
-    # this card, or a run, as this card may be taken by an earlier turn.
+    # A turn on the lab worker's queue, which takes whoever's work is next in turn
+    # (labs.runs.turns): this card, or a run, as this card may be taken by an earlier turn.
     try:
         labs_api.send_turn(labs_api.sim_queue(), for_what=f"card request {request_id}")
     except Exception as exc:  # noqa: BLE001 - any broker failure: the row must not wait forever

@@ -37,7 +37,7 @@ class Device:
 
     @classmethod
     def from_announced(cls, gpus: Mapping[str, Any] | None) -> Device | None:
-        """The device a heartbeat row's inventory describes (labs.workers), or None if it
+        """The device a heartbeat row's inventory describes (labs.runs.workers), or None if it
         announced none."""
         gpus = gpus or {}
         kind, count = gpus.get("kind") or gpus.get("name"), gpus.get("count")
@@ -59,7 +59,7 @@ class Device:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a run goes: `count` devices of `kind` (labs.workers routes it to a queue that only
+    """Where a run goes: `count` devices of `kind` (labs.runs.workers routes it to a queue that only
     workers with at least that many consume)."""
 
     kind: str

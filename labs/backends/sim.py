@@ -108,7 +108,7 @@ class SimBackend:
             may grow by at most twice that while the run lasts, so a wrong estimate ends in a
             MemoryError for this run, never in the OOM killer taking the worker. None: no limit.
         device: the calibration measured on the lab's GPU kind, if one is stored
-            (labs.selectors.device_calibration); the caller looks it up for the run's GPU.
+            (labs.runs.selectors.device_calibration); the caller looks it up for the run's GPU.
     """
 
     name = "sim"

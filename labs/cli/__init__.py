@@ -80,7 +80,7 @@ def stored_calibration(params: LabParams) -> DeviceConstants | None:
     migration, and then no device has a calibration of its own."""
     from django.db import DatabaseError
 
-    from labs.selectors import lab_calibration
+    from labs.runs.selectors import lab_calibration
 
     try:
         return lab_calibration(params)

@@ -788,7 +788,7 @@ def _hardware_from(given: dict[str, Any], name: str, source: str) -> Hardware:
 
 def _resolve_cpu(given: dict[str, Any], errors: dict[str, str]) -> Hardware | None:
     """gpu cpu: no catalog figures, the CPU's own (the lab page fills them in from the CPU
-    worker's measurements; labs.workers.cpu_figures)."""
+    worker's measurements; labs.runs.workers.cpu_figures)."""
     missing = [n for n in CUSTOM_GPU_FIELDS if n not in given]
     for name in missing:
         errors.setdefault(

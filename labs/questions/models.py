@@ -138,7 +138,7 @@ class QuestionSimulation(models.Model):
     band_words = models.CharField(max_length=300, blank=True)
     where = models.CharField(max_length=200, blank=True)
     error = models.TextField(blank=True)
-    # Whose graded prediction asked for it: its turn on the lab queue is theirs (labs.turns).
+    # Whose graded prediction asked for it: its turn on the lab queue is theirs (labs.runs.turns).
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+"
     )

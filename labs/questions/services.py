@@ -25,7 +25,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from labs import hooks, services, turns
+from labs import hooks
 from labs.backends import get_backend
 from labs.explanation.results import derived_predictions, format_value
 from labs.measurement.metrics import summarize
@@ -36,7 +36,8 @@ from labs.questions.content import question_of
 from labs.questions.figures import FIGURES, Figure
 from labs.questions.models import LabQuestion, Prediction, QuestionSimulation
 from labs.questions.spec import Question, QuestionError, baseline_params, setting_words
-from labs.selectors import device_prediction, lab_calibration
+from labs.runs import queueing, submission, turns
+from labs.runs.selectors import device_prediction, lab_calibration
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ def prediction_request(
 
     Raises:
         ParamError: the point cannot run on `backend`.
-        services.RunRefused: it cannot run now (no worker, quota, queue full).
+        submission.RunRefused: it cannot run now (no worker, quota, queue full).
     """
     params = question.points[at]
     base = baseline_params(question, at)
@@ -155,7 +156,7 @@ def prediction_request(
             )
         )
 
-    services.runs_request(
+    submission.runs_request(
         owner=owner,
         lab=question.lab,
         backend=backend,
@@ -288,7 +289,7 @@ def prediction_report(prediction: Prediction) -> bool:
 
 
 def on_run_finished(sender: object, run_id: int, **_: object) -> None:
-    """labs.events.run_finished: grade the predictions that waited for this run."""
+    """labs.runs.events.run_finished: grade the predictions that waited for this run."""
     waiting = Prediction.objects.filter(
         Q(run_id=run_id) | Q(baseline_id=run_id), state=Prediction.State.WAITING
     ).select_related("run", "baseline", "owner")
@@ -351,22 +352,22 @@ def simulations_ensure(question: Question, *, requested_by: Any) -> int:
                 continue
         queued += 1
     if queued:
-        queue = services.backend_queue("sim")
+        queue = queueing.backend_queue("sim")
         transaction.on_commit(lambda: _send_turns(queue, queued, question.slug))
     return queued
 
 
 def _send_turns(queue: str, count: int, slug: str) -> None:
     try:
-        services.send_turns([queue] * count, for_what=f"question {slug}'s simulations")
-    except services.QueueUnavailable:
+        queueing.send_turns([queue] * count, for_what=f"question {slug}'s simulations")
+    except queueing.QueueUnavailable:
         # Queued rows with no turn: the next ask finds them stale after QUEUED_STALE and sends
         # one again; meanwhile the quiz asks against the learner's own run.
         logger.warning("no turns sent for question %s's simulations", slug)
 
 
 def _sims_waiting(queue: str) -> list[turns.Waiting]:
-    if queue != services.backend_queue("sim"):
+    if queue != queueing.backend_queue("sim"):
         return []
     rows = QuestionSimulation.objects.filter(state=QuestionSimulation.State.QUEUED)
     return [

@@ -37,7 +37,7 @@ def main() -> None:
         settings_params,
     )
     from labs.prediction.predict import lab_prediction
-    from labs.workers import announced_cpu_figures
+    from labs.runs.workers import announced_cpu_figures
 
     base = {**CPU_BASE, **announced_cpu_figures(cpu.inventory_dict())}
     backend = get_backend("vllm")

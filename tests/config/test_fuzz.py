@@ -20,10 +20,10 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from labs import services
 from labs.models import WorkerHeartbeat
 from labs.parameters.params import FIELDS_BY_NAME
 from labs.parameters.presets import LABS, load_presets
+from labs.runs import queueing
 from tests.budget import examples
 from tests.conftest import make_user
 from tests.labs.factories import make_heartbeat, make_run
@@ -97,7 +97,7 @@ def world(db, settings):
         make_card(kind)
     make_heartbeat("sim")
     run = make_run(user)
-    with mock.patch.object(services, "_enqueue"):
+    with mock.patch.object(queueing, "_enqueue"):
         yield client, run
     cache.clear()
 

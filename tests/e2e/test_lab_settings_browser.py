@@ -9,9 +9,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from labs import services
 from labs.models import LabRun, RunState
 from labs.parameters.presets import load_presets
+from labs.runs import reaping
 from tests.e2e.conftest import PHONE, sign_up
 from tests.labs.factories import make_heartbeat, make_run
 from tests.quiz.factories import make_card
@@ -56,7 +56,7 @@ def test_the_run_page_names_its_preset_and_counts_only_the_time_it_was_worked_on
         heartbeat_at=started + timedelta(seconds=6),
         worker="sim@gone",
     )
-    services.run_reap_stale(run_ids=[run.pk])  # the worker was killed 72 s ago
+    reaping.run_reap_stale(run_ids=[run.pk])  # the worker was killed 72 s ago
     page.goto(run.get_absolute_url())
     meta = page.locator(".run-meta")
     assert meta.get_by_role("link", name=preset.title).count() == 1

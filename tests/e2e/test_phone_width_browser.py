@@ -21,9 +21,9 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.urls import NoReverseMatch, reverse
 
-from labs import services
 from labs.models import LabRun, RunState
 from labs.parameters.presets import LABS, load_presets
+from labs.runs import execution, queueing, submission
 from quiz.models import Card
 from tests.e2e.conftest import LAPTOP, PHONE, sign_up
 from tests.labs.factories import make_heartbeat, make_run
@@ -43,7 +43,7 @@ WIDE = """(limit) => [...document.querySelectorAll('body *')]
 
 
 def _finish(run: LabRun) -> LabRun:
-    assert services.run_execute(run_id=run.pk, hostname="sim@e2e") == RunState.DONE, run.error
+    assert execution.run_execute(run_id=run.pk, hostname="sim@e2e") == RunState.DONE, run.error
     run.refresh_from_db()
     return run
 
@@ -51,19 +51,19 @@ def _finish(run: LabRun) -> LabRun:
 def _history(user) -> dict[str, object]:
     """Runs of two presets, a run of every lab, and a finished sweep."""
     make_heartbeat("sim")
-    with mock.patch.object(services, "_enqueue"):  # run here, not through a broker
+    with mock.patch.object(queueing, "_enqueue"):  # run here, not through a broker
         runs = []
         for slug in (PRESET, BASELINE):  # the batch-32 card's two points: its ratio shows
             preset = load_presets()[slug]
             data = {**LABS[preset.lab].defaults, **preset.params}
-            made = services.run_request(
+            made = submission.run_request(
                 owner=user, lab=preset.lab, backend="sim", data=data, preset=slug
             )
             runs.append(_finish(made))
         for slug, lab in LABS.items():
-            made = services.run_request(owner=user, lab=slug, backend="sim", data=lab.defaults)
+            made = submission.run_request(owner=user, lab=slug, backend="sim", data=lab.defaults)
             runs.append(_finish(made))
-        sweep = services.sweep_request(
+        sweep = submission.sweep_request(
             owner=user,
             lab="batching",
             backend="sim",

@@ -42,7 +42,7 @@ from labs.device_calibration_sweep import (
 from labs.measurement.metrics import summarize
 from labs.models import DeviceCalibration
 from labs.parameters.device_calibration import CONSTANT_BOUNDS, DeviceConstants
-from labs.selectors import device_calibration
+from labs.runs.selectors import device_calibration
 from labs.sim.lab import build_simulator
 from tests.labs.vllm.conftest import _idle_fakes, fake_server  # noqa: F401 (fixtures)
 

@@ -74,7 +74,7 @@ def test_a_cpu_worker_is_calibrated_with_the_documented_settings_and_its_own_fig
         "block_size": 128,
         "kv_capacity_tokens": 8192,
         "max_num_seqs": 8,
-        # What the worker measured, as the lab form prices gpu cpu (labs.workers.cpu_figures).
+        # What the worker measured, as the lab form prices gpu cpu (labs.runs.workers.cpu_figures).
         "hbm_gb": pytest.approx(16 * 1024**3 / 10**9),
         "bandwidth_tbs": pytest.approx(0.008),
         "tflops": pytest.approx(0.2),

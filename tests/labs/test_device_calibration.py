@@ -10,13 +10,13 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from labs import services
 from labs.models import DeviceCalibration, RunState
 from labs.parameters.catalog import GPUS, MODELS
 from labs.parameters.device_calibration import DeviceConstants, check_constants, cpu_device_key
 from labs.parameters.params import parse_lab_params
 from labs.prediction.predict import lab_prediction, predict
-from labs.selectors import device_calibration
+from labs.runs import execution
+from labs.runs.selectors import device_calibration
 from labs.sim.engine_model import load_calibration, with_device
 from tests.labs.factories import SMALL, make_run
 
@@ -37,7 +37,7 @@ def _params(gpu: str):
 
 def _simulated(owner, params) -> tuple[float, str]:
     run = make_run(owner, params=params.as_dict())
-    assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
+    assert execution.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
     run.refresh_from_db()
     return run.result["tpot_s"]["mean"], run.where
 
@@ -45,7 +45,7 @@ def _simulated(owner, params) -> tuple[float, str]:
 @pytest.mark.django_db
 def test_a_devices_stored_calibration_prices_its_predictor_and_simulator_and_nothing_else(alice):
     mine, other = _params("h100-sxm"), _params("a100-80gb")
-    before = {p.hardware.name: services._predicted(p) for p in (mine, other)}
+    before = {p.hardware.name: execution._predicted(p) for p in (mine, other)}
     sim_before = {p.hardware.name: _simulated(alice, p) for p in (mine, other)}
 
     DeviceCalibration.objects.create(
@@ -60,7 +60,7 @@ def test_a_devices_stored_calibration_prices_its_predictor_and_simulator_and_not
 
     # The predictor: the calibrated device's numbers move, exactly as predict(params, device),
     # and so do the predicted parts the run page shows.
-    after = services._predicted(mine)
+    after = execution._predicted(mine)
     assert after["tpot_s"] > 1.5 * before["h100-sxm"]["tpot_s"]
     # Stored with what priced it, by which the run's parts are sized too.
     priced = after.pop("priced_with")
@@ -69,7 +69,7 @@ def test_a_devices_stored_calibration_prices_its_predictor_and_simulator_and_not
     assert after == lab_prediction(mine, stored)
     assert {k: after[k] for k in predict(mine).as_dict()} == predict(mine, stored).as_dict()
     assert after["breakdown"] != before["h100-sxm"]["breakdown"]
-    assert services._predicted(other) == before["a100-80gb"]
+    assert execution._predicted(other) == before["a100-80gb"]
     assert before["a100-80gb"]["priced_with"] == {
         "device": "a100-80gb",
         "source": "published",

@@ -14,11 +14,11 @@ from django.urls import reverse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from labs import services
 from labs.forms import LabParamsForm
 from labs.models import LabRun, Sweep, WorkerHeartbeat
 from labs.parameters.params import FIELDS_BY_NAME, PARAM_FIELDS, ParamError, parse_lab_params
 from labs.parameters.presets import LABS
+from labs.runs import queueing
 from tests.budget import examples
 from tests.conftest import make_user
 from tests.labs.factories import make_heartbeat
@@ -141,7 +141,7 @@ def test_hostile_posts_get_400_with_field_messages_and_nothing_runs(client, lear
         make_heartbeat("sim")  # a worker is up: only validation can refuse
     client.force_login(learner)
     data = {**data, bad_field: bad}
-    with mock.patch.object(services, "_enqueue") as enqueue:
+    with mock.patch.object(queueing, "_enqueue") as enqueue:
         if endpoint == "predict":
             response = client.get(reverse("labs:lab-predict", args=[lab]), data)
         else:

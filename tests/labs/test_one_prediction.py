@@ -11,12 +11,12 @@ import pytest
 from django.core.management import call_command
 from django.urls import reverse
 
-from labs import services
 from labs.explanation.results import format_value
 from labs.models import DeviceCalibration, LabRun, RunState
 from labs.parameters.params import FIELDS_BY_NAME, parse_lab_params
 from labs.parameters.presets import LABS, lab_initial
 from labs.prediction.predict import lab_prediction
+from labs.runs import execution
 from quiz import personal
 from tests.labs.factories import make_heartbeat
 from tests.labs.test_device_calibration import SLOW
@@ -76,7 +76,7 @@ def test_lab_page_run_page_cli_and_card_show_the_same_prediction(
     )
     run = LabRun.objects.get()
     assert response.status_code == 302
-    assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
+    assert execution.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
     run.refresh_from_db()
     run_page = alice_client.get(run.get_absolute_url())
     on_run_page = {row.label: row.predicted for row in run_page.context["rows"]}

@@ -14,12 +14,12 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from labs import services
 from labs.models import LabRun, RunState
 from labs.questions import services as questions
 from labs.questions.bands import AGAIN, GOOD, HARD
 from labs.questions.content import questions_load, questions_read
 from labs.questions.models import Prediction, QuestionSimulation
+from labs.runs import execution
 from quiz.models import Card, PredictionAsk, ReviewLog, ReviewState
 from tests.labs.factories import make_heartbeat
 
@@ -38,7 +38,7 @@ def _run_all(prediction: Prediction) -> Prediction:
     tell the listeners), and read the prediction again."""
     for run in (prediction.run, prediction.baseline):
         if run is not None:
-            services.run_execute(run_id=run.pk, hostname="test@here")
+            execution.run_execute(run_id=run.pk, hostname="test@here")
     return Prediction.objects.get(pk=prediction.pk)
 
 
@@ -218,7 +218,7 @@ def test_the_lab_worker_takes_a_questions_simulations_in_turn(alice, loaded):
     # Asked again while queued: nothing more is queued.
     assert questions.simulations_ensure(question, requested_by=alice) == 0
     for _ in range(4):
-        assert "question simulation" in services.run_next(queue="labs.sim", hostname="w@here")
+        assert "question simulation" in execution.run_next(queue="labs.sim", hostname="w@here")
     done = QuestionSimulation.objects.filter(question=TTFT, state="done")
     assert done.count() == 4
     assert all(s.measured > 0 and s.band > 0 and s.where for s in done)

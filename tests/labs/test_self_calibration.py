@@ -17,14 +17,15 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
-from labs import calibration_progress, worker_signals
 from labs import device_calibration_jobs as calibration_jobs
+from labs import worker_signals
 from labs.backends import device_lab_settings
 from labs.models import CalibrationJob, DeviceCalibration, RunState, WorkerHeartbeat
 from labs.parameters.catalog import CPU_KIND
 from labs.parameters.params import parse_lab_params
+from labs.runs import busy as calibration_progress
+from labs.runs.workers import announced_cpu_figures
 from labs.tasks import calibrate_device_task
-from labs.workers import announced_cpu_figures
 from tests.conftest import make_user
 from tests.labs.factories import SMALL, make_run
 from tests.labs.test_calibrations import CPU_KEY, L4_GPUS, StandInVllm, cpu_worker, l4_worker
@@ -194,7 +195,7 @@ def test_the_devices_page_says_the_worker_started_its_own_calibration(client):
 def test_a_busy_engine_is_said_and_not_offered(alice_client):
     """While another process of the installation holds the CPU worker's engine, the lab page
     says so and offers no run on it, and a submit finds no device to run on."""
-    from labs import workers
+    from labs.runs import workers
 
     busy = "vLLM on this device is busy: another process of this installation (pid 42, ...)"
     cpu_worker(gpus={**CPU_GPUS, "busy": busy})
@@ -207,7 +208,7 @@ def test_a_busy_engine_is_said_and_not_offered(alice_client):
 
 
 def test_a_worker_announces_a_busy_engine_on_every_beat():
-    from labs import workers
+    from labs.runs import workers
 
     workers._state.clear()
     info = {"where": "vLLM", "gpu_name": "cpu", "versions": {}, "gpus": dict(CPU_GPUS)}
@@ -236,7 +237,7 @@ def test_a_submit_while_the_cpu_engine_calibrates_elsewhere_is_refused_in_a_lear
         state=RunState.RUNNING, started_at=started, note="run 11 of 41: D1 batch-1 decode"
     )
     data = {**device_lab_settings("vllm", CPU_KIND), "num_prompts": "4"}
-    with mock.patch("labs.services.run_next_task.apply_async") as queued:
+    with mock.patch("labs.runs.tasks.run_next_task.apply_async") as queued:
         response = alice_client.post(reverse("labs:run-create", args=["batching"]), data)
     assert response.status_code == 503
     html = response.content.decode()
@@ -339,16 +340,16 @@ def test_a_run_sent_while_the_cpu_calibrates_itself_says_it_used_the_probe(alice
     calibration: its parts were once sized by the calibration beside the probe's prediction,
     and the page said neither. Now they share the probe's basis and the page says so; a run
     sent after the calibration says which calibration priced it, when and how well."""
-    from labs import services
     from labs.explanation.results import PROBE_NOTE
+    from labs.runs import execution, submission
 
     cpu_worker()
     _cpu_self_job(state=RunState.RUNNING, started_at=timezone.now())
     data = {**device_lab_settings("vllm", CPU_KIND), "num_prompts": "4"}
     data.pop("backend")
     data.update(announced_cpu_figures(CPU_GPUS))  # as the lab form fills them in
-    with mock.patch("labs.services.run_next_task.apply_async"):
-        sent = services.run_request(owner=alice, lab="batching", backend="vllm", data=data)
+    with mock.patch("labs.runs.tasks.run_next_task.apply_async"):
+        sent = submission.run_request(owner=alice, lab="batching", backend="vllm", data=data)
     assert sent.predicted["priced_with"] == {
         "device": CPU_KEY,
         "source": "probe",
@@ -359,8 +360,8 @@ def test_a_run_sent_while_the_cpu_calibrates_itself_says_it_used_the_probe(alice
     calibration = DeviceCalibration.objects.create(
         device=CPU_KEY, where="this worker", constants=SLOW_CPU, fit_error=0.05, held_out_error=0.12
     )
-    with mock.patch("labs.services.backend_for_run", _RecordedEngine):
-        assert services.run_execute(run_id=sent.pk, hostname="cpu@box") == RunState.DONE
+    with mock.patch("labs.runs.execution.backend_for_run", _RecordedEngine):
+        assert execution.run_execute(run_id=sent.pk, hostname="cpu@box") == RunState.DONE
     sent.refresh_from_db()
     assert sent.result["breakdown"]["calibrated"] is False
     page = alice_client.get(sent.get_absolute_url()).content.decode()
@@ -374,11 +375,11 @@ def test_a_run_sent_while_the_cpu_calibrates_itself_says_it_used_the_probe(alice
     assert PROBE_NOTE in html and "predicted from the device's start-up probe" in html
     assert "efficiency loss" not in html.split('id="run-definitions"')[0].split("Reading:")[1]
 
-    with mock.patch("labs.services.run_next_task.apply_async"):
-        later = services.run_request(owner=alice, lab="batching", backend="vllm", data=data)
+    with mock.patch("labs.runs.tasks.run_next_task.apply_async"):
+        later = submission.run_request(owner=alice, lab="batching", backend="vllm", data=data)
     assert later.predicted["priced_with"]["calibration_id"] == calibration.pk
-    with mock.patch("labs.services.backend_for_run", _RecordedEngine):
-        assert services.run_execute(run_id=later.pk, hostname="cpu@box") == RunState.DONE
+    with mock.patch("labs.runs.execution.backend_for_run", _RecordedEngine):
+        assert execution.run_execute(run_id=later.pk, hostname="cpu@box") == RunState.DONE
     later.refresh_from_db()
     assert later.result["breakdown"]["calibrated"] is True
     html = alice_client.get(later.get_absolute_url()).content.decode()

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from labs import selectors, services
 from labs.explanation import results
 from labs.models import RunState
 from labs.parameters.params import align_run_batch, parse_lab_params
 from labs.prediction.predict import lab_prediction
+from labs.runs import execution, selectors, submission
 from tests.labs.factories import make_run
 
 # A paged pool that holds 8 sequences at full length and admits 64 on their prompts.
@@ -83,9 +83,9 @@ def test_a_sweep_shows_each_points_change_from_the_first_measured_and_predicted(
 def test_the_compare_page_shows_the_predicted_change_beside_the_measured_one(alice, alice_client):
     def done(**values):
         run = make_run(alice, lab="batching", params=parse_lab_params(values).as_dict())
-        run.predicted = services._predicted(services.parse_lab_params(run.params))
+        run.predicted = execution._predicted(submission.parse_lab_params(run.params))
         run.save()
-        assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
+        assert execution.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
         run.refresh_from_db()
         return run
 

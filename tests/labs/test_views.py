@@ -11,9 +11,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from labs import services
 from labs.models import LabRun, RunState, Sweep
 from labs.parameters.presets import LABS, load_presets
+from labs.runs import execution, queueing, reaping, submission
 from labs.sim.breakdown import PART_LABELS
 from tests.conftest import make_user
 from tests.labs.factories import SMALL, make_heartbeat, make_run
@@ -25,7 +25,7 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 @pytest.fixture
 def no_broker():
     """Record sends instead of talking to a broker (the worker tests use the real one)."""
-    with mock.patch.object(services, "_enqueue") as enqueue:
+    with mock.patch.object(queueing, "_enqueue") as enqueue:
         yield enqueue
 
 
@@ -33,9 +33,9 @@ def no_broker():
 def done_run(alice):
     """A run executed in-process on the real simulator: a real summary to render."""
     run = make_run(alice, lab="paged-kv", state=RunState.QUEUED)
-    run.predicted = services._predicted(services.parse_lab_params(run.params))
+    run.predicted = execution._predicted(submission.parse_lab_params(run.params))
     run.save()
-    assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
+    assert execution.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
     run.refresh_from_db()
     return run
 
@@ -233,7 +233,7 @@ def test_the_run_page_says_vllm_is_starting_then_ready_and_nothing_for_a_sim_run
     from labs.parameters.params import parse_lab_params
 
     run = make_run(alice, backend="vllm", state=RunState.RUNNING, heartbeat_at=timezone.now())
-    on_progress = services._progress_reporter(run.pk, services._RunHeartbeat(run.pk, 60))
+    on_progress = execution._progress_reporter(run.pk, execution._RunHeartbeat(run.pk, 60))
     on_progress(0.0, Phase("starting", "vLLM", "engine arguments changed", 34.2, 41.0))
     html = alice_client.get(run.get_absolute_url(), **HTMX).content.decode()
     assert (
@@ -253,7 +253,7 @@ def test_the_run_page_says_vllm_is_starting_then_ready_and_nothing_for_a_sim_run
     sim = make_run(alice, state=RunState.RUNNING, heartbeat_at=timezone.now())
     SimBackend().run(
         parse_lab_params(SMALL),
-        services._progress_reporter(sim.pk, services._RunHeartbeat(sim.pk, 60)),
+        execution._progress_reporter(sim.pk, execution._RunHeartbeat(sim.pk, 60)),
     )
     sim.refresh_from_db()
     assert sim.progress == 1.0 and sim.phase == {}
@@ -378,7 +378,7 @@ def test_a_run_whose_worker_died_counts_only_the_time_it_was_worked_on(alice_cli
         heartbeat_at=started + timedelta(seconds=6),
         worker="sim@gone",
     )
-    assert services.run_reap_stale(run_ids=[run.pk]) == 1
+    assert reaping.run_reap_stale(run_ids=[run.pk]) == 1
     run.refresh_from_db()
     assert run.finished_at - run.started_at >= timedelta(seconds=78)
     assert run.duration == timedelta(seconds=6)
@@ -390,7 +390,7 @@ def test_a_run_whose_worker_died_counts_only_the_time_it_was_worked_on(alice_cli
 def test_a_run_that_failed_on_a_live_worker_counts_until_it_failed(alice_client, alice):
     started = timezone.now() - timedelta(seconds=20)
     run = make_run(alice, state=RunState.RUNNING, started_at=started, heartbeat_at=started)
-    services.run_fail(run_id=run.pk, error="The run took longer than the worker's time limit.")
+    execution.run_fail(run_id=run.pk, error="The run took longer than the worker's time limit.")
     run.refresh_from_db()
     assert not run.worker_died
     assert run.duration == run.finished_at - run.started_at
@@ -694,7 +694,7 @@ def test_the_batch_32_presets_run_explains_itself_with_its_own_table(
         {**form, "backend": "sim", "preset": slug},
     )
     run = LabRun.objects.get()
-    assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
+    assert execution.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
     run.refresh_from_db()
     assert run.result["prefix_cache_hit_rate"] == 0
     response = alice_client.get(run.get_absolute_url())
@@ -732,7 +732,7 @@ def _run_lab(alice_client, lab: str, values: dict[str, object]):
     form = {**dict(page.context["form"].data.items()), **values, "backend": "sim"}
     assert alice_client.post(reverse("labs:run-create", args=[lab]), form).status_code == 302
     run = LabRun.objects.order_by("-pk").first()
-    assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
+    assert execution.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
     return alice_client.get(run.get_absolute_url())
 
 

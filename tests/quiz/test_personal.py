@@ -292,7 +292,7 @@ def test_only_its_owner_is_quizzed_on_it_and_it_comes_first(alice, bob):
 
 @pytest.fixture
 def sent(monkeypatch):
-    """The queue of each turn sent to Celery (labs.turns) instead of a broker, and every
+    """The queue of each turn sent to Celery (labs.runs.turns) instead of a broker, and every
     simulation that ran: the web side must send one turn and simulate nothing."""
     messages, simulated = [], []
     monkeypatch.setattr(personal.labs_api, "send_turn", lambda queue, **_: messages.append(queue))
@@ -494,7 +494,7 @@ def test_a_card_takes_its_turn_among_the_lab_runs_not_after_them(
     alice, bob, sent, django_capture_on_commit_callbacks
 ):
     # Alice's runs wait on the simulator's queue before Bob asks for a card: the card goes
-    # second, in Bob's turn, not after all of Alice's runs (labs.turns).
+    # second, in Bob's turn, not after all of Alice's runs (labs.runs.turns).
     messages, _ = sent
     make_heartbeat("sim")
     alices = [make_run(alice, queue="labs.sim") for _ in range(3)]
@@ -702,7 +702,7 @@ def test_a_request_number_that_is_not_ascii_digits_is_refused_by_name(alice_clie
 def test_a_card_request_counts_against_the_learners_share(alice, sent, settings):
     """Issue 52: card requests simulate on the lab worker, so they count as runs in the learner's
     share of the simulator queue (and a card in flight counts against the next run)."""
-    from labs import services
+    from labs.runs import submission
 
     messages, simulated = sent
     make_heartbeat("sim")
@@ -716,12 +716,12 @@ def test_a_card_request_counts_against_the_learners_share(alice, sent, settings)
     LabRun.objects.filter(state=RunState.QUEUED).delete()
     LabRun.objects.create(owner=alice, lab=run.lab, backend="sim", params=run.params)
     assert personal.card_request(user=alice, run=run).state == "queued"
-    with pytest.raises(services.RunRefused, match=r"you have 2 .*counting 1 card being made"):
-        services.sim_work_check(owner=alice)
+    with pytest.raises(submission.RunRefused, match=r"you have 2 .*counting 1 card being made"):
+        submission.sim_work_check(owner=alice)
 
 
 def test_a_parameter_fit_counts_against_the_learners_quota(alice, sent, settings):
-    from labs import services
+    from labs.runs import submission
     from quiz.models import ParameterFit
 
     make_heartbeat("sim")
@@ -730,9 +730,9 @@ def test_a_parameter_fit_counts_against_the_learners_quota(alice, sent, settings
     ParameterFit.objects.create(user=alice, created_at=timezone.now())
     assert personal.card_request(user=alice, run=run).state == "queued"
     with pytest.raises(
-        services.RunRefused, match=r"already have 2 runs .*1 card being made and 1 parameter fit"
+        submission.RunRefused, match=r"already have 2 runs .*1 card being made and 1 parameter fit"
     ):
-        services.sim_work_check(owner=alice)
+        submission.sim_work_check(owner=alice)
 
 
 def test_a_card_too_long_to_simulate_in_its_time_limit_is_refused_up_front(alice, sent):

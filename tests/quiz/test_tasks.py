@@ -7,7 +7,7 @@ from django.urls import reverse
 
 from quiz import personal
 from quiz.models import Card, PersonalCardRequest
-from tests.labs.test_tasks import wait_for
+from tests.labs.runs.test_tasks import wait_for
 from tests.quiz.test_personal import finished_run
 
 pytestmark = [pytest.mark.worker]

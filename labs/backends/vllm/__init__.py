@@ -91,7 +91,7 @@ def device_label(announced: Mapping[str, Any]) -> str:
 
 def this_device(params: LabParams) -> str:
     """The GPU kind; for gpu cpu this machine's CPU as its CPU worker announces itself (model
-    and cores), the key its runs look their calibration up by (labs.selectors.device_key)."""
+    and cores), the key its runs look their calibration up by (labs.runs.selectors.device_key)."""
     if params.hardware.name != CPU_KIND:
         return params.hardware.name
     return cpu_device_key(cpu.cpu_inventory().name or "", cpu.cores())

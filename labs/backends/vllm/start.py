@@ -1,7 +1,7 @@
 """Can this lab start on vLLM 0.33, and on which worker? The one place that decides it.
 
 `check_can_start(params, devices)` is called at submit with the devices of the online vLLM
-workers (labs.workers.devices_online) and again on the worker, before any start, with its own.
+workers (labs.runs.workers.devices_online) and again on the worker, before any start, with its own.
 It refuses, by field and with what would fit, every start-up rule of vLLM 0.33 that the lab's
 settings can break:
 

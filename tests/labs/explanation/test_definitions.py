@@ -67,10 +67,10 @@ def test_a_simulated_run_says_its_ttft_is_simulated_and_has_no_bench_stamp() -> 
 def test_the_run_page_shows_how_ttft_was_stamped_both_means_and_the_sampling(
     alice: Any, alice_client: Any
 ) -> None:
-    from labs import services
+    from labs.runs import execution
 
     done = make_run(alice, lab="speculative")
-    assert services.run_execute(run_id=done.pk, hostname="sim@test") == RunState.DONE
+    assert execution.run_execute(run_id=done.pk, hostname="sim@test") == RunState.DONE
     done.refresh_from_db()
     result = {**done.result}
     result["ttft_s"] = {**result["ttft_s"], "mean": 0.0123}

@@ -9,7 +9,6 @@ from unittest import mock
 import pytest
 from django.urls import reverse
 
-from labs import services
 from labs.backends.sim import SimBackend
 from labs.measurement.metrics import summarize
 from labs.models import LabRun, RunState
@@ -22,6 +21,7 @@ from labs.prediction.sizing import (
     sim_precheck,
     sim_run_size,
 )
+from labs.runs import execution
 from tests.labs.factories import SMALL, make_heartbeat, make_run
 
 HOSTILE = [
@@ -151,7 +151,7 @@ def test_the_worker_refuses_a_too_large_run_that_skipped_the_submit_check(alice,
     params = {**parse_lab_params(SMALL).as_dict(), "num_prompts": 10**6}
     run = make_run(alice, params=params)
     with mock.patch("labs.backends.sim.build_simulator") as build:
-        assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.FAILED
+        assert execution.run_execute(run_id=run.pk, hostname="sim@test") == RunState.FAILED
     build.assert_not_called()
     run.refresh_from_db()
     assert run.error.startswith("Too large for one simulated run: num_prompts")
@@ -161,6 +161,6 @@ def test_the_worker_refuses_a_too_large_run_that_skipped_the_submit_check(alice,
 def test_a_run_that_outgrows_its_cap_fails_with_a_clear_reason(alice, settings):
     run = make_run(alice)
     with mock.patch.object(SimBackend, "_run", side_effect=MemoryError):
-        assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.FAILED
+        assert execution.run_execute(run_id=run.pk, hostname="sim@test") == RunState.FAILED
     run.refresh_from_db()
     assert run.error.startswith("Too large: the run needed more memory")

@@ -171,15 +171,15 @@ def test_a_running_servers_max_model_len_is_checked_before_anything_is_sent(
 def test_a_run_the_server_cannot_take_fails_with_the_reason_and_no_traceback(
     fake_server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, alice
 ) -> None:
-    from labs import services
     from labs.models import RunState
+    from labs.runs import execution
     from tests.labs.factories import make_run
 
     short = fake_server({"ttft_ms": 2, "itl_ms": [2], "max_model_len": 139})
     monkeypatch.setenv("LABS_VLLM_BASE_URL", short.base_url)
     run = make_run(alice, backend="vllm", params=parse_lab_params(PARAMS).as_dict())
-    with caplog.at_level("INFO", logger="labs.services"):
-        assert services.run_execute(run_id=run.pk, hostname="gpu@test") == RunState.FAILED
+    with caplog.at_level("INFO", logger="labs.runs.submission"):
+        assert execution.run_execute(run_id=run.pk, hostname="gpu@test") == RunState.FAILED
     run.refresh_from_db()
     assert run.error.startswith("These settings cannot run: prompt_tokens + ")
     assert "max_model_len of 139 tokens" in run.error and "ParamError" not in run.error
@@ -466,43 +466,47 @@ def iid_tokens_per_step(k: int, alpha: float) -> tuple[float, float]:
 
 @pytest.mark.usefixtures("fresh_backend_manager")
 def test_a_worker_measuring_a_server_elsewhere_receives_the_runs(db: Any) -> None:
-    from labs import services
-    from labs.workers import served_queues
+    from labs.runs import submission
+    from labs.runs.workers import served_queues
     from tests.labs.factories import make_heartbeat
 
     # LABS_VLLM_BASE_URL, no GPU: it announces no device and consumes the backend's queue only.
     make_heartbeat("vllm", hostname="remote@box", queue="labs.gpu", gpus={})
-    queue = services._precheck("vllm", parse_lab_params({**PARAMS, "gpu": "h100-sxm"}))
+    queue = submission._precheck("vllm", parse_lab_params({**PARAMS, "gpu": "h100-sxm"}))
     assert queue in served_queues("vllm", "labs.gpu", {}) and queue == "labs.gpu"
     # Still held to the catalog: what no GPU of the kind could start is refused.
     with pytest.raises(ParamError, match="tp 2 would fit"):
-        services._precheck("vllm", parse_lab_params({"model": "llama-3.1-70b", "gpu": "h100-sxm"}))
+        submission._precheck(
+            "vllm", parse_lab_params({"model": "llama-3.1-70b", "gpu": "h100-sxm"})
+        )
 
 
 def test_a_gpu_worker_online_does_not_turn_away_runs_a_worker_elsewhere_takes(db: Any) -> None:
     """With an H100 worker and a base-URL worker online, an A100 run goes to the base-URL
     worker's queue, which the H100 worker does not consume; with the H100 worker alone it is
     refused, naming what is online."""
-    from labs import services
-    from labs.workers import served_queues
+    from labs.runs import submission
+    from labs.runs.workers import served_queues
     from tests.labs.factories import make_heartbeat
 
     h100 = {"count": 1, "name": "NVIDIA H100", "kind": "h100-sxm", "memory_bytes": 80 * 10**9}
     make_heartbeat("vllm", hostname="gpu@box", queue="labs.gpu.h100-sxm", gpus=h100)
     a100 = parse_lab_params({**PARAMS, "gpu": "a100-80gb"})
     with pytest.raises(ParamError, match=r"gpu must be a GPU kind an online vLLM worker has"):
-        services._precheck("vllm", a100)
+        submission._precheck("vllm", a100)
     make_heartbeat("vllm", hostname="remote@box", queue="labs.gpu", gpus={})
-    queue = services._precheck("vllm", a100)
+    queue = submission._precheck("vllm", a100)
     assert queue == "labs.gpu"
     assert queue in served_queues("vllm", "labs.gpu", {})
     assert queue not in served_queues("vllm", "labs.gpu.h100-sxm", h100)
     # The H100's own runs still go to its kind's queue, and the catalog still decides the rest.
-    assert services._precheck("vllm", parse_lab_params({**PARAMS, "gpu": "h100-sxm"})) == (
+    assert submission._precheck("vllm", parse_lab_params({**PARAMS, "gpu": "h100-sxm"})) == (
         "labs.gpu.h100-sxm.x1"
     )
     with pytest.raises(ParamError, match="tp 2 would fit"):
-        services._precheck("vllm", parse_lab_params({"model": "llama-3.1-70b", "gpu": "a100-80gb"}))
+        submission._precheck(
+            "vllm", parse_lab_params({"model": "llama-3.1-70b", "gpu": "a100-80gb"})
+        )
 
 
 def test_a_worker_with_a_device_leaves_the_shared_gpu_queue_to_workers_without_one(

@@ -11,7 +11,6 @@ from unittest.mock import patch
 import pytest
 from django.urls import reverse
 
-from labs import services
 from labs.backends.base import Device
 from labs.backends.vllm import cpu
 from labs.backends.vllm.server import build_plan, check_supported, vllm_error_line
@@ -19,7 +18,8 @@ from labs.backends.vllm.start import check_can_start
 from labs.models import LabRun, WorkerHeartbeat
 from labs.parameters.catalog import LAB_MODEL_SHAPES, MODELS, cpu_hardware
 from labs.parameters.params import ParamError, parse_lab_params
-from labs.workers import cpu_figures, gpu_offer
+from labs.runs import submission
+from labs.runs.workers import cpu_figures, gpu_offer
 from tests.labs.factories import make_heartbeat
 
 # What a CPU worker's heartbeat carries (cpu.inventory_dict(), plus the vLLM version).
@@ -200,7 +200,7 @@ def test_a_cpu_worker_is_offered_and_routed_like_a_gpu_kind(cpu_worker_online):
     figures = cpu_figures()
     assert figures["tflops"] == pytest.approx(0.2) and figures["bandwidth_tbs"] == 0.008
     # One CPU device: the queue that only workers with at least one CPU device consume.
-    assert services._precheck("vllm", cpu_params()) == "labs.gpu.cpu.x1"
+    assert submission._precheck("vllm", cpu_params()) == "labs.gpu.cpu.x1"
 
 
 def test_the_lab_page_offers_vllm_on_this_cpu(alice_client, cpu_worker_online):
@@ -232,7 +232,7 @@ def test_vllm_on_this_cpu_opens_the_speculative_lab_on_ngram(alice_client, cpu_w
     assert cpu.cpu_refusals(form.params) == {}
     # Another lab's link does not speculate at all.
     assert "spec_method" not in cpu.cpu_lab_settings({"spec_method": "none"})
-    with patch("labs.services.run_next_task.apply_async"):
+    with patch("labs.runs.tasks.run_next_task.apply_async"):
         response = alice_client.post(
             reverse("labs:run-create", args=["speculative"]),
             {k: ("true" if v is True else "false" if v is False else str(v))
@@ -264,7 +264,7 @@ def test_eagle_speculation_on_this_cpu_is_refused_at_submit(alice_client, cpu_wo
 def test_a_kv_pool_larger_than_the_workers_memory_is_refused_at_submit(
     alice_client, cpu_worker_online
 ):
-    with patch("labs.services.run_next_task.apply_async") as queued:
+    with patch("labs.runs.tasks.run_next_task.apply_async") as queued:
         response = _post(alice_client, kv_capacity_tokens=10**10)
     assert response.status_code == 400
     page = response.content.decode()
@@ -287,7 +287,7 @@ def test_llama_3_8b_is_refused_where_a_real_start_would_not_fit(alice_client):
     weights, its KV pool, the engine's processes and the copies of its 128,256 x 4,096
     vocabulary matrices, 20.7 GB, more than the 20.3 GB the worker can give."""
     make_heartbeat("vllm", hostname="cpu@box", queue="labs.gpu.cpu", gpus=SHARED)
-    with patch("labs.services.run_next_task.apply_async") as queued:
+    with patch("labs.runs.tasks.run_next_task.apply_async") as queued:
         response = _post(alice_client, model="llama-3-8b")
     assert response.status_code == 400
     said = response.content.decode().replace("&#x27;", "'")
@@ -315,7 +315,7 @@ def test_llama_3_8b_is_refused_where_a_real_start_would_not_fit(alice_client):
 def test_a_kv_pool_that_fits_beside_what_the_machine_holds_is_accepted(alice_client):
     make_heartbeat("vllm", hostname="cpu@box", queue="labs.gpu.cpu", gpus=SHARED)
     # 4,096 bytes a token: 4 million tokens are 16.4 GB, within the 20.3 GB it can give.
-    with patch("labs.services.run_next_task.apply_async"):
+    with patch("labs.runs.tasks.run_next_task.apply_async"):
         response = _post(alice_client, kv_capacity_tokens=4_000_000)
     assert response.status_code == 302, response.content.decode()[-2000:]
     assert LabRun.objects.get().params["kv_capacity_tokens"] == 4_000_000
@@ -363,7 +363,7 @@ def test_a_cpu_run_is_priced_by_the_calibration_of_the_cpu_worker_online(cpu_wor
     from labs.models import DeviceCalibration
     from labs.parameters.device_calibration import cpu_device_key
     from labs.prediction.predict import lab_prediction
-    from labs.selectors import device_key, device_prediction
+    from labs.runs.selectors import device_key, device_prediction
     from tests.labs.test_device_calibration import SLOW
 
     params = cpu_params()
@@ -383,7 +383,7 @@ def test_a_cpu_run_is_priced_by_the_calibration_of_the_cpu_worker_online(cpu_wor
 
 
 def test_without_a_cpu_worker_online_a_cpu_run_has_no_device_calibration(db):
-    from labs.selectors import device_key, lab_calibration
+    from labs.runs.selectors import device_key, lab_calibration
 
     assert device_key(cpu_params()) == "cpu" and lab_calibration(cpu_params()) is None
 

@@ -6,7 +6,7 @@ import pytest
 
 from labs.backends.vllm.gpus import GpuInventory, kind_for, parse_smi
 from labs.parameters.catalog import GPUS
-from labs.workers import gpu_queue, queue_suffix
+from labs.runs.workers import gpu_queue, queue_suffix
 
 GIB = 1024**3
 
@@ -53,5 +53,5 @@ def test_the_inventory_is_the_visible_gpus_and_unknown_names_keep_theirs():
 
 
 def _queue(inventory: GpuInventory) -> str:
-    """The queue of the inventory's device kind, as labs.workers names it."""
+    """The queue of the inventory's device kind, as labs.runs.workers names it."""
     return gpu_queue(queue_suffix(inventory.kind, inventory.name))

@@ -652,7 +652,7 @@ def test_a_staff_member_calibrates_the_cpu_worker_from_the_devices_page(cpu_work
     from labs.device_calibration_sweep import SWEEP
     from labs.models import CalibrationJob, DeviceCalibration
     from labs.parameters.params import parse_lab_params
-    from labs.selectors import lab_calibration
+    from labs.runs.selectors import lab_calibration
 
     staff = make_user("staff")
     staff.is_staff = True

@@ -168,9 +168,9 @@ def test_a_long_llama_3_1_run_on_a_server_serving_it_keeps_its_prediction(
     """A 16,000-token Llama 3.1 8B run on a server serving Llama 3.1 8B served the model
     chosen: it was once taken for Llama 3 8B (the same shape), said to be "not the
     llama-3.1-8b you chose", and shown with no prediction."""
-    from labs import services
     from labs.models import LabRun, RunState
-    from labs.selectors import device_prediction, served_note
+    from labs.runs import execution
+    from labs.runs.selectors import device_prediction, served_note
     from tests.labs.factories import make_run
 
     config = json.loads((MODELS_DIR / "llama-3.1-8b" / "config.json").read_text())
@@ -186,7 +186,7 @@ def test_a_long_llama_3_1_run_on_a_server_serving_it_keeps_its_prediction(
     )  # fmt: skip
     predicted = json.loads(json.dumps(device_prediction(params)))
     run = make_run(alice, backend="vllm", params=params.as_dict(), predicted=predicted)
-    assert services.run_execute(run_id=run.pk, hostname="vllm@test") == RunState.DONE
+    assert execution.run_execute(run_id=run.pk, hostname="vllm@test") == RunState.DONE
     run = LabRun.objects.get(pk=run.pk)
     assert run.result["meta"]["served_model"]["catalog_model"] == "llama-3.1-8b"
     assert run.predicted == predicted and "no_prediction" not in run.predicted
@@ -240,9 +240,9 @@ def run_on_the_workers_server(
     owner: Any, server: Any, monkeypatch: pytest.MonkeyPatch, model: str
 ) -> Any:
     """A web run submitted for `model`, executed as a vLLM worker with LABS_VLLM_BASE_URL does."""
-    from labs import services
     from labs.models import LabRun, RunState
-    from labs.selectors import device_prediction
+    from labs.runs import execution
+    from labs.runs.selectors import device_prediction
     from tests.labs.factories import make_run
 
     monkeypatch.setenv("LABS_VLLM_BASE_URL", server.base_url)
@@ -254,14 +254,14 @@ def run_on_the_workers_server(
         params=params.as_dict(),
         predicted=json.loads(json.dumps(device_prediction(params))),
     )
-    assert services.run_execute(run_id=run.pk, hostname="vllm@test") == RunState.DONE
+    assert execution.run_execute(run_id=run.pk, hostname="vllm@test") == RunState.DONE
     return LabRun.objects.get(pk=run.pk)
 
 
 def test_a_web_run_stores_the_prediction_for_the_model_the_server_served(
     fake_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, alice: Any, client: Any
 ) -> None:
-    from labs.selectors import device_prediction
+    from labs.runs.selectors import device_prediction
 
     root = model_dir(tmp_path, "lab-llama-20m", lab_llama_20m_config())
     server = fake_server({"model": "lab", "root": str(root), "ttft_ms": 5, "itl_ms": [2]})
@@ -312,7 +312,7 @@ def test_a_web_run_on_a_server_serving_the_submitted_model_keeps_its_prediction(
 ) -> None:
     root = model_dir(tmp_path, "lab-llama-20m", lab_llama_20m_config())
     server = fake_server({"model": "lab", "root": str(root), "ttft_ms": 5, "itl_ms": [2]})
-    from labs.selectors import device_prediction
+    from labs.runs.selectors import device_prediction
 
     params = parse_lab_params({"model": "lab-llama-20m", "num_prompts": 4, "prompt_tokens": 64})
     run = run_on_the_workers_server(alice, server, monkeypatch, "lab-llama-20m")

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from labs import workers
 from labs.models import WorkerHeartbeat
-from labs.selectors import backends_online
+from labs.runs import workers
+from labs.runs.selectors import backends_online
 from tests.labs.factories import make_heartbeat
 
 
@@ -106,8 +106,8 @@ def test_runs_reach_the_gpu_worker_of_their_kind(transactional_db, tmp_path, ali
     import json
     import sys
 
-    from labs import services
     from labs.models import LabRun, RunState
+    from labs.runs import submission
     from tests.labs.factories import SMALL
     from tests.labs.vllm.conftest import STANDIN, alive
     from tests.worker import purge, start_worker
@@ -140,7 +140,9 @@ def test_runs_reach_the_gpu_worker_of_their_kind(transactional_db, tmp_path, ali
         runs = {}
         for kind, tp in (("l4", 1), ("h100-sxm", 2)):
             data = {**SMALL, "model": "qwen2.5-0.5b", "gpu": kind, "tp": tp}
-            runs[kind] = services.run_request(owner=alice, lab="sandbox", backend="vllm", data=data)
+            runs[kind] = submission.run_request(
+                owner=alice, lab="sandbox", backend="vllm", data=data
+            )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             states = set(LabRun.objects.values_list("state", flat=True))
@@ -181,9 +183,9 @@ def test_a_tp8_run_goes_only_to_the_8_gpu_worker_and_is_refused_without_one(
     import json
     import sys
 
-    from labs import services
     from labs.models import LabRun, RunState
     from labs.parameters.params import ParamError
+    from labs.runs import submission
     from tests.labs.factories import SMALL
     from tests.labs.vllm.conftest import STANDIN
     from tests.worker import purge, start_worker
@@ -209,7 +211,9 @@ def test_a_tp8_run_goes_only_to_the_8_gpu_worker_and_is_refused_without_one(
         )
         data = {**SMALL, "model": "llama-3-8b", "gpu": "h100-sxm"}
         runs = [
-            services.run_request(owner=alice, lab="sandbox", backend="vllm", data=data | {"tp": tp})
+            submission.run_request(
+                owner=alice, lab="sandbox", backend="vllm", data=data | {"tp": tp}
+            )
             for tp in (8, 8, 1)
         ]
         assert [r.queue for r in runs] == ["labs.gpu.h100-sxm.x8"] * 2 + ["labs.gpu.h100-sxm.x1"]
@@ -228,7 +232,9 @@ def test_a_tp8_run_goes_only_to_the_8_gpu_worker_and_is_refused_without_one(
         )
         started[8].stop()  # its heartbeat row goes with it
         with pytest.raises(ParamError) as info:
-            services.run_request(owner=alice, lab="sandbox", backend="vllm", data=data | {"tp": 8})
+            submission.run_request(
+                owner=alice, lab="sandbox", backend="vllm", data=data | {"tp": 8}
+            )
         assert info.value.errors == {
             "tp": "tp must be at most 1 on h100-sxm: the largest h100-sxm worker has 1 GPU, got 8"
         }

@@ -9,13 +9,13 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from labs import services
 from labs.models import LabRun, RunState
-from labs.services import RunRefused
+from labs.runs import submission
+from labs.runs.submission import RunRefused
 from quiz.models import ReviewLog
 from tests.conftest import make_user
 from tests.labs.factories import SMALL, make_heartbeat, make_run
-from tests.labs.test_services import sent  # noqa: F401 - the fixture
+from tests.labs.runs.test_runs import sent  # noqa: F401 - the fixture
 from tests.quiz.factories import make_card
 
 # Each test's runs are saved, and what would go to the broker recorded (`sent`).
@@ -43,7 +43,7 @@ def answered(user, n: int) -> None:
 
 
 def sweep(owner, values: int):
-    return services.sweep_request(
+    return submission.sweep_request(
         owner=owner,
         lab="batching",
         backend="sim",
@@ -54,7 +54,7 @@ def sweep(owner, values: int):
 
 
 def run(owner):
-    return services.run_request(owner=owner, lab="sandbox", backend="sim", data=SMALL)
+    return submission.run_request(owner=owner, lab="sandbox", backend="sim", data=SMALL)
 
 
 def take_all_you_can(owner) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from labs.parameters.presets import LABS
-from labs.selectors import distinguishing_settings
+from labs.runs.selectors import distinguishing_settings
 
 
 def test_it_names_the_settings_that_differ_between_runs_of_a_lab():

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 import pytest
 from django.urls import reverse
 
-from labs import services
 from labs.models import LabRun, RunState, Sweep, WorkerHeartbeat
 from labs.parameters.params import parse_lab_params
+from labs.runs import queueing
 from labs.tasks import run_execute_task, run_next_task
 from tests.labs.factories import make_run
 from tests.worker import WorkerProcess, start_worker
@@ -201,7 +201,7 @@ def test_the_worker_serves_learners_in_turn_not_in_the_order_runs_came(celery_wo
     small = parse_lab_params({"num_prompts": 4}).as_dict()
     alices = [make_run(alice, params=small, queue="labs.sim") for _ in range(3)]
     bobs = make_run(bob, params=small, queue="labs.sim")
-    services._enqueue([r.pk for r in [*alices, bobs]], "sim")
+    queueing._enqueue([r.pk for r in [*alices, bobs]], "sim")
     runs = LabRun.objects.filter(owner__in=[alice, bob])
     wait_for(lambda: runs.filter(state=RunState.DONE).count() == 4, WAIT_S, 0.2)
     order = list(runs.order_by("started_at").values_list("pk", flat=True))

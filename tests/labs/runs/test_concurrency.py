@@ -11,8 +11,8 @@ from unittest import mock
 import pytest
 from django.db import connection
 
-from labs import services, turns
 from labs.models import LabRun
+from labs.runs import execution, queueing, submission, turns
 from tests.conftest import make_user
 from tests.labs.factories import SMALL, make_heartbeat
 from tests.threads import race
@@ -31,7 +31,7 @@ def checks_meet():
     """Each submit, once it passed the checks, waits (a while) for the other to pass them too:
     without a lock both would, and both would insert."""
     meet = threading.Barrier(2)
-    check = services._check_can_queue
+    check = submission._check_can_queue
 
     def check_then_meet(**kwargs):
         check(**kwargs)
@@ -41,8 +41,8 @@ def checks_meet():
             pass  # the other submit is waiting for the lock (or was refused): go on alone
 
     with (
-        mock.patch.object(services, "_check_can_queue", side_effect=check_then_meet),
-        mock.patch.object(services, "_enqueue"),
+        mock.patch.object(submission, "_check_can_queue", side_effect=check_then_meet),
+        mock.patch.object(queueing, "_enqueue"),
     ):
         yield
 
@@ -62,35 +62,35 @@ def test_two_learners_submitting_at_once_do_not_pass_the_global_cap(
     make_heartbeat("vllm", gpus={"kind": "l4", "count": 1, "name": "NVIDIA L4"})
     submits = [
         partial(
-            services.run_request, owner=make_user(name), lab="sandbox", backend=backend, data=data
+            submission.run_request, owner=make_user(name), lab="sandbox", backend=backend, data=data
         )
         for name in ("alice", "bob")
     ]
     results = race(*submits)
     assert LabRun.objects.filter(backend=backend).count() == 1, results
-    [refused] = [r for r in results if isinstance(r, services.RunRefused)]
+    [refused] = [r for r in results if isinstance(r, submission.RunRefused)]
     assert refused.kind == kind
 
 
 def test_two_workers_taking_turns_at_once_serve_two_learners_not_one_twice():
     make_heartbeat("sim")
     alice, bob = make_user("alice"), make_user("bob")
-    with mock.patch.object(services, "_enqueue"):
+    with mock.patch.object(queueing, "_enqueue"):
         for owner in (alice, alice, bob):
-            services.run_request(owner=owner, lab="sandbox", backend="sim", data=SMALL)
+            submission.run_request(owner=owner, lab="sandbox", backend="sim", data=SMALL)
     # Each taker, once it has read what waits, waits (a while) for the other to read too:
     # without the queue's lock both would see Alice unserved, and both would serve her.
     meet = threading.Barrier(2)
 
     def read_then_meet(queue):
-        waiting = services.LAB_RUNS.waiting(queue)
+        waiting = execution.LAB_RUNS.waiting(queue)
         try:
             meet.wait(timeout=3)
         except threading.BrokenBarrierError:
             pass  # the other taker is waiting for the lock: go on alone
         return waiting
 
-    kind = dataclasses.replace(services.LAB_RUNS, waiting=read_then_meet)
+    kind = dataclasses.replace(execution.LAB_RUNS, waiting=read_then_meet)
     taken = race(*(partial(turns.take, "labs.sim", f"w{i}@host", [kind]) for i in range(2)))
     owners = sorted(LabRun.objects.get(pk=t.pk).owner.username for t in taken)
     assert owners == ["alice", "bob"], taken

@@ -21,8 +21,8 @@ from labs.parameters.catalog import CPU_KIND
 from labs.parameters.device_calibration import DeviceConstants, announced_cpu_key
 from labs.parameters.params import LabParams
 from labs.parameters.presets import LABS, Lab, load_presets
+from labs.runs.workers import cpu_worker_hardware, start_command
 from labs.sim.engine_model import short_where_label
-from labs.workers import cpu_worker_hardware, start_command
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ served before anyone; between equals, whoever has waited longest), claimed in th
 One message per queued piece of work, so none waits without one; a message whose work was cancelled
 takes another learner's work, or finds nothing.
 
-The work comes from `WorkKind`s: lab runs (labs.services), labs' other kinds (`register`: the
+The work comes from `WorkKind`s: lab runs (labs.runs.submission), labs' other kinds (`register`: the
 simulations lab questions store ahead of time) and what other apps queue on a lab queue (the
 quiz's card requests, through labs.hooks), so they all take their turns together.
 """

@@ -9,12 +9,13 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
-from labs import services
 from labs.backends.base import Phase
 from labs.models import LabRun, RunState, Sweep
 from labs.parameters.params import ParamError, parse_lab_params
 from labs.parameters.presets import LABS, load_presets
-from labs.services import RunRefused, RunStopped
+from labs.runs import execution, queueing, reaping, submission, tasks
+from labs.runs.execution import RunStopped
+from labs.runs.submission import RunRefused
 from tests.labs.factories import SMALL, make_heartbeat, make_run
 
 pytestmark = pytest.mark.django_db
@@ -29,8 +30,8 @@ def sent():
         calls.append((list(args), options))
 
     with (
-        mock.patch.object(services.run_next_task, "apply_async", side_effect=apply_async),
-        mock.patch.object(services, "group") as group,
+        mock.patch.object(tasks.run_next_task, "apply_async", side_effect=apply_async),
+        mock.patch.object(queueing, "group") as group,
     ):
         group.side_effect = _group_recorder(calls)
         yield calls
@@ -59,14 +60,14 @@ def test_it_queues_a_run_and_sends_a_turn_on_its_queue_after_commit(
 ):
     make_heartbeat("sim")
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        run = services.run_request(owner=alice, lab="paged-kv", backend="sim", data=SMALL)
+        run = submission.run_request(owner=alice, lab="paged-kv", backend="sim", data=SMALL)
         assert sent == []  # nothing leaves before the transaction commits
     assert len(callbacks) == 1
     run.refresh_from_db()
     assert run.state == RunState.QUEUED
     assert run.params["num_prompts"] == 8
     assert run.predicted["kv_bytes_per_token"] == 131072  # llama-3-8b, 16-bit KV
-    # The message names no run: it is a turn on the run's queue (labs.turns).
+    # The message names no run: it is a turn on the run's queue (labs.runs.turns).
     [(queues, options)] = sent
     assert queues == [run.queue] == ["labs.sim"]
     assert options["queue"] == "labs.sim"
@@ -82,21 +83,21 @@ def test_it_refuses_when_no_worker_for_the_backend_is_online(
         django_capture_on_commit_callbacks(execute=True) as callbacks,
         pytest.raises(RunRefused, match="No worker for the sim backend is online"),
     ):
-        services.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
+        submission.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
     assert callbacks == [] and sent == []
     assert not LabRun.objects.exists()
 
 
 def test_a_refusal_keeps_the_worker_command_for_staff(alice, sent):
     with pytest.raises(RunRefused) as info:
-        services.run_request(owner=alice, lab="sandbox", backend="vllm", data=SMALL)
+        submission.run_request(owner=alice, lab="sandbox", backend="vllm", data=SMALL)
     # The learner's reason has no command in it; the operator's hint has it.
     assert "celery" not in info.value.reason
     assert "simulator" in info.value.reason
     assert "celery -A config worker -Q labs.gpu --pool=solo" in info.value.operator_hint
     make_heartbeat("vllm", age_s=300)
     with pytest.raises(RunRefused) as info:
-        services.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
+        submission.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
     assert "celery" not in info.value.reason
     assert info.value.operator_hint.count("celery -A config worker -Q labs.sim`") == 1
 
@@ -108,10 +109,10 @@ def test_it_refuses_a_learner_over_their_quota(alice, bob, sent, settings):
     make_run(alice, state=RunState.RUNNING)
     make_run(alice, state=RunState.DONE)
     with pytest.raises(RunRefused, match=r"already have 2 runs .* \(the limit is 2\)"):
-        services.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
+        submission.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
     assert LabRun.objects.count() == 3
     # Someone else's runs do not count against bob.
-    services.run_request(owner=bob, lab="sandbox", backend="sim", data=SMALL)
+    submission.run_request(owner=bob, lab="sandbox", backend="sim", data=SMALL)
 
 
 def test_it_refuses_gpu_runs_over_the_queue_cap(alice, bob, sent, settings):
@@ -119,14 +120,14 @@ def test_it_refuses_gpu_runs_over_the_queue_cap(alice, bob, sent, settings):
     make_heartbeat("vllm")
     make_run(bob, backend="vllm", state=RunState.RUNNING)
     with pytest.raises(RunRefused, match=r"GPU queue is full \(1 of 1"):
-        services.run_request(owner=alice, lab="sandbox", backend="vllm", data=SMALL)
+        submission.run_request(owner=alice, lab="sandbox", backend="vllm", data=SMALL)
     assert LabRun.objects.filter(owner=alice).count() == 0
 
 
 def test_bad_params_raise_one_message_per_field_and_save_nothing(alice, sent):
     make_heartbeat("sim")
     with pytest.raises(ParamError) as info:
-        services.run_request(
+        submission.run_request(
             owner=alice,
             lab="sandbox",
             backend="sim",
@@ -135,7 +136,7 @@ def test_bad_params_raise_one_message_per_field_and_save_nothing(alice, sent):
     assert set(info.value.errors) == {"block_size", "num_prompts", "model"}
     assert "power of two" in info.value.errors["block_size"]
     with pytest.raises(ParamError) as info:
-        services.run_request(owner=alice, lab="sandbox", backend="tpu", data={})
+        submission.run_request(owner=alice, lab="sandbox", backend="tpu", data={})
     assert set(info.value.errors) == {"backend"}
     assert not LabRun.objects.exists() and sent == []
 
@@ -143,7 +144,7 @@ def test_bad_params_raise_one_message_per_field_and_save_nothing(alice, sent):
 def test_settings_vllm_cannot_run_are_refused_at_submit_by_field(alice, sent):
     make_heartbeat("vllm")
     with pytest.raises(ParamError) as info:
-        services.run_request(
+        submission.run_request(
             owner=alice,
             lab="paged-kv",
             backend="vllm",
@@ -153,7 +154,7 @@ def test_settings_vllm_cannot_run_are_refused_at_submit_by_field(alice, sent):
     assert not LabRun.objects.exists() and sent == []
     # The same settings are fine for the simulator, which is where contiguous KV can be shown.
     make_heartbeat("sim")
-    services.run_request(
+    submission.run_request(
         owner=alice,
         lab="paged-kv",
         backend="sim",
@@ -164,7 +165,7 @@ def test_settings_vllm_cannot_run_are_refused_at_submit_by_field(alice, sent):
 def test_a_sweep_is_one_group_on_the_backend_queue(alice, sent, django_capture_on_commit_callbacks):
     make_heartbeat("sim")
     with django_capture_on_commit_callbacks(execute=True):
-        sweep = services.sweep_request(
+        sweep = submission.sweep_request(
             owner=alice,
             lab="batching",
             backend="sim",
@@ -188,7 +189,7 @@ def test_the_tensor_parallel_lab_sweeps_tp_over_its_preset(
     assert (lab.sweep_field, lab.sweep_values) == ("tp", "2, 4, 8") and preset.lab == lab.slug
     make_heartbeat("sim")
     with django_capture_on_commit_callbacks(execute=True):
-        sweep = services.sweep_request(
+        sweep = submission.sweep_request(
             owner=alice,
             lab=lab.slug,
             backend="sim",
@@ -217,7 +218,7 @@ def test_the_tensor_parallel_lab_sweeps_tp_over_its_preset(
 def test_a_bad_sweep_names_the_problem_and_saves_nothing(alice, sent, field, values, bad):
     make_heartbeat("sim")
     with pytest.raises(ParamError) as info:
-        services.sweep_request(
+        submission.sweep_request(
             owner=alice, lab="batching", backend="sim", data=SMALL, field=field, raw_values=values
         )
     assert bad in info.value.errors
@@ -228,31 +229,31 @@ def test_cancel_stops_queued_and_running_runs_but_not_finished_ones(alice):
     queued = make_run(alice)
     running = make_run(alice, state=RunState.RUNNING)
     done = make_run(alice, state=RunState.DONE)
-    assert services.run_cancel(run=queued) and services.run_cancel(run=running)
-    assert not services.run_cancel(run=done)
+    assert submission.run_cancel(run=queued) and submission.run_cancel(run=running)
+    assert not submission.run_cancel(run=done)
     for run in (queued, running):
         run.refresh_from_db()
         assert run.state == RunState.CANCELLED and run.finished_at
     # A late claim of the cancelled run does nothing.
-    assert services.run_execute(run_id=queued.pk, hostname="w@h") == RunState.CANCELLED
+    assert execution.run_execute(run_id=queued.pk, hostname="w@h") == RunState.CANCELLED
 
 
 def test_progress_of_a_cancelled_run_stops_the_backend(alice):
     run = make_run(alice, state=RunState.RUNNING)
-    beat = services._RunHeartbeat(run.pk, interval_s=60)
-    on_progress = services._progress_reporter(run.pk, beat)
+    beat = execution._RunHeartbeat(run.pk, interval_s=60)
+    on_progress = execution._progress_reporter(run.pk, beat)
     on_progress(0.5)
     run.refresh_from_db()
     assert run.progress == 0.5
-    services.run_cancel(run=run)
+    submission.run_cancel(run=run)
     with pytest.raises(RunStopped):
         on_progress(1.0)
 
 
 def test_a_new_phase_is_written_at_once_and_kept_while_requests_finish(alice, monkeypatch):
     run = make_run(alice, backend="vllm", state=RunState.RUNNING, phase={"step": "stale"})
-    beat = services._RunHeartbeat(run.pk, interval_s=60)
-    on_progress = services._progress_reporter(run.pk, beat)
+    beat = execution._RunHeartbeat(run.pk, interval_s=60)
+    on_progress = execution._progress_reporter(run.pk, beat)
     starting = Phase("starting", "vLLM", "engine arguments changed", 3.5, 41.0)
     on_progress(0.0, starting)
     run.refresh_from_db()
@@ -264,14 +265,14 @@ def test_a_new_phase_is_written_at_once_and_kept_while_requests_finish(alice, mo
         "last_start_s": 41.0,
     }
     # The next step is not held back by the throttle, however soon it comes.
-    monkeypatch.setattr(services, "_PROGRESS_EVERY_S", 3600.0)
+    monkeypatch.setattr(execution, "_PROGRESS_EVERY_S", 3600.0)
     on_progress(0.0, Phase("ready", "vLLM", "same engine arguments", reused=True))
     run.refresh_from_db()
     assert Phase.from_dict(run.phase) == Phase(
         "ready", "vLLM", "same engine arguments", reused=True
     )
     # Requests report fractions only: the phase stays as the backend last said.
-    monkeypatch.setattr(services, "_PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(execution, "_PROGRESS_EVERY_S", 0.0)
     on_progress(0.5)
     run.refresh_from_db()
     assert run.progress == 0.5 and run.phase["step"] == "ready"
@@ -286,8 +287,8 @@ def test_a_claimed_run_starts_with_no_phase(alice, settings):
         seen["phase"] = LabRun.objects.get(pk=claimed.pk).phase
         raise RunStopped
 
-    with mock.patch.object(services, "_execute_backend", fake_execute):
-        services.run_execute(run_id=run.pk, hostname="w@h")
+    with mock.patch.object(execution, "_execute_backend", fake_execute):
+        execution.run_execute(run_id=run.pk, hostname="w@h")
     assert seen["phase"] == {}
 
 
@@ -299,7 +300,7 @@ def test_the_reaper_fails_running_runs_with_a_stale_heartbeat(alice, settings):
     )
     fresh = make_run(alice, state=RunState.RUNNING, heartbeat_at=now - timedelta(seconds=5))
     done = make_run(alice, state=RunState.DONE, heartbeat_at=now - timedelta(hours=1))
-    assert services.run_reap_stale(now=now) == 1
+    assert reaping.run_reap_stale(now=now) == 1
     stale.refresh_from_db()
     assert stale.state == RunState.FAILED
     assert "sim@box stopped sending heartbeats" in stale.error
@@ -307,7 +308,7 @@ def test_the_reaper_fails_running_runs_with_a_stale_heartbeat(alice, settings):
     for run, state in ((fresh, RunState.RUNNING), (done, RunState.DONE)):
         run.refresh_from_db()
         assert run.state == state
-    assert services.run_reap_stale(now=now) == 0  # idempotent
+    assert reaping.run_reap_stale(now=now) == 0  # idempotent
 
 
 def test_the_reaper_fails_old_queued_runs_only_when_no_worker_can_take_them(alice, settings):
@@ -318,7 +319,7 @@ def test_the_reaper_fails_old_queued_runs_only_when_no_worker_can_take_them(alic
     make_heartbeat("sim")
     now = timezone.now()
     make_run(alice, backend="sim", state=RunState.RUNNING, started_at=old, heartbeat_at=now)
-    assert services.run_reap_stale() == 1
+    assert reaping.run_reap_stale() == 1
     sim_run.refresh_from_db()
     gpu_run.refresh_from_db()
     assert sim_run.state == RunState.QUEUED  # a sim worker is up; it is just busy
@@ -327,7 +328,7 @@ def test_the_reaper_fails_old_queued_runs_only_when_no_worker_can_take_them(alic
 
 def test_run_fail_does_not_touch_a_finished_run(alice):
     run = make_run(alice, state=RunState.DONE)
-    assert not services.run_fail(run_id=run.pk, error="late")
+    assert not execution.run_fail(run_id=run.pk, error="late")
     run.refresh_from_db()
     assert run.state == RunState.DONE and run.error == ""
 
@@ -345,10 +346,10 @@ def test_a_vllm_run_goes_to_the_queue_of_the_gpu_it_was_priced_for(alice, sent):
     gpu_worker("l4", 1, "l4@box")
     gpu_worker("h100-sxm", 2, "h100@box")
     with mock.patch("django.db.transaction.on_commit", side_effect=lambda f: f()):
-        services.run_request(
+        submission.run_request(
             owner=alice, lab="sandbox", backend="vllm", data={**SMALL, "gpu": "l4"}
         )
-        services.run_request(
+        submission.run_request(
             owner=alice, lab="sandbox", backend="vllm", data={**SMALL, "gpu": "h100-sxm", "tp": 2}
         )
     # The queue of the GPU kind and of the GPU count the run needs (its tp).
@@ -365,10 +366,10 @@ def test_a_sweep_over_gpus_sends_each_point_to_its_own_kind(alice):
     gpu_worker("h100-sxm", 1, "h100@box")
     with (
         mock.patch("django.db.transaction.on_commit", side_effect=lambda f: f()),
-        mock.patch.object(services.run_next_task, "si") as si,
-        mock.patch.object(services, "group") as group,
+        mock.patch.object(tasks.run_next_task, "si") as si,
+        mock.patch.object(queueing, "group") as group,
     ):
-        services.sweep_request(
+        submission.sweep_request(
             owner=alice, lab="sandbox", backend="vllm", data=SMALL, field="gpu",
             raw_values="l4, h100-sxm",
         )  # fmt: skip
@@ -388,7 +389,7 @@ def test_a_queued_run_is_reaped_when_no_worker_consumes_its_gpu_kind_queue(alice
     h100 = make_run(alice, backend="vllm", queue="labs.gpu.h100-sxm", created_at=old)
     l4 = make_run(alice, backend="vllm", queue="labs.gpu.l4", created_at=old)
     any_gpu = make_run(alice, backend="vllm", queue="labs.gpu", created_at=old)
-    assert services.run_reap_stale() == 2
+    assert reaping.run_reap_stale() == 2
     for run in (h100, l4, any_gpu):
         run.refresh_from_db()
     assert h100.state == RunState.FAILED
@@ -400,7 +401,7 @@ def test_a_queued_run_is_reaped_when_no_worker_consumes_its_gpu_kind_queue(alice
     gpu_worker("h100-sxm", 1, "h100@box")
     h100.state, h100.error = RunState.QUEUED, ""
     h100.save()
-    assert services.run_reap_stale() == 0
+    assert reaping.run_reap_stale() == 0
 
 
 def test_a_run_for_a_gpu_no_worker_has_is_not_called_lost_by_an_idle_other_gpu(alice, settings):
@@ -411,7 +412,7 @@ def test_a_run_for_a_gpu_no_worker_has_is_not_called_lost_by_an_idle_other_gpu(a
     waiting = make_run(
         alice, backend="vllm", queue="labs.gpu.h100-sxm", created_at=now - timedelta(seconds=120)
     )
-    assert services.run_reap_stale(now=now) == 0
+    assert reaping.run_reap_stale(now=now) == 0
     waiting.refresh_from_db()
     assert waiting.state == RunState.QUEUED
 
@@ -428,7 +429,7 @@ def test_a_lost_gpu_kind_run_is_not_hidden_by_another_gpus_busy_worker(
     lost = make_run(
         alice, backend="vllm", queue="labs.gpu.h100-sxm", created_at=now - timedelta(seconds=120)
     )
-    assert services.run_reap_stale(now=now) == 0
+    assert reaping.run_reap_stale(now=now) == 0
     assert [queues for queues, _ in sent] == [["labs.gpu.h100-sxm"]]  # its turn, sent again
     lost.refresh_from_db()
     assert lost.state == RunState.QUEUED and lost.turn_resent_at == now
@@ -436,7 +437,7 @@ def test_a_lost_gpu_kind_run_is_not_hidden_by_another_gpus_busy_worker(
     lost.turn_resent_at = None
     lost.save()
     make_run(bob, backend="vllm", queue="labs.gpu", state=RunState.RUNNING)
-    assert services.run_reap_stale(now=now) == 0
+    assert reaping.run_reap_stale(now=now) == 0
     assert len(sent) == 1
 
 
@@ -458,7 +459,7 @@ def test_what_no_online_worker_can_start_is_refused_at_submit_by_field(
 ):
     gpu_worker("l4", 1, "l4@box")
     with pytest.raises(ParamError) as info:
-        services.run_request(owner=alice, lab="sandbox", backend="vllm", data={**SMALL, **data})
+        submission.run_request(owner=alice, lab="sandbox", backend="vllm", data={**SMALL, **data})
     assert list(info.value.errors) == [field]
     for word in words:
         assert word in info.value.errors[field]
@@ -473,7 +474,7 @@ def test_the_reaper_sends_again_the_turn_of_a_queued_run_an_idle_online_worker_n
     lost = make_run(alice, backend="sim", created_at=now - timedelta(seconds=61))
     recent = make_run(alice, backend="sim", created_at=now - timedelta(seconds=30))
     make_heartbeat("sim")
-    assert services.run_reap_stale(now=now) == 0
+    assert reaping.run_reap_stale(now=now) == 0
     assert [queues for queues, _ in sent] == [["labs.sim"]]
     lost.refresh_from_db()
     recent.refresh_from_db()
@@ -481,7 +482,7 @@ def test_the_reaper_sends_again_the_turn_of_a_queued_run_an_idle_online_worker_n
     # Its own turn may still be on its way to the worker.
     assert recent.state == RunState.QUEUED and recent.turn_resent_at is None
     # A second reaper at the same moment (every worker reaps) sends it no other.
-    assert services.run_reap_stale(now=now) == 0
+    assert reaping.run_reap_stale(now=now) == 0
     assert len(sent) == 1
 
 
@@ -503,7 +504,7 @@ def test_after_the_broker_lost_every_turn_the_runs_left_without_one_get_one_agai
     )  # A
     b = make_run(alice, created_at=now - timedelta(seconds=590))
     c = make_run(alice, created_at=now - timedelta(seconds=101))
-    assert services.run_reap_stale(now=now) == 0
+    assert reaping.run_reap_stale(now=now) == 0
     assert [queues for queues, _ in sent] == [["labs.sim", "labs.sim"]]
     for run in (b, c):
         run.refresh_from_db()
@@ -521,7 +522,7 @@ def test_a_run_whose_turn_sent_again_was_lost_too_is_failed_and_says_so(
     )
     # Queued after the second loss: its turn is sent again, it is not failed with the other.
     after = make_run(alice, created_at=now - timedelta(seconds=61))
-    assert services.run_reap_stale(now=now) == 1
+    assert reaping.run_reap_stale(now=now) == 1
     lost_twice.refresh_from_db()
     after.refresh_from_db()
     assert lost_twice.state == RunState.FAILED
@@ -540,9 +541,9 @@ def test_a_turn_sent_again_but_refused_by_the_broker_is_tried_again_at_the_next_
     now = timezone.now()
     make_heartbeat("sim")
     run = make_run(alice, created_at=now - timedelta(seconds=61))
-    refused = services.QueueUnavailable("connection refused")
-    with mock.patch.object(services, "send_turns", side_effect=refused) as send:
-        assert services.run_reap_stale(now=now) == 0
+    refused = queueing.QueueUnavailable("connection refused")
+    with mock.patch.object(queueing, "send_turns", side_effect=refused) as send:
+        assert reaping.run_reap_stale(now=now) == 0
     send.assert_called_once()
     run.refresh_from_db()
     assert run.state == RunState.QUEUED and run.turn_resent_at is None
@@ -555,7 +556,7 @@ def test_a_queued_run_behind_a_busy_or_just_finished_worker_is_not_lost(alice, b
     make_heartbeat("sim")
     # The worker finished bob's run a moment ago and is about to take alice's.
     make_run(bob, backend="sim", state=RunState.DONE, finished_at=now - timedelta(seconds=5))
-    assert services.run_reap_stale(now=now) == 0
+    assert reaping.run_reap_stale(now=now) == 0
     waiting.refresh_from_db()
     assert waiting.state == RunState.QUEUED
 
@@ -565,11 +566,11 @@ def test_over_quota_sweep_is_refused_before_its_points_are_checked(alice, sent, 
     make_heartbeat("sim")
     make_run(alice, state=RunState.QUEUED)
     with (
-        mock.patch.object(services, "parse_lab_params") as parse,
-        mock.patch.object(services, "_precheck") as precheck,
+        mock.patch.object(submission, "parse_lab_params") as parse,
+        mock.patch.object(submission, "_precheck") as precheck,
         pytest.raises(RunRefused, match="already have 1 runs"),
     ):
-        services.sweep_request(
+        submission.sweep_request(
             owner=alice,
             lab="batching",
             backend="sim",
@@ -588,7 +589,7 @@ def test_the_sim_queue_has_a_global_cap(alice, bob, sent, settings):
     make_run(bob, state=RunState.QUEUED)
     make_run(bob, state=RunState.RUNNING)
     with pytest.raises(RunRefused, match=r"simulator queue is full \(2 of 3.*needs 3") as info:
-        services.sweep_request(
+        submission.sweep_request(
             owner=alice,
             lab="batching",
             backend="sim",
@@ -597,9 +598,9 @@ def test_the_sim_queue_has_a_global_cap(alice, bob, sent, settings):
             raw_values="1, 2, 4",
         )
     assert info.value.kind == "sim-cap"
-    services.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
+    submission.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
     with pytest.raises(RunRefused, match="simulator queue is full"):
-        services.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
+        submission.run_request(owner=alice, lab="sandbox", backend="sim", data=SMALL)
 
 
 # -- a database restart while a run is running ---------------------------------------------
@@ -624,10 +625,10 @@ def _failing_first(real, times: int):
 def test_the_run_heartbeat_beats_on_through_a_database_outage(alice):
     old = timezone.now() - timedelta(hours=1)
     run = make_run(alice, state=RunState.RUNNING, heartbeat_at=old)
-    beat, calls = _failing_first(services._beat, 3)
+    beat, calls = _failing_first(execution._beat, 3)
     with (
-        mock.patch.object(services, "_beat", side_effect=beat),
-        services._RunHeartbeat(run.pk, 0.01) as heartbeat,
+        mock.patch.object(execution, "_beat", side_effect=beat),
+        execution._RunHeartbeat(run.pk, 0.01) as heartbeat,
     ):
         deadline = timezone.now() + timedelta(seconds=30)
         while calls["n"] < 5 and timezone.now() < deadline:
@@ -642,8 +643,8 @@ def test_a_run_finishes_when_its_progress_writes_fail_for_a_while(alice):
     from django.db import OperationalError
 
     run = make_run(alice, params=parse_lab_params({**SMALL, "num_prompts": 200}).as_dict())
-    with mock.patch.object(services, "_write_progress", side_effect=OperationalError("down")):
-        assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
+    with mock.patch.object(execution, "_write_progress", side_effect=OperationalError("down")):
+        assert execution.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
     run.refresh_from_db()
     assert run.state == RunState.DONE and run.result
 
@@ -652,19 +653,19 @@ def test_the_final_write_retries_through_a_short_outage_then_gives_up(settings):
     from django.db import OperationalError
 
     write, calls = _failing_first(lambda: 1, 2)
-    with mock.patch.object(services.time, "sleep"):
-        assert services._with_retries(write, within_s=10, what="test") == 1
+    with mock.patch.object(execution.time, "sleep"):
+        assert execution._with_retries(write, within_s=10, what="test") == 1
         assert calls["n"] == 3
         always, _ = _failing_first(lambda: 1, 10**6)
         with pytest.raises(OperationalError):
-            services._with_retries(always, within_s=0, what="test")
+            execution._with_retries(always, within_s=0, what="test")
 
 
 def test_an_unexpected_error_fails_the_run_with_its_type_and_a_logged_traceback(alice, caplog):
     run = make_run(alice)
     boom = RuntimeError("the engine fell over")
-    with mock.patch.object(services, "_execute_backend", side_effect=boom):
-        assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.FAILED
+    with mock.patch.object(execution, "_execute_backend", side_effect=boom):
+        assert execution.run_execute(run_id=run.pk, hostname="sim@test") == RunState.FAILED
     run.refresh_from_db()
     assert run.error == "RuntimeError: the engine fell over"
     assert any(r.exc_info and r.levelname == "ERROR" for r in caplog.records)
@@ -672,7 +673,7 @@ def test_an_unexpected_error_fails_the_run_with_its_type_and_a_logged_traceback(
 
 def test_a_finished_run_stores_its_breakdown_once(alice):
     run = make_run(alice)
-    assert services.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
+    assert execution.run_execute(run_id=run.pk, hostname="sim@test") == RunState.DONE
     run.refresh_from_db()
     assert run.result["breakdown"]["source"] == "simulated"
     assert "breakdown" not in run.result["meta"]
@@ -691,7 +692,7 @@ def test_the_draft_model_reproduction_is_refused_at_submit_with_each_part(alice,
         "kv_capacity_tokens": 420000,
     }
     with pytest.raises(ParamError) as info:
-        services.run_request(owner=alice, lab="sandbox", backend="vllm", data=data)
+        submission.run_request(owner=alice, lab="sandbox", backend="vllm", data=data)
     message = info.value.errors["tp"]
     for part in (
         "weights 16.1 GB (bf16)",

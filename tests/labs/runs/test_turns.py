@@ -1,5 +1,5 @@
-"""A lab queue serves learners in turn (labs.turns): each message is a turn on its queue, and the
-worker taking it takes the oldest run of the learner served least recently, not the oldest run.
+"""A lab queue serves learners in turn (labs.runs.turns): each message is a turn on its queue, and
+the worker taking it takes the oldest run of the learner served least recently, not the oldest run.
 
 Against the database, no broker or worker: runs are queued by the services (their turns recorded
 by `sent`, never sent) and turns are taken by calling `take` or `run_next`, as a worker would.
@@ -14,25 +14,25 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
-from labs import services, turns
 from labs.models import LabRun, QueueTurn, RunState
+from labs.runs import execution, submission, turns
 from tests.conftest import make_user
 from tests.labs.factories import SMALL, make_heartbeat, make_run
-from tests.labs.test_services import sent  # noqa: F401 - the fixture
+from tests.labs.runs.test_runs import sent  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
 
 
 def queue_runs(owner, n: int, backend: str = "sim", **data) -> list[LabRun]:
     return [
-        services.run_request(owner=owner, lab="sandbox", backend=backend, data={**SMALL, **data})
+        submission.run_request(owner=owner, lab="sandbox", backend=backend, data={**SMALL, **data})
         for _ in range(n)
     ]
 
 
 def take(queue: str = "labs.sim") -> LabRun | None:
     """Be a worker whose slot just freed: take the next turn's run (claimed, not run)."""
-    taken = turns.take(queue, "w@host", [services.LAB_RUNS])
+    taken = turns.take(queue, "w@host", [execution.LAB_RUNS])
     return None if taken is None else LabRun.objects.get(pk=taken.pk)
 
 
@@ -109,10 +109,10 @@ def test_a_cancelled_runs_turn_takes_the_next_learners_run_or_finds_nothing(alic
     make_heartbeat("sim")
     [cancelled] = queue_runs(alice, 1)
     [bobs] = queue_runs(bob, 1)
-    services.run_cancel(run=cancelled)
+    submission.run_cancel(run=cancelled)
     assert take().pk == bobs.pk
     assert take() is None
-    assert services.run_next(queue="labs.sim", hostname="w@host") == "nothing waits on labs.sim"
+    assert execution.run_next(queue="labs.sim", hostname="w@host") == "nothing waits on labs.sim"
     assert LabRun.objects.get(pk=cancelled.pk).state == RunState.CANCELLED
 
 
@@ -121,14 +121,14 @@ def test_a_run_cancelled_after_it_was_read_is_passed_over(alice, bob):
     make_heartbeat("sim")
     [first] = queue_runs(alice, 1)
     [second] = queue_runs(bob, 1)
-    real_claim = services.LAB_RUNS.claim
+    real_claim = execution.LAB_RUNS.claim
 
     def cancelled_meanwhile(run_id, hostname):
         if run_id == first.pk:
-            services.run_cancel(run=first)
+            submission.run_cancel(run=first)
         return real_claim(run_id, hostname)
 
-    kind = dataclasses.replace(services.LAB_RUNS, claim=cancelled_meanwhile)
+    kind = dataclasses.replace(execution.LAB_RUNS, claim=cancelled_meanwhile)
     taken = turns.take("labs.sim", "w@host", [kind])
     assert taken is not None and taken.pk == second.pk
     assert not QueueTurn.objects.filter(owner=alice).exists()
@@ -138,21 +138,21 @@ def test_a_turn_runs_the_run_it_takes_and_records_what_escapes(alice, bob):
     make_heartbeat("sim")
     [alices] = queue_runs(alice, 1)
     [bobs] = queue_runs(bob, 1)
-    assert services.run_next(queue="labs.sim", hostname="w@host") == f"run {alices.pk} done"
+    assert execution.run_next(queue="labs.sim", hostname="w@host") == f"run {alices.pk} done"
     alices.refresh_from_db()
     assert alices.state == RunState.DONE and alices.result["completed"] == 8
     # What escapes the run's own handling fails the run it took, not some other.
     with (
-        mock.patch.object(services, "_run_claimed", side_effect=RuntimeError("lost")),
+        mock.patch.object(execution, "_run_claimed", side_effect=RuntimeError("lost")),
         pytest.raises(RuntimeError),
     ):
-        services.run_next(queue="labs.sim", hostname="w@host")
+        execution.run_next(queue="labs.sim", hostname="w@host")
     bobs.refresh_from_db()
     assert bobs.state == RunState.FAILED and bobs.error == "RuntimeError: lost"
 
 
 def test_choose_is_by_last_turn_then_by_how_long_the_oldest_work_waited():
-    kind = services.LAB_RUNS
+    kind = execution.LAB_RUNS
     t0 = timezone.now()
 
     def at(owner: int, pk: int, minutes: int) -> tuple[turns.WorkKind, turns.Waiting]:

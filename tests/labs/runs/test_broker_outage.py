@@ -21,7 +21,7 @@ import pytest
 from django.urls import reverse
 
 from labs.models import LabRun, RunState, WorkerHeartbeat
-from tests.labs.test_tasks import ENDLESS, WATCHABLE, state_of, wait_for
+from tests.labs.runs.test_tasks import ENDLESS, WATCHABLE, state_of, wait_for
 from tests.labs.test_views import _point_broker_at
 from tests.worker import WorkerProcess, start_worker
 

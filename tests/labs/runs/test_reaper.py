@@ -8,18 +8,18 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from labs import services, workers
 from labs.models import LabRun, RunState, WorkerHeartbeat
 from labs.parameters.params import parse_lab_params
+from labs.runs import queueing, reaping, workers
 from tests.labs.factories import make_heartbeat, make_run
-from tests.labs.test_tasks import state_of, wait_for
+from tests.labs.runs.test_tasks import state_of, wait_for
 from tests.worker import purge, start_worker
 
 pytestmark = pytest.mark.django_db
 
 
 def _queue_for_real(run: LabRun) -> None:
-    services._enqueue([run.pk], "sim")
+    queueing._enqueue([run.pk], "sim")
 
 
 def test_a_run_queued_during_a_two_minute_outage_is_left_for_the_worker_that_comes_back(
@@ -32,24 +32,24 @@ def test_a_run_queued_during_a_two_minute_outage_is_left_for_the_worker_that_com
     run = make_run(alice, backend="sim", created_at=back_at - timedelta(minutes=2))
     _queue_for_real(run)
     make_heartbeat("sim", started_at=back_at, last_seen=back_at)
-    assert services.run_reap_stale(now=back_at) == 0
+    assert reaping.run_reap_stale(now=back_at) == 0
     # A minute and more later the worker has been up long enough, but the message still waits
     # in the broker (it is busy elsewhere, say): still not lost.
     later = back_at + timedelta(seconds=90)
     WorkerHeartbeat.objects.update(last_seen=later)
-    assert services.run_reap_stale(now=later) == 0
+    assert reaping.run_reap_stale(now=later) == 0
     assert state_of(run.pk) == RunState.QUEUED
     # Once the broker holds nothing for it, its turn was lost: it is sent one again.
     purge(["labs.sim"])
-    assert services.run_reap_stale(now=later) == 0
-    assert services._waiting_in_broker("labs.sim") == 1
+    assert reaping.run_reap_stale(now=later) == 0
+    assert reaping._waiting_in_broker("labs.sim") == 1
     run.refresh_from_db()
     assert run.state == RunState.QUEUED and run.turn_resent_at == later
     # Lost as well, and the worker idle a minute more: now it is failed.
     purge(["labs.sim"])
     last = later + timedelta(seconds=61)
     WorkerHeartbeat.objects.update(last_seen=last)
-    assert services.run_reap_stale(now=last) == 1
+    assert reaping.run_reap_stale(now=last) == 1
     run.refresh_from_db()
     assert run.state == RunState.FAILED and "never reached a sim worker" in run.error
 
@@ -76,7 +76,7 @@ def test_runs_queued_before_and_after_the_broker_restarted_empty_are_all_run(cel
         started_at=now - timedelta(seconds=100), finished_at=now - timedelta(seconds=90)
     )
     LabRun.objects.filter(pk=c.pk).update(created_at=now - timedelta(seconds=101))
-    assert services.run_reap_stale() == 0
+    assert reaping.run_reap_stale() == 0
     for run in (b, c):
         wait_for(lambda run=run: state_of(run.pk) in {RunState.DONE, RunState.FAILED}, 120, 0.2)
         run.refresh_from_db()
