@@ -387,7 +387,7 @@ LABS_SWEEP_MAX_VALUES = env_int("LABS_SWEEP_MAX_VALUES", 12)
 LABS_SIM_TIME_LIMIT_S = env_int("LABS_SIM_TIME_LIMIT_S", 900)
 LABS_GPU_TIME_LIMIT_S = env_int("LABS_GPU_TIME_LIMIT_S", 3600)
 # A vLLM worker whose device has no calibration queues a short one to itself when it starts
-# (labs.device_calibration_jobs.calibration_self_request), bounded by its own time limit.
+# (labs.calibration.jobs.calibration_self_request), bounded by its own time limit.
 LABS_SELF_CALIBRATE = env_bool("LABS_SELF_CALIBRATE", True)
 LABS_SELF_CALIBRATE_TIME_LIMIT_S = env_int("LABS_SELF_CALIBRATE_TIME_LIMIT_S", 900)
 # Memory one simulated run may use (estimated in O(1) at submit, checked again in the worker,

@@ -245,7 +245,7 @@ class CalibrationJob(models.Model):
     """A request to calibrate one device on its own vLLM worker, by a staff member (the devices
     page) or by the worker itself on its first start (`self_started`): queued, running, done
     with the DeviceCalibration it stored, or failed with why. The row is the truth, Celery
-    carries its id; state changes are conditional UPDATEs (labs.device_calibration_jobs), as for
+    carries its id; state changes are conditional UPDATEs (labs.calibration.jobs), as for
     lab runs. One device has at most one job queued or running."""
 
     device = models.CharField(max_length=200, db_index=True, help_text="DeviceCalibration.device")

@@ -18,8 +18,8 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
-from labs import device_calibration_jobs as calibration_jobs
 from labs.backends import check_can_start, device_lab_settings, is_simulated, requirement
+from labs.calibration import jobs as calibration_jobs
 from labs.explanation import definitions, results
 from labs.explanation.accuracy import expected_errors
 from labs.explanation.waterfall import run_waterfalls

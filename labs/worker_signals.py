@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import connections
 
 from labs.backends import device_label, worker_inventory
-from labs.device_calibration_jobs import calibration_self_request
+from labs.calibration.jobs import calibration_self_request
 from labs.models import WorkerHeartbeat
 from labs.runs.reaping import run_reap_stale
 from labs.runs.workers import (

@@ -222,7 +222,7 @@ class EngineCounters:
     block_size: int | None = None
     # The engine's own time from queueing each request to its first token (vLLM's queue-time
     # and prefill-time histograms), summed over the requests it finished in the run, and their
-    # count: a client's TTFT less this is the API server's time (labs.device_calibration_sweep).
+    # count: a client's TTFT less this is the API server's time (labs.calibration.sweep).
     engine_first_token_s: float | None = None
     engine_requests: int | None = None
 

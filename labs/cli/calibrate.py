@@ -3,7 +3,7 @@
     python manage.py lab calibrate --base-url http://127.0.0.1:8000 --model qwen2.5-0.5b \
         --gpu l4 [--device l4] [--repeats 3] [--where "gpu-worker-1"]
 
-Runs labs.device_calibration_sweep.SWEEP on the vLLM server at --base-url (or the one the vllm
+Runs labs.calibration.sweep.SWEEP on the vLLM server at --base-url (or the one the vllm
 backend starts), fits the device's constants to the sweep's `fit` points with the published
 calibration's search, checks them on the held-out points, and stores a
 labs.models.DeviceCalibration for --device (default: the --gpu kind; a CPU worker passes
@@ -50,7 +50,7 @@ def _positive_int(options: Mapping[str, Any], name: str, most: int) -> int:
 
 def run(options: Mapping[str, Any], stdout: TextIO) -> None:
     """Measure, fit, store and print. Raises ParamError for bad options."""
-    from labs.device_calibration_jobs import calibrate_and_store
+    from labs.calibration.jobs import calibrate_and_store
 
     params = params_from_args(options)  # validates the base settings
     repeats = _positive_int(options, "repeats", 10)
@@ -80,7 +80,7 @@ def run(options: Mapping[str, Any], stdout: TextIO) -> None:
 
 def default_device(params: LabParams) -> str:
     """The --gpu kind; for gpu cpu this machine's CPU as its CPU worker announces itself."""
-    from labs.device_calibration_jobs import this_device
+    from labs.calibration.jobs import this_device
 
     return this_device(params)
 

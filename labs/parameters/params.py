@@ -499,7 +499,7 @@ def stored_param(params: Mapping[str, object], name: str) -> Any:
 
 
 # A sequence drafts at every step, unless a device calibration measured the share of steps its
-# engine drafted at (labs/device_calibration_sweep.py).
+# engine drafted at (labs/calibration/sweep.py).
 DRAFT_SHARE_EVERY_STEP = 1.0
 
 

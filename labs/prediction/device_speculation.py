@@ -3,7 +3,7 @@
 vLLM's CPU build has no synthetic rejection sampler: an ngram run accepts what its greedy tokens
 match, not the lab's alpha, and its proposer drafts only where the context repeats. A CPU
 worker's calibration measures both on its sweep's speculative points (`ngram_acceptance` where
-it drafted, `ngram_draft_share` of the steps that did; labs.device_calibration_sweep
+it drafted, `ngram_draft_share` of the steps that did; labs.calibration.sweep
 .ngram_drafting) and fits the CPU time drafting adds to every step (`spec_step_overhead_s`).
 `lab_prediction_on` prices an ngram run on that device with them:
 

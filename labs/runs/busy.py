@@ -1,7 +1,7 @@
 """How far a device's calibration is, in a learner's words: the job's note while its runs go on
 ("run 8 of 46: ...; about 12 min left"), the minutes it has left, and why a device's engine
 cannot take a run now. Read by the lab and run pages and by the submit's refusal; written by the
-calibration jobs (labs.device_calibration_jobs), which import this module, not the other way.
+calibration jobs (labs.calibration.jobs), which import this module, not the other way.
 """
 
 from __future__ import annotations

@@ -330,7 +330,7 @@ def coordinate_search(
     `step` (25%, then half that, ...) lower and higher within its bounds and keeps what lowers
     the loss, moving the same way up to `max_moves` times while it keeps helping (a device far
     from the published constants needs more than one move). The published fit (`fit`) and a
-    device's own fit (labs/device_calibration_sweep.py) both use it."""
+    device's own fit (labs/calibration/sweep.py) both use it."""
     best = loss(values)
     for r in range(rounds):
         for path, (low, high) in bounds.items():

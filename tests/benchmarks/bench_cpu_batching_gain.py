@@ -28,8 +28,8 @@ def main() -> None:
     from labs.backends import get_backend
     from labs.backends.vllm import backend as vllm_backend
     from labs.backends.vllm import cpu
-    from labs.device_calibration_jobs import CPU_BASE, SELF_REPEATS, SELF_ROUNDS
-    from labs.device_calibration_sweep import (
+    from labs.calibration.jobs import CPU_BASE, SELF_REPEATS, SELF_ROUNDS
+    from labs.calibration.sweep import (
         Runs,
         fit_device,
         measure_sweep,

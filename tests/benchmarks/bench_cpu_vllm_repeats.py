@@ -18,7 +18,7 @@ import statistics
 import pytest
 
 from labs.backends.vllm import cpu
-from labs.device_calibration_sweep import run_summary, settings_params
+from labs.calibration.sweep import run_summary, settings_params
 
 REPEATS = 5
 MOST_SPREAD = 1.5  # fastest / slowest repeat

@@ -12,7 +12,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
-from labs.device_calibration_sweep import SWEEP
+from labs.calibration.sweep import SWEEP
 from labs.models import CalibrationJob, DeviceCalibration, RunState
 from labs.tasks import calibrate_device_task
 from tests.e2e.conftest import PHONE, sign_up

@@ -18,8 +18,8 @@ from labs.parameters.presets import LABS, lab_initial
 from labs.prediction.predict import lab_prediction
 from labs.runs import execution
 from quiz import personal
+from tests.labs.calibration.test_device_calibration import SLOW
 from tests.labs.factories import make_heartbeat
-from tests.labs.test_device_calibration import SLOW
 from tests.labs.test_views import no_broker  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.django_db

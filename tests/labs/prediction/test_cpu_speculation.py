@@ -1,5 +1,5 @@
 """Speculation as a CPU worker's engine runs it (labs/prediction/device_speculation.py,
-labs/device_calibration_sweep.py ngram_drafting): its calibration measures how its ngram
+labs/calibration/sweep.py ngram_drafting): its calibration measures how its ngram
 proposer drafts (acceptance where it drafted, share of steps that did) and the CPU time drafting
 adds to every step; an ngram run on that device is predicted from those, not from the lab's
 alpha, which the CPU build (no synthetic sampler) never uses."""
@@ -11,7 +11,7 @@ from datetime import date
 
 import pytest
 
-from labs.device_calibration_sweep import SWEEP, Measured, ngram_drafting, point_params
+from labs.calibration.sweep import SWEEP, Measured, ngram_drafting, point_params
 from labs.parameters.device_calibration import DeviceConstants, check_constants
 from labs.parameters.params import parse_lab_params
 from labs.prediction.device_speculation import (

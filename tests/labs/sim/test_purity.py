@@ -26,7 +26,7 @@ PURE_MODULES = [
     "labs.sim.simulator",
     "labs.measurement.metrics",
     "labs.parameters.device_calibration",
-    "labs.device_calibration_sweep",
+    "labs.calibration.sweep",
     "labs.backends.base",
     "labs.backends.sim",
 ]

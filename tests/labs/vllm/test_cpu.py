@@ -364,7 +364,7 @@ def test_a_cpu_run_is_priced_by_the_calibration_of_the_cpu_worker_online(cpu_wor
     from labs.parameters.device_calibration import cpu_device_key
     from labs.prediction.predict import lab_prediction
     from labs.runs.selectors import device_key, device_prediction
-    from tests.labs.test_device_calibration import SLOW
+    from tests.labs.calibration.test_device_calibration import SLOW
 
     params = cpu_params()
     published = lab_prediction(params)
@@ -392,8 +392,8 @@ def test_the_calibration_sweeps_settings_with_one_engine_get_one_server():
     # Runs.measure warms a server's settings where the engine settings change and nowhere else;
     # that holds only if settings sharing engine settings share the server's arguments (P1's
     # 1,000-token prompt keeps the 1,024-token context the other points' server has).
-    from labs.device_calibration_jobs import CPU_BASE
-    from labs.device_calibration_sweep import sweep_settings
+    from labs.calibration.jobs import CPU_BASE
+    from labs.calibration.sweep import sweep_settings
 
     base = {**CPU_BASE, "hbm_gb": 16, "bandwidth_tbs": 0.008, "tflops": 0.2}
     servers: dict[str, set[tuple[str, ...]]] = {}

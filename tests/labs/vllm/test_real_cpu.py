@@ -648,8 +648,8 @@ def test_the_fake_answers_as_the_real_server_does(cpu_worker, learner_client):
 def test_a_staff_member_calibrates_the_cpu_worker_from_the_devices_page(cpu_worker, learner_client):
     """The staff's "Calibrate this device": the job goes to the real CPU worker, which runs the
     sweep on its own vLLM engine and stores the device's calibration, which its labs then use."""
-    from labs.device_calibration_jobs import calibration_targets
-    from labs.device_calibration_sweep import SWEEP
+    from labs.calibration.jobs import calibration_targets
+    from labs.calibration.sweep import SWEEP
     from labs.models import CalibrationJob, DeviceCalibration
     from labs.parameters.params import parse_lab_params
     from labs.runs.selectors import lab_calibration

@@ -1,4 +1,4 @@
-"""Calibrating a device from the staff's devices page (labs/device_calibration_jobs.py): what each
+"""Calibrating a device from the staff's devices page (labs/calibration/jobs.py): what each
 online vLLM worker's device is calibrated with and where its task goes, one job per device at a
 time, a broker outage at submit, and the task's body on a stand-in vLLM backend (the simulator,
 priced with known constants), never a real worker or engine."""
@@ -12,14 +12,14 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
-from labs import device_calibration_jobs as calibration_jobs
-from labs.device_calibration_sweep import SWEEP
+from labs.calibration import jobs as calibration_jobs
+from labs.calibration.sweep import SWEEP
 from labs.models import CalibrationJob, DeviceCalibration, RunState
 from labs.sim.lab import build_simulator
 from labs.tasks import calibrate_device_task
 from tests.conftest import make_user
+from tests.labs.calibration.test_calibrate_device import TRUTH
 from tests.labs.factories import make_heartbeat
-from tests.labs.test_calibrate_device import TRUTH
 from tests.labs.vllm.test_cpu import CPU_GPUS
 
 pytestmark = pytest.mark.django_db
@@ -172,7 +172,7 @@ def _queued_job(device: str = "l4", base: dict[str, Any] | None = None) -> Calib
 def test_the_task_calibrates_on_its_worker_stores_the_result_and_marks_the_job_done():
     job = _queued_job()
     vllm = StandInVllm()
-    with mock.patch("labs.device_calibration_jobs.get_backend", return_value=vllm) as get_backend:
+    with mock.patch("labs.calibration.jobs.get_backend", return_value=vllm) as get_backend:
         state = calibrate_device_task.run(job.pk)  # the task's body, in this process
     assert state == RunState.DONE
     get_backend.assert_called_once_with("vllm")  # the worker's own engine, no base_url
@@ -189,7 +189,7 @@ def test_the_task_calibrates_on_its_worker_stores_the_result_and_marks_the_job_d
 def test_a_failing_calibration_marks_the_job_failed_with_a_one_line_reason():
     job = _queued_job()
     broken = StandInVllm(fail=RuntimeError("vLLM exited with code 1\nTraceback (most recent ...)"))
-    with mock.patch("labs.device_calibration_jobs.get_backend", return_value=broken):
+    with mock.patch("labs.calibration.jobs.get_backend", return_value=broken):
         assert calibrate_device_task.run(job.pk) == RunState.FAILED
     job.refresh_from_db()
     assert job.state == RunState.FAILED
@@ -201,7 +201,7 @@ def test_a_cpu_job_taken_by_a_worker_with_another_cpu_fails_before_measuring():
     base = {**calibration_jobs.CPU_BASE, "hbm_gb": 16, "bandwidth_tbs": 0.008, "tflops": 0.2}
     job = _queued_job(device="cpu:Some Other CPU:64", base=base)
     vllm = StandInVllm()
-    with mock.patch("labs.device_calibration_jobs.get_backend", return_value=vllm):
+    with mock.patch("labs.calibration.jobs.get_backend", return_value=vllm):
         assert calibrate_device_task.run(job.pk) == RunState.FAILED
     job.refresh_from_db()
     assert "not cpu:Some Other CPU:64" in job.error and vllm.runs == 0

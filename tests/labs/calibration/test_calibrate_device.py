@@ -1,4 +1,4 @@
-"""Calibrating a device from its own sweep (labs/device_calibration_sweep.py, `manage.py lab
+"""Calibrating a device from its own sweep (labs/calibration/sweep.py, `manage.py lab
 calibrate`): the fit sees only the `fit` points, recovers constants the runs were made with, and
 the command stores the result for the device against the fake vLLM server."""
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from labs.device_calibration_sweep import (
+from labs.calibration.sweep import (
     CHANGES,
     SWEEP,
     Measured,
@@ -443,7 +443,7 @@ def test_a_machine_that_slows_during_the_sweep_moves_every_point_alike():
 
 
 def test_a_cpus_gemm_ceiling_is_its_measured_matmul_rate_not_fitted():
-    from labs.device_calibration_sweep import searched_bounds, starting_values
+    from labs.calibration.sweep import searched_bounds, starting_values
 
     cpu = {**BASE, "model": "lab-llama-20m", "gpu": "cpu", "hbm_gb": 23, "bandwidth_tbs": 0.034,
            "tflops": 0.2, "block_size": 128, "kv_capacity_tokens": 8192}  # fmt: skip
@@ -499,7 +499,7 @@ def test_the_fit_takes_the_front_ends_time_as_a_line_over_the_streams_and_never_
 
 
 def test_a_cpu_workers_busy_engine_loses_the_front_ends_time_per_stream_and_a_gpus_does_not():
-    from labs.device_calibration_sweep import searched_bounds, starting_values
+    from labs.calibration.sweep import searched_bounds, starting_values
 
     cpu = {**BASE, "model": "lab-llama-20m", "gpu": "cpu", "hbm_gb": 23, "bandwidth_tbs": 0.034,
            "tflops": 0.2, "block_size": 128, "kv_capacity_tokens": 8192}  # fmt: skip

@@ -1,9 +1,9 @@
 """A vLLM worker whose device has no calibration calibrates itself on its first start
-(labs.worker_signals -> labs.device_calibration_jobs.calibration_self_request): one short job,
+(labs.worker_signals -> labs.calibration.jobs.calibration_self_request): one short job,
 stored like a staff one, and the lab and run pages say the device is calibrating meanwhile.
 
 No broker and no GPU: the task's `apply_async` is a mock, the engine the simulator
-(tests/labs/test_calibrations.py's stand-in)."""
+(tests/labs/calibration/test_calibrations.py's stand-in)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
-from labs import device_calibration_jobs as calibration_jobs
 from labs import worker_signals
 from labs.backends import device_lab_settings
+from labs.calibration import jobs as calibration_jobs
 from labs.models import CalibrationJob, DeviceCalibration, RunState, WorkerHeartbeat
 from labs.parameters.catalog import CPU_KIND
 from labs.parameters.params import parse_lab_params
@@ -27,8 +27,14 @@ from labs.runs import busy as calibration_progress
 from labs.runs.workers import announced_cpu_figures
 from labs.tasks import calibrate_device_task
 from tests.conftest import make_user
+from tests.labs.calibration.test_calibrations import (
+    CPU_KEY,
+    L4_GPUS,
+    StandInVllm,
+    cpu_worker,
+    l4_worker,
+)
 from tests.labs.factories import SMALL, make_run
-from tests.labs.test_calibrations import CPU_KEY, L4_GPUS, StandInVllm, cpu_worker, l4_worker
 from tests.labs.vllm.test_cpu import CPU_GPUS
 
 pytestmark = pytest.mark.django_db
@@ -146,7 +152,7 @@ def test_a_self_calibration_past_its_time_limit_fails_saying_so(settings):
     settings.LABS_SELF_CALIBRATE_TIME_LIMIT_S = -1  # already past when the first run would start
     job = _l4_self_job()
     vllm = StandInVllm()
-    with mock.patch("labs.device_calibration_jobs.get_backend", return_value=vllm):
+    with mock.patch("labs.calibration.jobs.get_backend", return_value=vllm):
         assert calibrate_device_task.run(job.pk) == RunState.FAILED
     job.refresh_from_db()
     assert vllm.runs == 0 and "time limit (-1 s)" in job.error
@@ -155,7 +161,7 @@ def test_a_self_calibration_past_its_time_limit_fails_saying_so(settings):
 
 def test_a_self_calibration_is_stored_like_a_staff_one():
     job = _l4_self_job()
-    with mock.patch("labs.device_calibration_jobs.get_backend", return_value=StandInVllm()):
+    with mock.patch("labs.calibration.jobs.get_backend", return_value=StandInVllm()):
         assert calibrate_device_task.run(job.pk) == RunState.DONE
     job.refresh_from_db()
     assert job.calibration == DeviceCalibration.objects.get(device="l4")
@@ -287,7 +293,7 @@ def test_a_calibrations_note_says_how_far_it_is_and_the_minutes_left(settings):
 
 
 def test_a_sweep_says_each_run_before_it_starts_with_the_runs_planned():
-    from labs.device_calibration_sweep import SWEEP, Runs, setting_label, sweep_settings
+    from labs.calibration.sweep import SWEEP, Runs, setting_label, sweep_settings
 
     base = {"model": "lab-llama-20m", "gpu": "h100-sxm"}
     said: list[tuple[int, int, str]] = []

@@ -10,6 +10,9 @@ simulated with the result and give the held-out error. `manage.py lab calibrate`
 a labs.models.DeviceCalibration.
 
 Pure Python; never Django (the command does the storing).
+
+Why one module: the sweep's runs and the fit to them are one table read two ways; the fit's
+residuals name the runs, so the two stay side by side.
 """
 
 from __future__ import annotations
@@ -436,7 +439,7 @@ class Runs:
         shares = [s.get("steal_share") for s in self.summaries(params)]
         stolen = [x for x in shares if x is not None]
         if stolen and len(stolen) == len(shares):
-            # The CPU time the hypervisor took in each run (labs.device_calibration_jobs,
+            # The CPU time the hypervisor took in each run (labs.calibration.jobs,
             # calibrate_and_store).
             text += f"; steal {min(stolen):.1%} to {max(stolen):.1%}"
         return f"({text})"

@@ -1,7 +1,7 @@
 """Calibrating a device on its own vLLM engine and storing the result, from the command line or
 from the staff's devices page.
 
-`calibrate_and_store` is the core both share: the sweep (labs/device_calibration_sweep.py)
+`calibrate_and_store` is the core both share: the sweep (labs/calibration/sweep.py)
 measured on the vLLM backend, its fit, and a `labs.models.DeviceCalibration` row. `manage.py lab
 calibrate` calls it in its own process; the devices page queues a `CalibrationJob` and the Celery
 task `labs.calibrate_device` calls it on the vLLM worker that has the device
@@ -30,7 +30,7 @@ from django.utils import timezone
 from labs.backends import check_can_start, device_label, get_backend
 from labs.backends import this_device as backend_device
 from labs.backends.base import Device, Placement
-from labs.device_calibration_sweep import (
+from labs.calibration.sweep import (
     SWEEP,
     Runs,
     check_changes,
