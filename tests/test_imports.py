@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,3 +191,77 @@ def test_backends_are_reached_through_the_registry():
         if _is_under(target, BACKENDS) and target not in BACKENDS_SHARED
     ]
     assert not bad, "imports of a backend's own modules:\n" + "\n".join(bad)
+
+
+# Django's and the command line's own packages of labs sit at its top, beside models and views: no
+# rule of their own. Every other package says in its docstring what it may import.
+GLUE_PACKAGES = {"labs.migrations", "labs.management", "labs.templatetags", "labs.cli"}
+
+
+def package_rules() -> dict[str, list[str]]:
+    """Each package of labs and what its docstring's "May import:" paragraph allows."""
+    rules: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        if path.name != "__init__.py" or module.count(".") != 1 or not _is_under(module, "labs"):
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if "May import:" in doc:
+            paragraph = doc.partition("May import:")[2].split("\n\n")[0]
+            rules[module] = re.findall(r"`(labs(?:\.\w+)*)`", paragraph)
+    return rules
+
+
+def forbidden_imports(graph: dict[str, set[str]], rules: dict[str, list[str]]) -> list[str]:
+    """Imports from a package of labs to a part of labs its rules do not name."""
+    return [
+        f"{module} -> {target} ({package} may import: {', '.join(allowed) or 'nothing'})"
+        for package, allowed in sorted(rules.items())
+        for module, targets in sorted(graph.items())
+        if _is_under(module, package)
+        for target in sorted(targets)
+        if _is_under(target, "labs")
+        and target != "labs"
+        and not _is_under(target, package)
+        and not any(_is_under(target, a) for a in allowed)
+    ]
+
+
+def test_every_package_of_labs_says_what_it_may_import():
+    packages = {
+        m
+        for m, path in MODULES.items()
+        if path.name == "__init__.py" and m.count(".") == 1 and _is_under(m, "labs")
+    }
+    missing = sorted(packages - GLUE_PACKAGES - set(package_rules()))
+    assert not missing, "packages without a 'May import:' paragraph: " + ", ".join(missing)
+
+
+def test_each_package_imports_only_what_its_docstring_allows():
+    bad = forbidden_imports(import_graph(), package_rules())
+    assert not bad, "imports a package's docstring does not allow:\n" + "\n".join(bad)
+
+
+LONG_MODULE_LINES = 600
+
+
+def test_a_long_module_of_labs_says_why_it_is_one():
+    long = [
+        f"{path.relative_to(ROOT)} ({lines} lines)"
+        for module, path in sorted(MODULES.items())
+        if _is_under(module, "labs")
+        and ".migrations." not in f".{module}."
+        and (lines := len(path.read_text().splitlines())) > LONG_MODULE_LINES
+        and "Why one module:" not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+    ]
+    assert not long, (
+        f"modules over {LONG_MODULE_LINES} lines without a 'Why one module:' paragraph in their "
+        "docstring (split them, or say why not):\n" + "\n".join(long)
+    )
+
+
+def test_a_forbidden_import_is_reported():
+    graph = {"labs.parameters.params": {"labs.runs.turns", "labs.parameters.catalog"}}
+    assert forbidden_imports(graph, {"labs.parameters": []}) == [
+        "labs.parameters.params -> labs.runs.turns (labs.parameters may import: nothing)"
+    ]
+    assert package_rules()["labs.parameters"] == []

@@ -9,6 +9,14 @@ here instead (`is_simulated`, ...).
 
 Each backend's module (BACKENDS) answers every question below, as `BackendModule` names them;
 mypy checks each module against it in labs/backends/conformance.py.
+
+Owns: the lab backends and the registry that is the only way in (`labs.backends`, with the shared
+types of `labs.backends.base`). The sim backend runs the simulator (labs.sim, which itself imports
+only `labs.backends.base` of this package); every backend writes the run's definitions
+(labs.explanation.definitions) into its record
+
+May import: `labs.parameters`, `labs.prediction`, `labs.measurement`, `labs.sim`,
+`labs.explanation.definitions` (and its own modules; tests/test_imports.py enforces it).
 """
 
 from __future__ import annotations

@@ -11,4 +11,10 @@ lab worker (`QuestionSimulation`), and reads all this only through `labs.api`.
 Modules: `figures` and `spec` and `bands` and `instincts` are plain Python over lab parameters
 (no ORM); `models`, `services`, `selectors` and `content` use the database. Nothing here imports
 the quiz.
+
+Owns: lab questions: the figure asked, its bands, its content and the learner's predictions
+
+May import: `labs.parameters`, `labs.prediction`, `labs.measurement`, `labs.sim`,
+`labs.explanation`, `labs.runs`, `labs.backends`, `labs.models`, `labs.hooks` (and its own modules;
+tests/test_imports.py enforces it).
 """

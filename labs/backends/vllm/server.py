@@ -27,6 +27,9 @@ The arguments follow vllm-notes.md section 1 (vLLM 0.33):
 
 Settings vLLM cannot run (contiguous KV, int8/int4 weights without a quantized checkpoint, block
 sizes its CUDA kernels refuse) raise ParamError naming the field, like any bad lab parameter.
+
+Why one module: starting, watching and stopping one vLLM server share its process handle and its
+log; split, each half would reach into the other's state.
 """
 
 from __future__ import annotations
