@@ -1,8 +1,9 @@
 """What the quiz may use of labs: the one labs module it imports (tests/test_imports.py checks it).
 
 The quiz makes personal cards from a learner's lab runs (quiz/personal.py) and shows a learner's
-own measurement beside a deck card's answer; for that it reads runs, asks for predictions and
-simulations, and words figures as the lab pages do. It asks lab questions again
+own measurement beside a deck card's answer; for that it reads runs and sweeps as plain frozen
+data (`RunData`, `SweepData`; never a model or a queryset), asks for predictions and simulations,
+and words figures as the lab pages do. It asks lab questions again
 (quiz/lab_questions.py): what to ask at a neighbouring setting and how an answer grades, as plain
 data. Labs never imports the quiz: what it asks of the quiz is registered here
 (`answer_for_labs`, from the quiz's AppConfig.ready).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -36,17 +38,16 @@ from labs.sim.engine_model import short_where_label
 
 __all__ = [
     "Lab",
-    "LabRun",
     "Metric",
     "ParamError",
-    "Sweep",
+    "RunData",
+    "SweepData",
     "Waiting",
     "WorkKind",
     "YourNumber",
     "answer_for_labs",
     "checked_params",
     "dig",
-    "finished",
     "finished_points",
     "lab_of",
     "metric",
@@ -60,6 +61,7 @@ __all__ = [
     "questions_export",
     "questions_load",
     "questions_read",
+    "run_data",
     "run_get_for_owner",
     "send_turn",
     "short_where_label",
@@ -70,16 +72,15 @@ __all__ = [
     "simulation_steps",
     "sim_work_check",
     "RunRefused",
+    "sweep_data",
     "sweep_get_for_owner",
     "take_turn",
     "your_number",
 ]
 
 answer_for_labs = hooks.answer
-run_get_for_owner = selectors.run_get_for_owner
 RunRefused = submission.RunRefused
 sim_work_check = submission.sim_work_check
-sweep_get_for_owner = selectors.sweep_get_for_owner
 Waiting = turns.Waiting
 WorkKind = turns.WorkKind
 
@@ -87,17 +88,91 @@ WorkKind = turns.WorkKind
 # -- runs and sweeps -----------------------------------------------------------------------------
 
 
-def finished(run: LabRun) -> bool:
-    """Whether the run finished and measured (not queued, running, failed or cancelled)."""
-    return run.state == RunState.DONE
+# The quiz reads runs and sweeps as plain frozen data, never as rows: what it may rely on is
+# named here, and a change to the models shows up here, not in the quiz.
 
 
-def finished_points(sweep: Sweep) -> dict[int, LabRun]:
+@dataclass(frozen=True)
+class SweepData:
+    """A learner's sweep: the setting it varies and its values, in order."""
+
+    pk: int
+    field: str
+    values: tuple[Any, ...]
+    url: str
+
+
+@dataclass(frozen=True)
+class RunData:
+    """A learner's lab run: its settings, what it measured (`result`, a metrics summary; None
+    until it finished), where it ran, and its sweep and index in it if it is a sweep's point."""
+
+    pk: int
+    owner_id: int
+    lab: str
+    backend: str
+    where: str
+    finished: bool  # finished and measured (not queued, running, failed or cancelled)
+    params: dict[str, Any]
+    result: dict[str, Any] | None
+    url: str
+    sweep: SweepData | None
+    sweep_index: int | None
+
+
+def _sweep_data(sweep: Sweep) -> SweepData:
+    return SweepData(
+        pk=sweep.pk, field=sweep.field, values=tuple(sweep.values), url=sweep.get_absolute_url()
+    )
+
+
+def _run_data(run: LabRun) -> RunData:
+    return RunData(
+        pk=run.pk,
+        owner_id=run.owner_id,
+        lab=run.lab,
+        backend=run.backend,
+        where=run.where,
+        finished=run.state == RunState.DONE,
+        params=dict(run.params),
+        result=dict(run.result) if run.result else None,
+        url=run.get_absolute_url(),
+        sweep=_sweep_data(run.sweep) if run.sweep is not None else None,
+        sweep_index=run.sweep_index,
+    )
+
+
+def run_get_for_owner(*, user: Any, pk: int) -> RunData:
+    """The learner's own run; anyone else's is a 404, so ids reveal nothing."""
+    return _run_data(selectors.run_get_for_owner(user=user, pk=pk))
+
+
+def sweep_get_for_owner(*, user: Any, pk: int) -> SweepData:
+    """The learner's own sweep; anyone else's is a 404."""
+    return _sweep_data(selectors.sweep_get_for_owner(user=user, pk=pk))
+
+
+def run_data(pk: int) -> RunData:
+    """Any run by its id, for work that already checked whose it is (a card being made).
+
+    Raises:
+        LabRun.DoesNotExist: no such run.
+    """
+    return _run_data(LabRun.objects.select_related("sweep").get(pk=pk))
+
+
+def sweep_data(pk: int) -> SweepData:
+    """Any sweep by its id (Sweep.DoesNotExist for none)."""
+    return _sweep_data(Sweep.objects.get(pk=pk))
+
+
+def finished_points(sweep: SweepData) -> dict[int, RunData]:
     """The sweep's finished runs by their index in its values."""
-    return {r.sweep_index: r for r in sweep.runs.filter(state=RunState.DONE)}
+    runs = LabRun.objects.filter(sweep_id=sweep.pk, state=RunState.DONE).select_related("sweep")
+    return {r.sweep_index: _run_data(r) for r in runs}
 
 
-def lab_of(run: LabRun) -> Lab:
+def lab_of(run: RunData) -> Lab:
     """The lab the run was made in (the sandbox for a lab that no longer exists)."""
     return LABS.get(run.lab) or LABS["sandbox"]
 

@@ -38,7 +38,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from labs import api as labs_api
-from labs.api import Lab, LabRun, ParamError, Sweep
+from labs.api import Lab, ParamError, RunData, SweepData
 from quiz.models import PERSONAL_DECK, Card, Deck, ParameterFit, PersonalCardRequest
 
 logger = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ def _check_bounded(params: Mapping[str, Any]) -> None:
         )
 
 
-def _to_simulate(run: LabRun) -> dict[str, Any] | None:
+def _to_simulate(run: RunData) -> dict[str, Any] | None:
     """The settings the worker will simulate for a card from `run` (its neighbour), or None when
     the learner's own sweep point answers unsimulated. O(1) but for one query on a sweep.
 
@@ -257,7 +257,7 @@ class _Answer:
     spread: float | None  # max distance over other seeds, summary units
 
 
-def _sweep_answer(run: LabRun, key: str) -> tuple[Any, _Answer | None]:
+def _sweep_answer(run: RunData, key: str) -> tuple[Any, _Answer | None]:
     """The neighbouring point of the learner's own sweep, and its measurement if it has one."""
     sweep = run.sweep
     assert sweep is not None and run.sweep_index is not None
@@ -274,7 +274,7 @@ def _sweep_answer(run: LabRun, key: str) -> tuple[Any, _Answer | None]:
 
 
 def _answer(
-    run: LabRun,
+    run: RunData,
     field: str,
     neighbour: Any,
     key: str,
@@ -345,7 +345,7 @@ def _predicted_pair(
 
 
 def _content(
-    run: LabRun, field: str, neighbour: Any, figure: Figure, measured: float, answer: _Answer
+    run: RunData, field: str, neighbour: Any, figure: Figure, measured: float, answer: _Answer
 ) -> _Content:
     """The card's words and numbers. The graded answer is what the worked method computes (your
     measurement scaled by the predictor's ratio between the two settings), written with the
@@ -433,11 +433,11 @@ def _content(
     )
 
 
-def _slug(user: AbstractBaseUser, run: LabRun) -> str:
+def _slug(user: AbstractBaseUser, run: RunData) -> str:
     return f"mine-{user.pk}-run-{run.pk}"
 
 
-def card_from_run(*, user: AbstractBaseUser, run: LabRun, until: float | None = None) -> Card:
+def card_from_run(*, user: AbstractBaseUser, run: RunData, until: float | None = None) -> Card:
     """Make (or return, reactivated) the learner's personal card for a finished run. It simulates:
     the lab worker calls it (`card_request_execute`), never a web request. `until`: a
     time.monotonic() deadline for its simulations (SoftTimeLimitExceeded past it).
@@ -515,10 +515,10 @@ def _stale(now: dt.datetime) -> Q:
     return running | queued
 
 
-def _check_makeable(user: AbstractBaseUser, run: LabRun) -> None:
+def _check_makeable(user: AbstractBaseUser, run: RunData) -> None:
     if run.owner_id != user.pk:
         raise CardRefused("Only the learner who ran it can make a card from a run.")
-    if not labs_api.finished(run) or not run.result:
+    if not run.finished or not run.result:
         raise CardRefused("Only a finished run can become a card.")
 
 
@@ -560,7 +560,7 @@ def _release_stale(user: AbstractBaseUser) -> None:
         )
 
 
-def card_request(*, user: AbstractBaseUser, run: LabRun) -> PersonalCardRequest:
+def card_request(*, user: AbstractBaseUser, run: RunData) -> PersonalCardRequest:
     """Queue the making of a card from `run` on the lab worker; nothing is simulated here.
 
     A card already made from the run is returned at once (reactivated), as a finished request.
@@ -577,7 +577,7 @@ def card_request(*, user: AbstractBaseUser, run: LabRun) -> PersonalCardRequest:
             existing.save(update_fields=["is_active", "updated_at"])
         return PersonalCardRequest.objects.create(
             owner=user,
-            run=run,
+            run_id=run.pk,
             state=PersonalCardRequest.State.DONE,
             card=existing,
             finished_at=timezone.now(),
@@ -600,7 +600,7 @@ def card_request(*, user: AbstractBaseUser, run: LabRun) -> PersonalCardRequest:
                 labs_api.sim_work_check(owner=user)
             except labs_api.RunRefused as exc:
                 raise CardRefused(f"{exc} A card being made counts as a run.") from None
-            request = PersonalCardRequest.objects.create(owner=user, run=run)
+            request = PersonalCardRequest.objects.create(owner=user, run_id=run.pk)
     except IntegrityError:
         busy = PersonalCardRequest.objects.filter(
             owner=user, state__in=PersonalCardRequest.IN_FLIGHT
@@ -633,9 +633,9 @@ def _card_make(request_id: int, _hostname: str = "") -> str:
     """Make the card of a request this worker claimed; record the card or the reason."""
     # The turn it runs in has a lab run's longer time limits; the card keeps to its own.
     until = time.monotonic() + CARD_SOFT_TIME_LIMIT_S
-    request = PersonalCardRequest.objects.select_related("owner", "run").get(pk=request_id)
+    request = PersonalCardRequest.objects.select_related("owner").get(pk=request_id)
     try:
-        card = card_from_run(user=request.owner, run=request.run, until=until)
+        card = card_from_run(user=request.owner, run=labs_api.run_data(request.run_id), until=until)
     except CardRefused as exc:
         _finish(request_id, error=str(exc))
         return f"card request {request_id} refused"
@@ -700,7 +700,7 @@ def card_request_get(*, user: AbstractBaseUser, pk: int) -> PersonalCardRequest:
     return PersonalCardRequest.objects.select_related("card").get(pk=pk, owner=user)
 
 
-def sweep_card_run(sweep: Sweep) -> LabRun:
+def sweep_card_run(sweep: SweepData) -> RunData:
     """The sweep point a card asks from: the first finished one whose neighbour finished too."""
     done = labs_api.finished_points(sweep)
     for index in sorted(done):

@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.middleware import HtmxDetails
 
 from labs import api as labs_api
-from labs.api import LabRun
+from labs.api import RunData
 from quiz import personal, prediction_asks, scheduling, selectors, services
 from quiz.anki import deck_apkg
 from quiz.forms import AnswerForm, GradeForm, LearnerSettingsForm
@@ -261,12 +261,12 @@ def card_unsuspend(request: HttpRequest, slug: str) -> HttpResponse:
     return redirect("quiz:card-detail", slug=slug)
 
 
-def _card_from(request: HttpRequest, run: LabRun) -> HttpResponse:
+def _card_from(request: HttpRequest, run: RunData) -> HttpResponse:
     try:
         made = personal.card_request(user=request.user, run=run)
     except personal.CardRefused as exc:
         messages.error(request, str(exc))
-        return redirect(run.sweep or run)
+        return redirect(run.sweep.url if run.sweep else run.url)
     return redirect(f"{reverse('quiz:my-cards')}?request={made.pk}")
 
 
@@ -322,7 +322,7 @@ def card_from_sweep(request: HttpRequest, pk: int) -> HttpResponse:
         run = personal.sweep_card_run(sweep)
     except personal.CardRefused as exc:
         messages.error(request, str(exc))
-        return redirect(sweep)
+        return redirect(sweep.url)
     return _card_from(request, run)
 
 

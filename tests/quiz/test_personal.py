@@ -15,6 +15,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from labs import api as labs_api
 from labs.backends import get_backend
 from labs.explanation.your_number import latest_done_run
 from labs.measurement.metrics import summarize
@@ -72,7 +73,7 @@ def _last_number(text: str) -> str:
 
 def test_it_asks_for_the_next_setting_and_answers_with_the_worked_method(alice):
     run = finished_run(alice, max_num_seqs=64, concurrency=128)
-    card = personal.card_from_run(user=alice, run=run)
+    card = personal.card_from_run(user=alice, run=labs_api.run_data(run.pk))
 
     assert card.owner == alice and card.kind == Card.Kind.NUMERIC and card.is_active
     measured = run.result["output_tokens_per_s"]
@@ -104,7 +105,7 @@ def test_it_asks_for_the_next_setting_and_answers_with_the_worked_method(alice):
     assert any("Predictor, decode step" in step for step in card.steps)
     assert any(step.startswith("Predicted output tokens/s") for step in card.steps)
     # Making it again returns the same card.
-    assert personal.card_from_run(user=alice, run=run) == card
+    assert personal.card_from_run(user=alice, run=labs_api.run_data(run.pk)) == card
 
 
 def test_it_asks_at_a_setting_where_the_limit_binds_and_titles_each_card_apart(alice):
@@ -112,7 +113,7 @@ def test_it_asks_at_a_setting_where_the_limit_binds_and_titles_each_card_apart(a
     # max_num_seqs 128, where the limit never binds (a ratio of 1.000), and had one title.
     runs = [finished_run(alice), finished_run(alice, max_num_seqs=16)]
     assert [run.params["concurrency"] for run in runs] == [32, 32]
-    cards = [personal.card_from_run(user=alice, run=run) for run in runs]
+    cards = [personal.card_from_run(user=alice, run=labs_api.run_data(run.pk)) for run in runs]
     ratios = [
         float(re.search(r"a ratio of (\d\.\d{3})", " ".join(card.steps)).group(1)) for card in cards
     ]
@@ -127,7 +128,7 @@ def test_it_asks_at_a_setting_where_the_limit_binds_and_titles_each_card_apart(a
 
 def test_the_prompt_states_the_whole_workload(alice):
     run = finished_run(alice, lab="prefix-caching", tp=2, input_range_ratio=0.25)
-    card = personal.card_from_run(user=alice, run=run)
+    card = personal.card_from_run(user=alice, run=labs_api.run_data(run.pk))
     p = run.params
     for text in (
         f"{p['model']} on {p['gpu']} × 2 (tp 2)",
@@ -139,19 +140,21 @@ def test_the_prompt_states_the_whole_workload(alice):
     ):
         assert text in card.prompt, text
     rated = finished_run(alice, request_rate=4.0, max_concurrency=16)
-    prompt = personal.card_from_run(user=alice, run=rated).prompt
+    prompt = personal.card_from_run(user=alice, run=labs_api.run_data(rated.pk)).prompt
     assert "arriving at 4 req/s (at most 16 in flight)" in prompt
 
 
 def test_the_prompt_names_its_runs_provenance_by_the_short_badge(alice):
     run = finished_run(alice)
     assert run.where.startswith("simulated on CPU as ")  # the long form, kept on the run
-    prompt = personal.card_from_run(user=alice, run=run).prompt
+    prompt = personal.card_from_run(user=alice, run=labs_api.run_data(run.pk)).prompt
     assert "(simulated · " in prompt and "simulated on CPU as" not in prompt
 
 
 def test_every_number_in_the_cards_unit_has_the_answers_decimals(alice):
-    card = personal.card_from_run(user=alice, run=finished_run(alice, lab="speculative"))
+    card = personal.card_from_run(
+        user=alice, run=labs_api.run_data(finished_run(alice, lab="speculative").pk)
+    )
     assert card.numeric_unit == "ms"
     # The answer as shown ("≈ 4.00 ms"): a stored 4.0 is the same value, written to its decimals.
     shown = re.search(r"(\d[\d,]*(?:\.\d+)?) ms", card.answer).group(1)
@@ -169,7 +172,9 @@ def test_every_number_in_the_cards_unit_has_the_answers_decimals(alice):
 def test_the_worked_method_typed_as_the_answer_is_graded_correct(alice_client, alice):
     """Through the real quiz: fetch the card, type the last step's result, read the verdict."""
     for lab, values in (("batching", {"max_num_seqs": 16, "concurrency": 64}), ("speculative", {})):
-        card = personal.card_from_run(user=alice, run=finished_run(alice, lab=lab, **values))
+        card = personal.card_from_run(
+            user=alice, run=labs_api.run_data(finished_run(alice, lab=lab, **values).pk)
+        )
         typed = _last_number(card.steps[-1])
         page = alice_client.get(reverse("quiz:today")).content.decode()
         assert card.prompt.split("\n")[0] in page  # the personal card is the one on screen
@@ -188,8 +193,8 @@ def test_a_sweep_point_shows_the_learners_own_measurement(alice):
     )
     low = finished_run(alice, sweep=sweep, index=0, max_num_seqs=16, concurrency=64)
     high = finished_run(alice, sweep=sweep, index=1, max_num_seqs=32, concurrency=64)
-    assert personal.sweep_card_run(sweep) == low
-    card = personal.card_from_run(user=alice, run=low)
+    assert personal.sweep_card_run(labs_api.sweep_data(sweep.pk)) == labs_api.run_data(low.pk)
+    card = personal.card_from_run(user=alice, run=labs_api.run_data(low.pk))
     assert f"your sweep's run #{high.pk}" in card.explanation
     assert f"{high.result['output_tokens_per_s']:,.0f} tok/s" in card.explanation
     assert "max_num_seqs 32" in card.prompt
@@ -197,7 +202,7 @@ def test_a_sweep_point_shows_the_learners_own_measurement(alice):
 
 def test_a_latency_metric_is_asked_in_milliseconds(alice):
     run = finished_run(alice, lab="speculative", spec_tokens=3)
-    card = personal.card_from_run(user=alice, run=run)
+    card = personal.card_from_run(user=alice, run=labs_api.run_data(run.pk))
     assert card.numeric_unit == "ms"
     assert "at spec_tokens 4" in card.prompt
     neighbour, _ = _measure({**run.params, "spec_tokens": 4})
@@ -220,20 +225,20 @@ def _oversized(run: LabRun) -> LabRun:
 def test_it_refuses_unfinished_foreign_and_oversized_runs(alice, bob):
     run = finished_run(alice)
     with pytest.raises(personal.CardRefused, match="Only the learner who ran it"):
-        personal.card_from_run(user=bob, run=run)
+        personal.card_from_run(user=bob, run=labs_api.run_data(run.pk))
     LabRun.objects.filter(pk=run.pk).update(state=RunState.RUNNING)
     run.refresh_from_db()
     with pytest.raises(personal.CardRefused, match="Only a finished run"):
-        personal.card_from_run(user=alice, run=run)
+        personal.card_from_run(user=alice, run=labs_api.run_data(run.pk))
     big = _oversized(run)
     with pytest.raises(personal.CardRefused, match="fewer num_prompts"):
-        personal.card_from_run(user=alice, run=big)
+        personal.card_from_run(user=alice, run=labs_api.run_data(big.pk))
     assert not Card.objects.exists()
 
 
 def test_personal_cards_stay_out_of_the_deck_files_and_load_content(alice):
     call_command("load_content", stdout=io.StringIO())
-    card = personal.card_from_run(user=alice, run=finished_run(alice))
+    card = personal.card_from_run(user=alice, run=labs_api.run_data(finished_run(alice).pk))
     tree, retired = content_snapshot()
     assert card.slug not in {c.slug for c in tree.cards} | retired
     assert personal.PERSONAL_DECK not in {d.slug for d in tree.decks}
@@ -264,7 +269,7 @@ def test_a_learners_anki_download_has_their_run_cards_and_says_why_predictions_a
 ):
     # Personal cards were not in the download, and the page did not say so.
     shared = make_card(slug="shared")
-    card = personal.card_from_run(user=alice, run=finished_run(alice))
+    card = personal.card_from_run(user=alice, run=labs_api.run_data(finished_run(alice).pk))
     prediction = make_card("prediction", slug="mine-prediction", owner=alice, deck=card.deck)
     notes = _download_slugs(alice_client, tmp_path)
     assert notes[card.slug] == "Serving School::Your runs"
@@ -281,7 +286,7 @@ def test_a_learners_anki_download_has_their_run_cards_and_says_why_predictions_a
 
 def test_only_its_owner_is_quizzed_on_it_and_it_comes_first(alice, bob):
     make_card(slug="shared")
-    card = personal.card_from_run(user=alice, run=finished_run(alice))
+    card = personal.card_from_run(user=alice, run=labs_api.run_data(finished_run(alice).pk))
     now = at(2026, 3, 2, 12)
     assert selectors.queue_today(user=alice, now=now).next_card_id == card.pk
     bobs = selectors.queue_today(user=bob, now=now)
@@ -441,7 +446,7 @@ def test_the_worker_records_a_refusal_and_releases_the_lock(
     make_heartbeat("sim")
     run = finished_run(alice)
     with django_capture_on_commit_callbacks(execute=True):
-        request = personal.card_request(user=alice, run=run)
+        request = personal.card_request(user=alice, run=labs_api.run_data(run.pk))
 
     def refuse(*_args, **_kwargs):
         raise personal.CardRefused("no.")
@@ -452,7 +457,7 @@ def test_the_worker_records_a_refusal_and_releases_the_lock(
     assert request.state == "failed" and request.error == "no." and request.card is None
     # A second delivery of the same message does nothing (claimed once).
     assert "not claimed" in personal.card_request_execute(request_id=request.pk)
-    assert personal.card_request(user=alice, run=run).state == "queued"
+    assert personal.card_request(user=alice, run=labs_api.run_data(run.pk)).state == "queued"
 
 
 def test_a_broker_that_refuses_the_message_fails_the_request_with_a_reason(
@@ -480,7 +485,7 @@ def test_the_lab_memory_bound_holds_in_the_web_and_on_the_worker(alice, sent, se
     run = finished_run(alice)
     settings.LABS_SIM_MAX_RUN_MB = 1  # nothing fits
     with pytest.raises(personal.CardRefused, match="too large to re-simulate for a card"):
-        personal.card_request(user=alice, run=run)
+        personal.card_request(user=alice, run=labs_api.run_data(run.pk))
     assert messages == [] and not PersonalCardRequest.objects.exists()
     # Queued while it fitted, simulated when it does not: refused with the reason, no card.
     request = PersonalCardRequest.objects.create(owner=alice, run=run)
@@ -500,7 +505,7 @@ def test_a_card_takes_its_turn_among_the_lab_runs_not_after_them(
     alices = [make_run(alice, queue="labs.sim") for _ in range(3)]
     run = finished_run(bob)
     with django_capture_on_commit_callbacks(execute=True):
-        request = personal.card_request(user=bob, run=run)
+        request = personal.card_request(user=bob, run=labs_api.run_data(run.pk))
     assert messages == ["labs.sim"]  # a turn on the lab queue, naming no work
     # A turn for each piece of work waiting (each run sent its own), taken one by one.
     done = [personal.labs_api.take_turn(queue="labs.sim", hostname="sim@test") for _ in range(4)]
@@ -520,7 +525,7 @@ def test_a_card_keeps_to_its_own_time_limit_in_a_turn_with_a_runs_longer_one(
     make_heartbeat("sim")
     run = finished_run(alice)
     with django_capture_on_commit_callbacks(execute=True):
-        request = personal.card_request(user=alice, run=run)
+        request = personal.card_request(user=alice, run=labs_api.run_data(run.pk))
     monkeypatch.setattr(personal, "CARD_SOFT_TIME_LIMIT_S", 0)
     _work(messages)
     request.refresh_from_db()
@@ -531,9 +536,9 @@ def test_a_card_keeps_to_its_own_time_limit_in_a_turn_with_a_runs_longer_one(
 def test_a_request_whose_worker_died_no_longer_holds_the_lock(alice, sent):
     make_heartbeat("sim")
     run = finished_run(alice)
-    stuck = personal.card_request(user=alice, run=run)
+    stuck = personal.card_request(user=alice, run=labs_api.run_data(run.pk))
     with pytest.raises(personal.CardRefused, match="already making a card"):
-        personal.card_request(user=alice, run=run)
+        personal.card_request(user=alice, run=labs_api.run_data(run.pk))
     assert personal._card_claim(stuck.pk, "sim@test")  # a worker took it, then died
     PersonalCardRequest.objects.filter(pk=stuck.pk).update(
         started_at=timezone.now() - personal.CARD_REQUEST_STALE - dt.timedelta(seconds=1)
@@ -544,7 +549,7 @@ def test_a_request_whose_worker_died_no_longer_holds_the_lock(alice, sent):
         "stopped before the card was made"
         in personal.card_request_get(user=alice, pk=stuck.pk).error
     )
-    assert personal.card_request(user=alice, run=run).state == "queued"
+    assert personal.card_request(user=alice, run=labs_api.run_data(run.pk)).state == "queued"
 
 
 def test_a_request_waiting_its_turn_keeps_the_lock_until_its_message_is_lost(alice, bob, sent):
@@ -553,12 +558,12 @@ def test_a_request_waiting_its_turn_keeps_the_lock_until_its_message_is_lost(ali
     after CARD_QUEUED_STALE, when its message must have been lost."""
     make_heartbeat("sim")
     run = finished_run(alice)
-    waiting = personal.card_request(user=alice, run=run)
+    waiting = personal.card_request(user=alice, run=labs_api.run_data(run.pk))
     long_ago = timezone.now() - personal.CARD_REQUEST_STALE - dt.timedelta(minutes=30)
     PersonalCardRequest.objects.filter(pk=waiting.pk).update(created_at=long_ago)
     assert personal.card_request_get(user=alice, pk=waiting.pk).state == "queued"
     with pytest.raises(personal.CardRefused, match="already making a card"):
-        personal.card_request(user=alice, run=run)
+        personal.card_request(user=alice, run=labs_api.run_data(run.pk))
     # Claimed now, after its long wait: the worker's own time starts at the claim.
     assert personal._card_claim(waiting.pk, "sim@test")
     assert personal.card_request_get(user=alice, pk=waiting.pk).state == "running"
@@ -711,11 +716,11 @@ def test_a_card_request_counts_against_the_learners_share(alice, sent, settings)
     for _ in range(2):
         LabRun.objects.create(owner=alice, lab=run.lab, backend="sim", params=run.params)
     with pytest.raises(personal.CardRefused, match=r"Your share of the simulator queue is 2 runs"):
-        personal.card_request(user=alice, run=run)
+        personal.card_request(user=alice, run=labs_api.run_data(run.pk))
     assert messages == [] and simulated == [] and not PersonalCardRequest.objects.exists()
     LabRun.objects.filter(state=RunState.QUEUED).delete()
     LabRun.objects.create(owner=alice, lab=run.lab, backend="sim", params=run.params)
-    assert personal.card_request(user=alice, run=run).state == "queued"
+    assert personal.card_request(user=alice, run=labs_api.run_data(run.pk)).state == "queued"
     with pytest.raises(submission.RunRefused, match=r"you have 2 .*counting 1 card being made"):
         submission.sim_work_check(owner=alice)
 
@@ -728,7 +733,7 @@ def test_a_parameter_fit_counts_against_the_learners_quota(alice, sent, settings
     settings.LABS_MAX_ACTIVE_PER_LEARNER = settings.LABS_NEW_LEARNER_MAX_ACTIVE = 2
     run = finished_run(alice)
     ParameterFit.objects.create(user=alice, created_at=timezone.now())
-    assert personal.card_request(user=alice, run=run).state == "queued"
+    assert personal.card_request(user=alice, run=labs_api.run_data(run.pk)).state == "queued"
     with pytest.raises(
         submission.RunRefused, match=r"already have 2 runs .*1 card being made and 1 parameter fit"
     ):
@@ -757,5 +762,5 @@ def test_a_card_too_long_to_simulate_in_its_time_limit_is_refused_up_front(alice
         result=run.result,
     )
     with pytest.raises(personal.CardRefused, match=r"simulated steps.*within 120 s"):
-        personal.card_request(user=alice, run=long)
+        personal.card_request(user=alice, run=labs_api.run_data(long.pk))
     assert messages == [] and simulated == [] and not PersonalCardRequest.objects.exists()
