@@ -12,10 +12,14 @@ from collections.abc import Sequence
 from celery import group
 from django.conf import settings
 
+from config.celery import app as celery_app
 from labs.parameters.params import ParamError
-from labs.runs import tasks
 
 logger = logging.getLogger(__name__)
+
+# The task labs.runs.tasks defines, looked up by its name when a turn is sent: the tasks sit above
+# this module (they run turns and reap), so sending one must not import them.
+RUN_NEXT = "labs.run_next"
 
 
 def backend_queue(backend: str) -> str:
@@ -62,10 +66,10 @@ def send_turns(queues: Sequence[str], *, for_what: str = "") -> None:
     """
     try:
         if len(queues) == 1:
-            tasks.run_next_task.apply_async(args=[queues[0]], **_turn_options(queues[0]))
+            celery_app.tasks[RUN_NEXT].apply_async(args=[queues[0]], **_turn_options(queues[0]))
         else:
             group(
-                tasks.run_next_task.si(queue).set(**_turn_options(queue)) for queue in queues
+                celery_app.tasks[RUN_NEXT].si(queue).set(**_turn_options(queue)) for queue in queues
             ).apply_async()
     except Exception as exc:
         # Any failure to hand over the message (connection refused, timeout, auth) would leave a

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from config.celery import app as celery_app
 from labs.models import LabRun, RunState, WorkerHeartbeat
-from labs.runs import submission
+from labs.runs import queueing
 from labs.runs.workers import served_queues
 
 logger = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ def _reap_lost_queued(runs: QuerySet[LabRun], now: datetime, served: set[str]) -
             f"This run never reached a {backend} worker: the lab queue lost its turn, then the "
             f"one sent again, while a worker was online and idle for {lost_s} s. Run it again.",
         )
-        submission._resend_turns(lost.filter(turn_resent_at__isnull=True), sent_to, now)
+        _resend_turns(lost.filter(turn_resent_at__isnull=True), sent_to, now)
     return reaped
 
 
@@ -160,3 +160,20 @@ def _runs_its_workers_take(backend: str, queue: str) -> QuerySet[LabRun]:
 
 def _fail_all(runs: QuerySet[LabRun], now: datetime, error: str) -> int:
     return runs.update(state=RunState.FAILED, finished_at=now, error=error)
+
+
+def _resend_turns(runs: QuerySet[LabRun], queue: str, now: datetime) -> None:
+    """Send `queue` one turn for each of `runs`, whose own the broker lost, and record it on
+    them. Marked first, so two reapers at once send them once; unmarked if the broker refuses,
+    so the next reap tries again."""
+    ids = list(runs.values_list("pk", flat=True))
+    marked = LabRun.objects.filter(
+        pk__in=ids, state=RunState.QUEUED, turn_resent_at__isnull=True
+    ).update(turn_resent_at=now)
+    if not marked:
+        return
+    logger.warning("reaper: the broker lost the turns of runs %s; sending them again", ids)
+    try:
+        queueing.send_turns([queue] * marked, for_what=f"runs {ids} whose turns were lost")
+    except queueing.QueueUnavailable:
+        LabRun.objects.filter(pk__in=ids, turn_resent_at=now).update(turn_resent_at=None)

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
-from datetime import datetime
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import QuerySet
 from django.utils import timezone
 
 from config.locks import transaction_lock
@@ -417,20 +415,3 @@ def sweep_cancel(*, sweep: Sweep) -> int:
     return sweep.runs.filter(state__in=[RunState.QUEUED, RunState.RUNNING]).update(
         state=RunState.CANCELLED, finished_at=now, error="Cancelled by the learner."
     )
-
-
-def _resend_turns(runs: QuerySet[LabRun], queue: str, now: datetime) -> None:
-    """Send `queue` one turn for each of `runs`, whose own the broker lost, and record it on
-    them. Marked first, so two reapers at once send them once; unmarked if the broker refuses,
-    so the next reap tries again."""
-    ids = list(runs.values_list("pk", flat=True))
-    marked = LabRun.objects.filter(
-        pk__in=ids, state=RunState.QUEUED, turn_resent_at__isnull=True
-    ).update(turn_resent_at=now)
-    if not marked:
-        return
-    logger.warning("reaper: the broker lost the turns of runs %s; sending them again", ids)
-    try:
-        queueing.send_turns([queue] * marked, for_what=f"runs {ids} whose turns were lost")
-    except queueing.QueueUnavailable:
-        LabRun.objects.filter(pk__in=ids, turn_resent_at=now).update(turn_resent_at=None)

@@ -12,13 +12,13 @@ import logging
 from celery import Task, shared_task
 
 from labs.models import LabRun
-from labs.runs import execution, reaping
+from labs.runs import execution, queueing, reaping
 
 logger = logging.getLogger(__name__)
 
 
 @shared_task(
-    name="labs.run_next",
+    name=queueing.RUN_NEXT,
     bind=True,
     ignore_result=True,
     acks_late=True,
