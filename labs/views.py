@@ -30,8 +30,7 @@ from labs.parameters.presets import LABS, Lab, lab_initial, load_presets, rerun_
 from labs.prediction.predict import budget_notice
 from labs.questions import selectors as question_selectors
 from labs.questions import services as questions
-from labs.runs import busy as calibration_progress
-from labs.runs import reaping, selectors, submission
+from labs.runs import busy, reaping, selectors, submission
 from labs.runs.workers import (
     cpu_worker_hardware,
     devices_online,
@@ -82,11 +81,7 @@ def _prediction_calibration(form: LabParamsForm) -> str:
 def _calibrating_note(params: LabParams | None) -> str:
     """ "This device is calibrating itself: ..." while the lab's device has a calibration queued
     or running."""
-    return (
-        ""
-        if params is None
-        else calibration_progress.calibrating_note(selectors.device_key(params))
-    )
+    return "" if params is None else busy.calibrating_note(selectors.device_key(params))
 
 
 def _load(form: LabParamsForm) -> str:
@@ -141,7 +136,7 @@ def _engines_busy(request: HttpRequest) -> list[str]:
     names the processes."""
     said = []
     for device, operators in sorted(engines_busy().items()):
-        words = calibration_progress.busy_words(device)
+        words = busy.busy_words(device)
         said.append(f"{words} ({operators})" if request.user.is_staff else words)
     return said
 

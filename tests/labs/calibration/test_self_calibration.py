@@ -23,7 +23,7 @@ from labs.calibration import jobs as calibration_jobs
 from labs.models import CalibrationJob, DeviceCalibration, RunState, WorkerHeartbeat
 from labs.parameters.catalog import CPU_KIND
 from labs.parameters.params import parse_lab_params
-from labs.runs import busy as calibration_progress
+from labs.runs import busy
 from labs.runs.workers import announced_cpu_figures
 from labs.tasks import calibrate_device_task
 from tests.conftest import make_user
@@ -261,33 +261,33 @@ def test_a_submit_while_the_cpu_engine_calibrates_elsewhere_is_refused_in_a_lear
 
 
 def test_a_calibrations_note_says_how_far_it_is_and_the_minutes_left(settings):
-    note = calibration_progress.progress_note(0, 41, "P1 a long prefill", 20.0)
+    note = busy.progress_note(0, 41, "P1 a long prefill", 20.0)
     assert note == "run 1 of 41: P1 a long prefill; 1 min so far"
-    note = calibration_progress.progress_note(10, 41, "D1 batch-1 decode", 240.0)
+    note = busy.progress_note(10, 41, "D1 batch-1 decode", 240.0)
     assert note == "run 11 of 41: D1 batch-1 decode; 4 min so far, about 13 min left"
     # Its first run started the engine: from it alone the runs left look longer than the
     # 15 minutes its time limit allows, which is then what it says.
-    note_first = calibration_progress.progress_note(1, 41, "S1 ngram speculation", 80.0, 900.0)
+    note_first = busy.progress_note(1, 41, "S1 ngram speculation", 80.0, 900.0)
     assert note_first == "run 2 of 41: S1 ngram speculation; 1 min so far, at most 14 min left"
     settings.LABS_SELF_CALIBRATE_TIME_LIMIT_S = 3600  # room for the estimate below
     now = timezone.now()
     job = _cpu_self_job(state=RunState.RUNNING, started_at=now - timedelta(seconds=240), note=note)
-    assert calibration_progress.runs_progress(job) == (10, 41)
-    left, estimated = calibration_progress.seconds_left(job, now)
-    assert estimated and left == pytest.approx(24 * 31 + calibration_progress.FIT_ALLOWANCE_S)
+    assert busy.runs_progress(job) == (10, 41)
+    left, estimated = busy.seconds_left(job, now)
+    assert estimated and left == pytest.approx(24 * 31 + busy.FIT_ALLOWANCE_S)
     # Its runs over, the fit is what is left.
     job.note = "S2 ngram, 3 drafts, 4 decoding: e2e_s.mean 0.91 (0.9 to 0.93 over 2 runs)"
-    assert calibration_progress.seconds_left(job, now) == (
-        calibration_progress.FIT_ALLOWANCE_S,
+    assert busy.seconds_left(job, now) == (
+        busy.FIT_ALLOWANCE_S,
         True,
     )
     # More than its time limit leaves: the limit, as a bound.
     settings.LABS_SELF_CALIBRATE_TIME_LIMIT_S = 900
     job.note = note
-    assert calibration_progress.seconds_left(job, now) == (660.0, False)
+    assert busy.seconds_left(job, now) == (660.0, False)
     # Queued: its whole time limit, as a bound.
     queued = CalibrationJob(device="l4", self_started=True, state=RunState.QUEUED)
-    assert calibration_progress.calibrating_words(queued, now) == (
+    assert busy.calibrating_words(queued, now) == (
         "The l4 engine is calibrating itself, at most 15 minutes left"
     )
 
