@@ -7,7 +7,10 @@ class LabsConfig(AppConfig):
 
     def ready(self) -> None:
         from labs.questions import services as questions
-        from labs.runs import events, turns
+
+        # Registers the run tasks in every process, the web's too: a turn is sent by its task's
+        # name (labs.runs.queueing), which Celery looks up among the tasks it knows.
+        from labs.runs import events, tasks, turns  # noqa: F401
 
         # A prediction waits for its runs: the worker that finishes one grades it.
         events.run_finished.connect(questions.on_run_finished, dispatch_uid="labs-questions")
